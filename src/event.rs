@@ -1,0 +1,575 @@
+//! The native event format of the source notification log (SPEC §2).
+//!
+//! Owns parsing and *syntactic* validation of one log line into an [`Event`]:
+//! field types, names, paths, file names. Whether an event can *apply* to the
+//! current tree (does the table exist, ...) is the catalog's decision
+//! (`catalog::Tree::apply`). Called by `ingest` for every source line and by
+//! `journal` replay (journal payloads are events serialised by this module).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A source state-id: the state after applying events 1..=id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StateId(pub u64);
+
+impl fmt::Display for StateId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Content address of a staged file: its sha256.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BlobId(pub [u8; 32]);
+
+impl BlobId {
+    /// Parses 64 hex digits (either case).
+    pub fn from_hex(hex: &str) -> Option<BlobId> {
+        let bytes = hex.as_bytes();
+        if bytes.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in bytes.chunks_exact(2).enumerate() {
+            let hi = (pair[0] as char).to_digit(16)?;
+            let lo = (pair[1] as char).to_digit(16)?;
+            out[i] = (hi * 16 + lo) as u8;
+        }
+        Some(BlobId(out))
+    }
+
+    /// Lower-case hex, as used for blob file names and the `sha256` xattr.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push(char::from_digit((b >> 4) as u32, 16).unwrap_or('0'));
+            s.push(char::from_digit((b & 15) as u32, 16).unwrap_or('0'));
+        }
+        s
+    }
+}
+
+impl fmt::Debug for BlobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlobId({})", &self.to_hex()[..12])
+    }
+}
+
+impl fmt::Display for BlobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl Serialize for BlobId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for BlobId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        BlobId::from_hex(&s).ok_or_else(|| serde::de::Error::custom("sha256 must be 64 hex digits"))
+    }
+}
+
+/// The operations of SPEC §2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    CreateDatabase,
+    DropDatabase,
+    CreateTable,
+    DropTable,
+    RenameTable,
+    AddPartition,
+    DropPartition,
+    AddFiles,
+    ReplaceFiles,
+    Noop,
+}
+
+impl Op {
+    fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "create_database" => Op::CreateDatabase,
+            "drop_database" => Op::DropDatabase,
+            "create_table" => Op::CreateTable,
+            "drop_table" => Op::DropTable,
+            "rename_table" => Op::RenameTable,
+            "add_partition" => Op::AddPartition,
+            "drop_partition" => Op::DropPartition,
+            "add_files" => Op::AddFiles,
+            "replace_files" => Op::ReplaceFiles,
+            "noop" => Op::Noop,
+            _ => return None,
+        })
+    }
+
+    fn needs_table(self) -> bool {
+        !matches!(self, Op::CreateDatabase | Op::DropDatabase | Op::Noop)
+    }
+
+    fn needs_db(self) -> bool {
+        !matches!(self, Op::Noop)
+    }
+}
+
+/// One file an event names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Relative to the source root; no `..`, not absolute.
+    pub path: String,
+    pub size: u64,
+    pub sha256: BlobId,
+    /// The file's name in the partition directory: one path component.
+    pub name: String,
+}
+
+/// A validated source event. Partition values are in the order of the
+/// event's `partition` object; the catalog matches them against the table's
+/// partition keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: StateId,
+    pub op: Op,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub db: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub table: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partition_keys: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileRef>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub new_db: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub new_table: String,
+}
+
+/// Why a line is not a valid event. The id is included where it could be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    #[error("malformed JSON: {0}")]
+    Json(String),
+    #[error("the line is not valid UTF-8")]
+    NotUtf8,
+    #[error("the line is longer than {max} bytes")]
+    TooLong { max: usize },
+    #[error("an event must be a JSON object")]
+    NotObject,
+    #[error("missing field `{0}`")]
+    Missing(&'static str),
+    #[error("field `{field}` {problem}")]
+    Invalid { field: String, problem: String },
+    #[error("unknown op `{0}`")]
+    UnknownOp(String),
+}
+
+impl EventError {
+    fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        EventError::Invalid { field: field.into(), problem: problem.into() }
+    }
+}
+
+/// Longest source line accepted (a `files` array of ~40k entries).
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+/// Most files one event may name.
+pub const MAX_FILES_PER_EVENT: usize = 100_000;
+
+/// True for a database or table name: 1–128 of `[A-Za-z0-9_]`.
+pub fn is_valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// True for a file name: one non-empty path component, not `.` or `..`, no NUL.
+pub fn is_valid_file_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 255 && s != "." && s != ".." && !s.contains('/') && !s.contains('\0')
+}
+
+/// True for a relative source path with no `..`, `.` or empty component.
+pub fn is_valid_source_path(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with('/')
+        && !s.contains('\0')
+        && s.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+/// Reads the id of a line if it has one, for error reports on lines that
+/// fail later validation.
+pub fn peek_id(line: &[u8]) -> Option<StateId> {
+    let v: serde_json::Value = serde_json::from_slice(line).ok()?;
+    v.get("id")?.as_u64().filter(|&id| id > 0).map(StateId)
+}
+
+impl Event {
+    /// Parses and validates one log line (without its newline).
+    pub fn parse_line(line: &[u8]) -> Result<Event, EventError> {
+        if line.len() > MAX_LINE_BYTES {
+            return Err(EventError::TooLong { max: MAX_LINE_BYTES });
+        }
+        let text = std::str::from_utf8(line).map_err(|_| EventError::NotUtf8)?;
+        // serde_json bounds nesting depth (128) itself, so deeply nested
+        // input is an error, never a stack overflow.
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| EventError::Json(e.to_string()))?;
+        Event::from_value(&value)
+    }
+
+    fn from_value(v: &serde_json::Value) -> Result<Event, EventError> {
+        use serde_json::Value;
+        let obj = v.as_object().ok_or(EventError::NotObject)?;
+        let id = match obj.get("id") {
+            None | Some(Value::Null) => return Err(EventError::Missing("id")),
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| EventError::invalid("id", "must be an integer > 0"))?,
+        };
+        let op_text = match obj.get("op") {
+            None | Some(Value::Null) => return Err(EventError::Missing("op")),
+            Some(Value::String(s)) => s.as_str(),
+            Some(_) => return Err(EventError::invalid("op", "must be a string")),
+        };
+        let op = Op::parse(op_text).ok_or_else(|| EventError::UnknownOp(op_text.to_owned()))?;
+        let time_ms = match obj.get("time_ms") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_i64()
+                    .ok_or_else(|| EventError::invalid("time_ms", "must be an integer"))?,
+            ),
+        };
+        let name_field = |field: &'static str, required: bool| -> Result<String, EventError> {
+            match obj.get(field) {
+                None | Some(Value::Null) if required => Err(EventError::Missing(field)),
+                None | Some(Value::Null) => Ok(String::new()),
+                Some(Value::String(s)) if is_valid_name(s) => Ok(s.clone()),
+                Some(Value::String(_)) => Err(EventError::invalid(
+                    field,
+                    "must be 1-128 characters of [A-Za-z0-9_]",
+                )),
+                Some(_) => Err(EventError::invalid(field, "must be a string")),
+            }
+        };
+        let db = name_field("db", op.needs_db())?;
+        let table = name_field("table", op.needs_table())?;
+        let is_rename = op == Op::RenameTable;
+        let new_db = name_field("new_db", is_rename)?;
+        let new_table = name_field("new_table", is_rename)?;
+
+        let partition_keys = match obj.get("partition_keys") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => {
+                let mut keys = Vec::with_capacity(items.len());
+                for item in items {
+                    let key = item
+                        .as_str()
+                        .filter(|k| is_valid_name(k))
+                        .ok_or_else(|| {
+                            EventError::invalid(
+                                "partition_keys",
+                                "must hold names of 1-128 characters of [A-Za-z0-9_]",
+                            )
+                        })?;
+                    if keys.iter().any(|k: &String| k.eq_ignore_ascii_case(key)) {
+                        return Err(EventError::invalid(
+                            "partition_keys",
+                            format!("names `{key}` twice"),
+                        ));
+                    }
+                    keys.push(key.to_owned());
+                }
+                keys
+            }
+            Some(_) => return Err(EventError::invalid("partition_keys", "must be an array")),
+        };
+
+        let partition = match obj.get("partition") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(map)) => {
+                let mut out = BTreeMap::new();
+                for (k, val) in map {
+                    if !is_valid_name(k) {
+                        return Err(EventError::invalid(
+                            "partition",
+                            format!("key `{k}` is not a valid name"),
+                        ));
+                    }
+                    let val = val.as_str().ok_or_else(|| {
+                        EventError::invalid("partition", format!("value of `{k}` must be a string"))
+                    })?;
+                    if val.is_empty() || val.contains('\0') || val.len() > 1024 {
+                        return Err(EventError::invalid(
+                            "partition",
+                            format!("value of `{k}` must be 1-1024 bytes without NUL"),
+                        ));
+                    }
+                    out.insert(k.clone(), val.to_owned());
+                }
+                Some(out)
+            }
+            Some(_) => return Err(EventError::invalid("partition", "must be an object")),
+        };
+
+        let files = match obj.get("files") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => {
+                if items.len() > MAX_FILES_PER_EVENT {
+                    return Err(EventError::invalid(
+                        "files",
+                        format!("names more than {MAX_FILES_PER_EVENT} files"),
+                    ));
+                }
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| parse_file(i, f))
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            Some(_) => return Err(EventError::invalid("files", "must be an array")),
+        };
+
+        match op {
+            Op::AddFiles | Op::ReplaceFiles if !obj.contains_key("files") => {
+                return Err(EventError::Missing("files"))
+            }
+            Op::CreateTable => {
+                if partition.is_some() {
+                    return Err(EventError::invalid("partition", "is not allowed on create_table"));
+                }
+            }
+            _ => {}
+        }
+        let carries_files = matches!(op, Op::AddPartition | Op::AddFiles | Op::ReplaceFiles);
+        if !carries_files && !files.is_empty() {
+            return Err(EventError::invalid("files", format!("is not allowed on {op_text}")));
+        }
+        if op != Op::CreateTable && !partition_keys.is_empty() {
+            return Err(EventError::invalid(
+                "partition_keys",
+                format!("is not allowed on {op_text}"),
+            ));
+        }
+        if matches!(op, Op::AddPartition | Op::DropPartition) && partition.is_none() {
+            return Err(EventError::Missing("partition"));
+        }
+
+        Ok(Event {
+            id: StateId(id),
+            op,
+            time_ms,
+            db,
+            table,
+            partition_keys,
+            partition,
+            files,
+            new_db,
+            new_table,
+        })
+    }
+}
+
+fn parse_file(index: usize, v: &serde_json::Value) -> Result<FileRef, EventError> {
+    let field = |name: &str| format!("files[{index}].{name}");
+    let obj = v
+        .as_object()
+        .ok_or_else(|| EventError::invalid(format!("files[{index}]"), "must be an object"))?;
+    let path = obj
+        .get("path")
+        .ok_or_else(|| EventError::invalid(field("path"), "is missing"))?
+        .as_str()
+        .ok_or_else(|| EventError::invalid(field("path"), "must be a string"))?;
+    if !is_valid_source_path(path) {
+        return Err(EventError::invalid(
+            field("path"),
+            format!("`{path}` must be relative, without `..`, `.` or empty components"),
+        ));
+    }
+    let size = obj
+        .get("size")
+        .ok_or_else(|| EventError::invalid(field("size"), "is missing"))?
+        .as_u64()
+        .ok_or_else(|| EventError::invalid(field("size"), "must be an integer >= 0"))?;
+    let sha = obj
+        .get("sha256")
+        .ok_or_else(|| EventError::invalid(field("sha256"), "is missing"))?
+        .as_str()
+        .ok_or_else(|| EventError::invalid(field("sha256"), "must be a string"))?;
+    let sha256 = BlobId::from_hex(sha)
+        .ok_or_else(|| EventError::invalid(field("sha256"), "must be 64 hex digits"))?;
+    let name = match obj.get("name") {
+        None | Some(serde_json::Value::Null) => path.rsplit('/').next().unwrap_or(path).to_owned(),
+        Some(serde_json::Value::String(n)) => n.clone(),
+        Some(_) => return Err(EventError::invalid(field("name"), "must be a string")),
+    };
+    if !is_valid_file_name(&name) {
+        return Err(EventError::invalid(
+            field("name"),
+            format!("`{name}` must be a single path component"),
+        ));
+    }
+    Ok(FileRef { path: path.to_owned(), size, sha256, name })
+}
+
+/// Hive's partition path escaping: `%XX` (upper-case hex) for control
+/// characters, `"#%'*/:=?\^{[]` and DEL.
+pub fn escape_path_name(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        let needs = (c as u32) < 0x20
+            || c as u32 == 0x7f
+            || matches!(
+                c,
+                '"' | '#' | '%' | '\'' | '*' | '/' | ':' | '=' | '?' | '\\' | '^' | '{' | '[' | ']'
+            );
+        if needs {
+            out.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHA: &str = "f0b5c2c2211c8d67ed15e75e656c7862d086e9245420892a7de62cd9ec582a06";
+
+    fn parse(s: &str) -> Result<Event, EventError> {
+        Event::parse_line(s.as_bytes())
+    }
+
+    #[test]
+    fn parses_the_seed_example_line() {
+        let e = parse(&format!(
+            r#"{{"id": 20, "time_ms": 1, "op": "add_files", "db": "default", "table": "blah", "files": [{{"path": "default/blah/p=a/000001_0", "size": 2, "sha256": "{SHA}"}}], "partition": {{"p": "a"}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(e.id, StateId(20));
+        assert_eq!(e.op, Op::AddFiles);
+        assert_eq!(e.files[0].name, "000001_0");
+        assert_eq!(e.files[0].sha256.to_hex(), SHA);
+    }
+
+    #[test]
+    fn rejects_malformed_json() {
+        assert!(matches!(parse("{\"id\": 1,"), Err(EventError::Json(_))));
+    }
+
+    #[test]
+    fn rejects_invalid_utf8() {
+        assert_eq!(Event::parse_line(b"{\"id\":\xff}"), Err(EventError::NotUtf8));
+    }
+
+    #[test]
+    fn rejects_deeply_nested_json_without_overflow() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(matches!(parse(&deep), Err(EventError::Json(_))));
+    }
+
+    #[test]
+    fn rejects_unknown_op() {
+        assert_eq!(
+            parse(r#"{"id": 1, "op": "explode", "db": "d"}"#),
+            Err(EventError::UnknownOp("explode".into()))
+        );
+    }
+
+    #[test]
+    fn rejects_missing_fields() {
+        assert_eq!(parse(r#"{"op": "noop"}"#), Err(EventError::Missing("id")));
+        assert_eq!(parse(r#"{"id": 1}"#), Err(EventError::Missing("op")));
+        assert_eq!(parse(r#"{"id": 1, "op": "create_database"}"#), Err(EventError::Missing("db")));
+        assert_eq!(
+            parse(r#"{"id": 1, "op": "drop_table", "db": "d"}"#),
+            Err(EventError::Missing("table"))
+        );
+        assert_eq!(
+            parse(r#"{"id": 1, "op": "add_files", "db": "d", "table": "t"}"#),
+            Err(EventError::Missing("files"))
+        );
+        assert_eq!(
+            parse(r#"{"id": 1, "op": "rename_table", "db": "d", "table": "t", "new_db": "d"}"#),
+            Err(EventError::Missing("new_table"))
+        );
+    }
+
+    #[test]
+    fn rejects_bad_ids() {
+        for line in [r#"{"id": 0, "op": "noop"}"#, r#"{"id": -3, "op": "noop"}"#, r#"{"id": "7", "op": "noop"}"#, r#"{"id": 1.5, "op": "noop"}"#] {
+            assert!(matches!(parse(line), Err(EventError::Invalid { .. })), "{line}");
+        }
+    }
+
+    #[test]
+    fn rejects_invalid_names() {
+        for db in ["", "a-b", "a b", "é", &"x".repeat(129)] {
+            let line = format!(r#"{{"id": 1, "op": "create_database", "db": "{db}"}}"#);
+            assert!(matches!(parse(&line), Err(EventError::Invalid { .. })), "{db}");
+        }
+    }
+
+    fn add_file_line(path: &str, name: Option<&str>) -> String {
+        let name = name.map(|n| format!(r#", "name": "{n}""#)).unwrap_or_default();
+        format!(
+            r#"{{"id": 1, "op": "add_files", "db": "d", "table": "t", "files": [{{"path": "{path}", "size": 1, "sha256": "{SHA}"{name}}}]}}"#
+        )
+    }
+
+    #[test]
+    fn rejects_absolute_and_dotdot_paths() {
+        for path in ["/etc/passwd", "a/../b", "..", "a//b", "./a", ""] {
+            assert!(matches!(parse(&add_file_line(path, None)), Err(EventError::Invalid { .. })), "{path}");
+        }
+    }
+
+    #[test]
+    fn rejects_file_names_that_are_not_one_component() {
+        for name in ["a/b", "..", ".", ""] {
+            assert!(
+                matches!(parse(&add_file_line("x/y", Some(name))), Err(EventError::Invalid { .. })),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_bad_sha_and_size() {
+        let line = add_file_line("x", None).replace(SHA, "abc");
+        assert!(matches!(parse(&line), Err(EventError::Invalid { .. })));
+        let line = add_file_line("x", None).replace("\"size\": 1", "\"size\": -1");
+        assert!(matches!(parse(&line), Err(EventError::Invalid { .. })));
+    }
+
+    #[test]
+    fn escapes_partition_values_like_hive() {
+        assert_eq!(escape_path_name("a/b=c"), "a%2Fb%3Dc");
+        assert_eq!(escape_path_name("x\u{1}y\u{7f}"), "x%01y%7F");
+        assert_eq!(escape_path_name("plain value-1.2"), "plain value-1.2");
+    }
+
+    #[test]
+    fn blob_id_round_trips_hex() {
+        let b = BlobId::from_hex(SHA).unwrap();
+        assert_eq!(b.to_hex(), SHA);
+        assert_eq!(BlobId::from_hex(&SHA.to_uppercase()), Some(b));
+    }
+
+    #[test]
+    fn serialises_back_to_the_same_event() {
+        let e = parse(&add_file_line("x/y", None)).unwrap();
+        let json = serde_json::to_vec(&e).unwrap();
+        assert_eq!(serde_json::from_slice::<Event>(&json).unwrap(), e);
+    }
+}
