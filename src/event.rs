@@ -12,7 +12,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// A source state-id: the state after applying events 1..=id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct StateId(pub u64);
 
@@ -177,7 +179,10 @@ pub enum EventError {
 
 impl EventError {
     fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
-        EventError::Invalid { field: field.into(), problem: problem.into() }
+        EventError::Invalid {
+            field: field.into(),
+            problem: problem.into(),
+        }
     }
 }
 
@@ -193,7 +198,12 @@ pub fn is_valid_name(s: &str) -> bool {
 
 /// True for a file name: one non-empty path component, not `.` or `..`, no NUL.
 pub fn is_valid_file_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 255 && s != "." && s != ".." && !s.contains('/') && !s.contains('\0')
+    !s.is_empty()
+        && s.len() <= 255
+        && s != "."
+        && s != ".."
+        && !s.contains('/')
+        && !s.contains('\0')
 }
 
 /// True for a relative source path with no `..`, `.` or empty component.
@@ -215,7 +225,9 @@ impl Event {
     /// Parses and validates one log line (without its newline).
     pub fn parse_line(line: &[u8]) -> Result<Event, EventError> {
         if line.len() > MAX_LINE_BYTES {
-            return Err(EventError::TooLong { max: MAX_LINE_BYTES });
+            return Err(EventError::TooLong {
+                max: MAX_LINE_BYTES,
+            });
         }
         let text = std::str::from_utf8(line).map_err(|_| EventError::NotUtf8)?;
         // serde_json bounds nesting depth (128) itself, so deeply nested
@@ -271,15 +283,12 @@ impl Event {
             Some(Value::Array(items)) => {
                 let mut keys = Vec::with_capacity(items.len());
                 for item in items {
-                    let key = item
-                        .as_str()
-                        .filter(|k| is_valid_name(k))
-                        .ok_or_else(|| {
-                            EventError::invalid(
-                                "partition_keys",
-                                "must hold names of 1-128 characters of [A-Za-z0-9_]",
-                            )
-                        })?;
+                    let key = item.as_str().filter(|k| is_valid_name(k)).ok_or_else(|| {
+                        EventError::invalid(
+                            "partition_keys",
+                            "must hold names of 1-128 characters of [A-Za-z0-9_]",
+                        )
+                    })?;
                     if keys.iter().any(|k: &String| k.eq_ignore_ascii_case(key)) {
                         return Err(EventError::invalid(
                             "partition_keys",
@@ -342,16 +351,20 @@ impl Event {
             Op::AddFiles | Op::ReplaceFiles if !obj.contains_key("files") => {
                 return Err(EventError::Missing("files"))
             }
-            Op::CreateTable => {
-                if partition.is_some() {
-                    return Err(EventError::invalid("partition", "is not allowed on create_table"));
-                }
+            Op::CreateTable if partition.is_some() => {
+                return Err(EventError::invalid(
+                    "partition",
+                    "is not allowed on create_table",
+                ));
             }
             _ => {}
         }
         let carries_files = matches!(op, Op::AddPartition | Op::AddFiles | Op::ReplaceFiles);
         if !carries_files && !files.is_empty() {
-            return Err(EventError::invalid("files", format!("is not allowed on {op_text}")));
+            return Err(EventError::invalid(
+                "files",
+                format!("is not allowed on {op_text}"),
+            ));
         }
         if op != Op::CreateTable && !partition_keys.is_empty() {
             return Err(EventError::invalid(
@@ -417,7 +430,12 @@ fn parse_file(index: usize, v: &serde_json::Value) -> Result<FileRef, EventError
             format!("`{name}` must be a single path component"),
         ));
     }
-    Ok(FileRef { path: path.to_owned(), size, sha256, name })
+    Ok(FileRef {
+        path: path.to_owned(),
+        size,
+        sha256,
+        name,
+    })
 }
 
 /// Hive's partition path escaping: `%XX` (upper-case hex) for control
@@ -469,7 +487,10 @@ mod tests {
 
     #[test]
     fn rejects_invalid_utf8() {
-        assert_eq!(Event::parse_line(b"{\"id\":\xff}"), Err(EventError::NotUtf8));
+        assert_eq!(
+            Event::parse_line(b"{\"id\":\xff}"),
+            Err(EventError::NotUtf8)
+        );
     }
 
     #[test]
@@ -490,7 +511,10 @@ mod tests {
     fn rejects_missing_fields() {
         assert_eq!(parse(r#"{"op": "noop"}"#), Err(EventError::Missing("id")));
         assert_eq!(parse(r#"{"id": 1}"#), Err(EventError::Missing("op")));
-        assert_eq!(parse(r#"{"id": 1, "op": "create_database"}"#), Err(EventError::Missing("db")));
+        assert_eq!(
+            parse(r#"{"id": 1, "op": "create_database"}"#),
+            Err(EventError::Missing("db"))
+        );
         assert_eq!(
             parse(r#"{"id": 1, "op": "drop_table", "db": "d"}"#),
             Err(EventError::Missing("table"))
@@ -507,8 +531,16 @@ mod tests {
 
     #[test]
     fn rejects_bad_ids() {
-        for line in [r#"{"id": 0, "op": "noop"}"#, r#"{"id": -3, "op": "noop"}"#, r#"{"id": "7", "op": "noop"}"#, r#"{"id": 1.5, "op": "noop"}"#] {
-            assert!(matches!(parse(line), Err(EventError::Invalid { .. })), "{line}");
+        for line in [
+            r#"{"id": 0, "op": "noop"}"#,
+            r#"{"id": -3, "op": "noop"}"#,
+            r#"{"id": "7", "op": "noop"}"#,
+            r#"{"id": 1.5, "op": "noop"}"#,
+        ] {
+            assert!(
+                matches!(parse(line), Err(EventError::Invalid { .. })),
+                "{line}"
+            );
         }
     }
 
@@ -516,12 +548,17 @@ mod tests {
     fn rejects_invalid_names() {
         for db in ["", "a-b", "a b", "é", &"x".repeat(129)] {
             let line = format!(r#"{{"id": 1, "op": "create_database", "db": "{db}"}}"#);
-            assert!(matches!(parse(&line), Err(EventError::Invalid { .. })), "{db}");
+            assert!(
+                matches!(parse(&line), Err(EventError::Invalid { .. })),
+                "{db}"
+            );
         }
     }
 
     fn add_file_line(path: &str, name: Option<&str>) -> String {
-        let name = name.map(|n| format!(r#", "name": "{n}""#)).unwrap_or_default();
+        let name = name
+            .map(|n| format!(r#", "name": "{n}""#))
+            .unwrap_or_default();
         format!(
             r#"{{"id": 1, "op": "add_files", "db": "d", "table": "t", "files": [{{"path": "{path}", "size": 1, "sha256": "{SHA}"{name}}}]}}"#
         )
@@ -530,7 +567,13 @@ mod tests {
     #[test]
     fn rejects_absolute_and_dotdot_paths() {
         for path in ["/etc/passwd", "a/../b", "..", "a//b", "./a", ""] {
-            assert!(matches!(parse(&add_file_line(path, None)), Err(EventError::Invalid { .. })), "{path}");
+            assert!(
+                matches!(
+                    parse(&add_file_line(path, None)),
+                    Err(EventError::Invalid { .. })
+                ),
+                "{path}"
+            );
         }
     }
 
@@ -538,7 +581,10 @@ mod tests {
     fn rejects_file_names_that_are_not_one_component() {
         for name in ["a/b", "..", ".", ""] {
             assert!(
-                matches!(parse(&add_file_line("x/y", Some(name))), Err(EventError::Invalid { .. })),
+                matches!(
+                    parse(&add_file_line("x/y", Some(name))),
+                    Err(EventError::Invalid { .. })
+                ),
                 "{name}"
             );
         }

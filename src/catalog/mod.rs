@@ -1,0 +1,514 @@
+//! The catalog: source states as immutable trees, the commit rule, retention
+//! and pins.
+//!
+//! Two halves with one writer each:
+//! - [`Pending`] belongs to the stager thread: the states after the visible
+//!   one, built from journal events before their files are staged, and the
+//!   set of blobs they still miss. [`Pending::newest_complete`] is the commit
+//!   rule of SPEC §3: the newest state whose every referenced file is staged.
+//! - [`Catalog`] is shared: the committed (retained) versions, the visible
+//!   pointer and the pins, behind one mutex for writers and published to
+//!   readers as an immutable [`Snapshot`] through `ArcSwap` (no lock on the
+//!   read path). Every change is made durable (commit record, pins file)
+//!   before it is published, so what a reader saw survives a crash.
+
+pub mod tree;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+pub use tree::{AddedFile, ApplyError, DirKind, DirNode, FileNode, Meta, Name, Node, NodeId, Tree};
+
+use crate::durable::write_atomic;
+use crate::event::{BlobId, Event, StateId};
+
+/// Why a catalog operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("writing {path}: {source}")]
+    Persist {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {detail}")]
+    Load { path: PathBuf, detail: String },
+}
+
+/// Why a pin was refused (all map to EINVAL except `NotPinnable`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PinError {
+    #[error("pin value must be a decimal state-id or `visible`")]
+    BadValue,
+    #[error("state {0} is not retained")]
+    NotRetained(StateId),
+    #[error("table {0} does not exist at state {1}")]
+    NoTableAtState(String, StateId),
+    #[error("pins apply to the mount root and table directories only")]
+    NotPinnable,
+    #[error("{0}")]
+    Persist(String),
+}
+
+/// What a pin applies to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PinScope {
+    Root,
+    Table { db: String, table: String },
+}
+
+impl PinScope {
+    /// `"/"` for the root, `"db.table"` for a table: the keys of status `pins`.
+    pub fn label(&self) -> String {
+        match self {
+            PinScope::Root => "/".into(),
+            PinScope::Table { db, table } => format!("{db}.{table}"),
+        }
+    }
+}
+
+/// The pins in force.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pins {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<StateId>,
+    /// `"db.table"` → state.
+    #[serde(default)]
+    pub tables: BTreeMap<String, StateId>,
+}
+
+impl Pins {
+    pub fn get(&self, scope: &PinScope) -> Option<StateId> {
+        match scope {
+            PinScope::Root => self.root,
+            PinScope::Table { .. } => self.tables.get(&scope.label()).copied(),
+        }
+    }
+
+    /// Every pinned state-id.
+    pub fn states(&self) -> impl Iterator<Item = StateId> + '_ {
+        self.root.into_iter().chain(self.tables.values().copied())
+    }
+
+    /// Scope label → state, for status.
+    pub fn labelled(&self) -> BTreeMap<String, StateId> {
+        let mut out = self.tables.clone();
+        if let Some(r) = self.root {
+            out.insert("/".into(), r);
+        }
+        out
+    }
+}
+
+/// What readers see: immutable, replaced whole on every change.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The newest complete state.
+    pub visible: Arc<Tree>,
+    /// Retained committed versions (always including `visible` and every
+    /// pinned state).
+    pub versions: BTreeMap<StateId, Arc<Tree>>,
+    pub pins: Pins,
+}
+
+impl Snapshot {
+    /// The tree the mount root shows: the root pin, else the visible state.
+    pub fn root_tree(&self) -> &Arc<Tree> {
+        self.pins
+            .root
+            .and_then(|s| self.versions.get(&s))
+            .unwrap_or(&self.visible)
+    }
+
+    /// The tree a table path resolves through: table pin, then root pin,
+    /// then visible.
+    pub fn table_tree(&self, db: &str, table: &str) -> &Arc<Tree> {
+        let key = format!("{db}.{table}");
+        self.pins
+            .tables
+            .get(&key)
+            .and_then(|s| self.versions.get(s))
+            .unwrap_or_else(|| self.root_tree())
+    }
+}
+
+/// The durable record of what is visible and retained.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitRecord {
+    pub visible: StateId,
+    pub retained: Vec<StateId>,
+}
+
+const COMMIT_FILE: &str = "commit.json";
+const PINS_FILE: &str = "pins.json";
+
+fn load_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> Result<T, CatalogError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| CatalogError::Load {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
+        Err(e) => Err(CatalogError::Load {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        }),
+    }
+}
+
+/// Reads the commit record and pins of a state directory (restart, status).
+pub fn load_durable(state_dir: &Path) -> Result<(CommitRecord, Pins), CatalogError> {
+    Ok((
+        load_json(&state_dir.join(COMMIT_FILE))?,
+        load_json(&state_dir.join(PINS_FILE))?,
+    ))
+}
+
+struct Control {
+    versions: BTreeMap<StateId, Arc<Tree>>,
+    visible: Arc<Tree>,
+    pins: Pins,
+    retain: usize,
+}
+
+/// The shared half: committed versions, visible pointer, pins.
+pub struct Catalog {
+    control: Mutex<Control>,
+    published: ArcSwap<Snapshot>,
+    state_dir: PathBuf,
+}
+
+impl Catalog {
+    /// A catalog whose visible state is `visible`, retaining `versions`
+    /// (restart rebuilds these from the journal).
+    pub fn new(
+        state_dir: &Path,
+        visible: Arc<Tree>,
+        mut versions: BTreeMap<StateId, Arc<Tree>>,
+        pins: Pins,
+        retain: usize,
+    ) -> Catalog {
+        versions.insert(visible.state_id, Arc::clone(&visible));
+        let control = Control {
+            versions,
+            visible,
+            pins,
+            retain: retain.max(1),
+        };
+        let published = ArcSwap::from_pointee(control.snapshot());
+        Catalog {
+            control: Mutex::new(control),
+            published,
+            state_dir: state_dir.to_owned(),
+        }
+    }
+
+    /// The current snapshot; lock-free.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.published.load_full()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Control> {
+        // A poisoned lock means a writer panicked mid-update; the control
+        // data is only changed after the durable write succeeded, so it is
+        // still consistent.
+        self.control.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `tree` the visible state: records it durably, applies
+    /// retention, then publishes. Returns the states dropped by retention.
+    pub fn commit(&self, tree: Arc<Tree>) -> Result<Vec<StateId>, CatalogError> {
+        let mut c = self.lock();
+        if tree.state_id <= c.visible.state_id {
+            return Ok(Vec::new()); // the ratchet: never backwards
+        }
+        let mut versions = c.versions.clone();
+        versions.insert(tree.state_id, Arc::clone(&tree));
+        let dropped = retention(&versions, &c.pins, tree.state_id, c.retain);
+        for s in &dropped {
+            versions.remove(s);
+        }
+        let record = CommitRecord {
+            visible: tree.state_id,
+            retained: versions.keys().copied().collect(),
+        };
+        self.persist(COMMIT_FILE, &record)?;
+        c.versions = versions;
+        c.visible = tree;
+        self.published.store(Arc::new(c.snapshot()));
+        Ok(dropped)
+    }
+
+    fn persist<T: Serialize>(&self, file: &str, value: &T) -> Result<(), CatalogError> {
+        let path = self.state_dir.join(file);
+        let bytes = serde_json::to_vec_pretty(value).map_err(|e| CatalogError::Persist {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        write_atomic(&path, &bytes).map_err(|source| CatalogError::Persist { path, source })
+    }
+
+    /// Pins `scope` at `value` (`"visible"` or a decimal id). Durable before
+    /// it returns.
+    pub fn set_pin(&self, scope: &PinScope, value: &str) -> Result<StateId, PinError> {
+        let mut c = self.lock();
+        let value = value.trim_end_matches(['\n', '\0']).trim();
+        let state = if value == "visible" {
+            c.visible.state_id
+        } else if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+            StateId(value.parse().map_err(|_| PinError::BadValue)?)
+        } else {
+            return Err(PinError::BadValue);
+        };
+        let tree = c.versions.get(&state).ok_or(PinError::NotRetained(state))?;
+        let mut pins = c.pins.clone();
+        match scope {
+            PinScope::Root => pins.root = Some(state),
+            PinScope::Table { db, table } => {
+                if tree.table(db, table).is_none() {
+                    return Err(PinError::NoTableAtState(scope.label(), state));
+                }
+                pins.tables.insert(scope.label(), state);
+            }
+        }
+        self.persist(PINS_FILE, &pins)
+            .map_err(|e| PinError::Persist(e.to_string()))?;
+        c.pins = pins;
+        self.published.store(Arc::new(c.snapshot()));
+        Ok(state)
+    }
+
+    /// Removes the pin of `scope`; `Ok(false)` when there was none.
+    pub fn remove_pin(&self, scope: &PinScope) -> Result<bool, PinError> {
+        let mut c = self.lock();
+        let mut pins = c.pins.clone();
+        let had = match scope {
+            PinScope::Root => pins.root.take().is_some(),
+            PinScope::Table { .. } => pins.tables.remove(&scope.label()).is_some(),
+        };
+        if !had {
+            return Ok(false);
+        }
+        self.persist(PINS_FILE, &pins)
+            .map_err(|e| PinError::Persist(e.to_string()))?;
+        c.pins = pins;
+        // Versions that were kept only for this pin go at the next commit.
+        self.published.store(Arc::new(c.snapshot()));
+        Ok(true)
+    }
+
+    /// Applies retention now (after unpinning) and returns what it dropped.
+    pub fn apply_retention(&self) -> Result<Vec<StateId>, CatalogError> {
+        let mut c = self.lock();
+        let dropped = retention(&c.versions, &c.pins, c.visible.state_id, c.retain);
+        if dropped.is_empty() {
+            return Ok(dropped);
+        }
+        let mut versions = c.versions.clone();
+        for s in &dropped {
+            versions.remove(s);
+        }
+        let record = CommitRecord {
+            visible: c.visible.state_id,
+            retained: versions.keys().copied().collect(),
+        };
+        self.persist(COMMIT_FILE, &record)?;
+        c.versions = versions;
+        self.published.store(Arc::new(c.snapshot()));
+        Ok(dropped)
+    }
+}
+
+impl Control {
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            visible: Arc::clone(&self.visible),
+            versions: self.versions.clone(),
+            pins: self.pins.clone(),
+        }
+    }
+}
+
+/// The states to drop: all but the newest `retain` committed states, the
+/// visible one and every pinned one.
+fn retention(
+    versions: &BTreeMap<StateId, Arc<Tree>>,
+    pins: &Pins,
+    visible: StateId,
+    retain: usize,
+) -> Vec<StateId> {
+    let pinned: Vec<StateId> = pins.states().collect();
+    versions
+        .keys()
+        .rev()
+        .filter(|s| !pinned.contains(s))
+        .skip(retain)
+        .filter(|&&s| s != visible)
+        .copied()
+        .collect()
+}
+
+/// One state after the visible one, waiting for its files.
+struct PendingState {
+    tree: Arc<Tree>,
+    added: Vec<AddedFile>,
+}
+
+/// The stager's half: states built from events but not yet committed.
+pub struct Pending {
+    latest: Arc<Tree>,
+    states: VecDeque<PendingState>,
+    /// Blobs referenced by pending states that are not staged yet, with how
+    /// many added-file entries wait on each.
+    missing: HashMap<BlobId, u32>,
+}
+
+impl Pending {
+    /// Starts after `latest` (the visible tree, at startup).
+    pub fn new(latest: Arc<Tree>) -> Pending {
+        Pending {
+            latest,
+            states: VecDeque::new(),
+            missing: HashMap::new(),
+        }
+    }
+
+    pub fn latest(&self) -> &Arc<Tree> {
+        &self.latest
+    }
+
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    /// Applies an event on top of the newest state. `is_staged` says whether
+    /// a blob is already in the store; files that are not are returned, to
+    /// be fetched, and block commits until [`Pending::staged`] is called.
+    pub fn apply(
+        &mut self,
+        event: &Event,
+        mut is_staged: impl FnMut(&BlobId) -> bool,
+    ) -> Result<Vec<AddedFile>, ApplyError> {
+        let (tree, added) = self.latest.apply(event)?;
+        let mut to_fetch = Vec::new();
+        for f in &added {
+            if let Some(n) = self.missing.get_mut(&f.blob) {
+                *n += 1;
+            } else if !is_staged(&f.blob) {
+                self.missing.insert(f.blob, 1);
+                to_fetch.push(f.clone());
+            }
+        }
+        let tree = Arc::new(tree);
+        self.latest = Arc::clone(&tree);
+        self.states.push_back(PendingState { tree, added });
+        Ok(to_fetch)
+    }
+
+    /// A blob is now durably staged.
+    pub fn staged(&mut self, blob: &BlobId) {
+        self.missing.remove(blob);
+    }
+
+    /// Blobs still missing.
+    pub fn missing(&self) -> impl Iterator<Item = &BlobId> {
+        self.missing.keys()
+    }
+
+    pub fn is_missing(&self, blob: &BlobId) -> bool {
+        self.missing.contains_key(blob)
+    }
+
+    /// The commit rule: the newest pending state all of whose files are
+    /// staged. A missing file blocks every state that still references it,
+    /// and no state after it is dropped.
+    pub fn newest_complete(&self) -> Option<Arc<Tree>> {
+        let mut unresolved: Vec<&AddedFile> = Vec::new();
+        let mut best = None;
+        for state in &self.states {
+            unresolved.extend(
+                state
+                    .added
+                    .iter()
+                    .filter(|f| self.missing.contains_key(&f.blob)),
+            );
+            if !unresolved.is_empty() {
+                unresolved.retain(|f| still_references(&state.tree, f));
+            }
+            if unresolved.is_empty() {
+                best = Some(&state.tree);
+            }
+        }
+        best.cloned()
+    }
+
+    /// The oldest pending state that cannot commit and the first missing
+    /// file it waits for (for the status `stalled` field).
+    pub fn first_blocked(&self) -> Option<(StateId, &AddedFile)> {
+        let mut unresolved: Vec<&AddedFile> = Vec::new();
+        for state in &self.states {
+            unresolved.extend(
+                state
+                    .added
+                    .iter()
+                    .filter(|f| self.missing.contains_key(&f.blob)),
+            );
+            unresolved.retain(|f| still_references(&state.tree, f));
+            if let Some(f) = unresolved.first() {
+                return Some((state.tree.state_id, f));
+            }
+        }
+        None
+    }
+
+    /// Forgets every pending state up to and including `state` (it was
+    /// committed). Missing blobs no later state references are dropped from
+    /// the missing set and returned, so their fetches can stop.
+    pub fn committed(&mut self, state: StateId) -> Vec<BlobId> {
+        while self
+            .states
+            .front()
+            .is_some_and(|s| s.tree.state_id <= state)
+        {
+            self.states.pop_front();
+        }
+        let needed: std::collections::HashSet<BlobId> = self
+            .states
+            .iter()
+            .flat_map(|s| s.added.iter().map(|f| f.blob))
+            .filter(|b| self.missing.contains_key(b))
+            .collect();
+        let abandoned: Vec<BlobId> = self
+            .missing
+            .keys()
+            .filter(|b| !needed.contains(b))
+            .copied()
+            .collect();
+        for b in &abandoned {
+            self.missing.remove(b);
+        }
+        abandoned
+    }
+
+    /// Every tree still pending (GC must keep their blobs).
+    pub fn trees(&self) -> impl Iterator<Item = &Arc<Tree>> {
+        self.states.iter().map(|s| &s.tree)
+    }
+}
+
+fn still_references(tree: &Tree, f: &AddedFile) -> bool {
+    match tree.lookup(&f.dir, &f.name) {
+        Some(Node::File(node)) => node.blob == f.blob,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,350 @@
+use super::*;
+use crate::event::Event;
+
+const SHA1: &str = "f0b5c2c2211c8d67ed15e75e656c7862d086e9245420892a7de62cd9ec582a06";
+const SHA2: &str = "917df3320d778ddbaa5c5c7742bc4046bf803c36ed2b050f30844ed206783469";
+const SHA3: &str = "238903180cc104ec2c5d8b3f20c5bc61b389ec0a967df8cc208cdc7cd454174f";
+const SHA4: &str = "5378796307535df3ec8d8b15a2e2dc5641419c3d3060cfe32238c0fa973f7aa3";
+
+fn ev(s: &str) -> Event {
+    Event::parse_line(s.as_bytes()).unwrap()
+}
+
+fn seed_events() -> Vec<Event> {
+    let f = |id: u32, op: &str, p: &str, name: &str, sha: &str| {
+        ev(&format!(
+            r#"{{"id": {id}, "op": "{op}", "db": "default", "table": "blah", "partition": {{"p": "{p}"}}, "files": [{{"path": "default/blah/p={p}/{name}", "size": 2, "sha256": "{sha}"}}]}}"#
+        ))
+    };
+    vec![
+        ev(r#"{"id": 5, "op": "create_database", "db": "default"}"#),
+        ev(
+            r#"{"id": 10, "op": "create_table", "db": "default", "table": "blah", "partition_keys": ["p"]}"#,
+        ),
+        f(20, "add_files", "a", "000001_0", SHA1),
+        f(30, "add_files", "b", "000002_0", SHA2),
+        f(40, "add_files", "a", "000003_0", SHA3),
+        f(50, "replace_files", "b", "000004_0", SHA4),
+    ]
+}
+
+fn listing(tree: &Tree) -> Vec<String> {
+    let mut out = Vec::new();
+    fn walk(prefix: &str, dir: &DirNode, out: &mut Vec<String>) {
+        for (name, child) in dir.children.iter() {
+            let path = format!("{prefix}/{name}");
+            match child {
+                Node::Dir(d) => {
+                    out.push(format!("{path}/"));
+                    walk(&path, d, out)
+                }
+                Node::File(f) => out.push(format!("{path}={}", &f.blob.to_hex()[..4])),
+            }
+        }
+    }
+    walk("", &tree.root, &mut out);
+    out
+}
+
+#[test]
+fn seed_example_builds_each_state() {
+    let mut tree = Tree::empty();
+    let mut states = Vec::new();
+    for e in seed_events() {
+        tree = tree.apply(&e).unwrap().0;
+        states.push(listing(&tree));
+    }
+    assert_eq!(states[1], vec!["/default/", "/default/blah/"]);
+    assert_eq!(
+        states[4],
+        vec![
+            "/default/",
+            "/default/blah/",
+            "/default/blah/p=a/",
+            "/default/blah/p=a/000001_0=f0b5",
+            "/default/blah/p=a/000003_0=2389",
+            "/default/blah/p=b/",
+            "/default/blah/p=b/000002_0=917d"
+        ]
+    );
+    assert_eq!(states[5].last().unwrap(), "/default/blah/p=b/000004_0=5378");
+}
+
+#[test]
+fn unchanged_subtrees_keep_their_node_ids() {
+    let events = seed_events();
+    let mut tree = Tree::empty();
+    for e in &events[..4] {
+        tree = tree.apply(e).unwrap().0;
+    }
+    let before_a = tree
+        .lookup(&["default".into(), "blah".into()], "p=a")
+        .unwrap()
+        .id();
+    let before_b = tree
+        .lookup(&["default".into(), "blah".into()], "p=b")
+        .unwrap()
+        .id();
+    let after = tree.apply(&events[4]).unwrap().0;
+    assert_ne!(
+        after
+            .lookup(&["default".into(), "blah".into()], "p=a")
+            .unwrap()
+            .id(),
+        before_a
+    );
+    assert_eq!(
+        after
+            .lookup(&["default".into(), "blah".into()], "p=b")
+            .unwrap()
+            .id(),
+        before_b
+    );
+    let table = after.table("default", "blah").unwrap();
+    assert_eq!(table.meta.state_id, StateId(40));
+}
+
+#[test]
+fn missing_file_blocks_every_state_that_references_it() {
+    let events = seed_events();
+    let mut pending = Pending::new(Arc::new(Tree::empty()));
+    let held_back = BlobId::from_hex(SHA2).unwrap();
+    for e in &events[..5] {
+        pending.apply(e, |b| *b != held_back).unwrap();
+    }
+    // 30 and 40 reference the held-back file: 20 is the newest complete.
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(20));
+    assert_eq!(pending.first_blocked().unwrap().0, StateId(30));
+    // 50 replaces p=b without it: 50 may commit even though 30/40 never do.
+    pending.apply(&events[5], |b| *b != held_back).unwrap();
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(50));
+    pending.committed(StateId(50));
+    assert!(!pending.is_missing(&held_back));
+}
+
+#[test]
+fn staged_file_unblocks_its_state() {
+    let events = seed_events();
+    let mut pending = Pending::new(Arc::new(Tree::empty()));
+    let held_back = BlobId::from_hex(SHA2).unwrap();
+    for e in &events[..5] {
+        pending.apply(e, |b| *b != held_back).unwrap();
+    }
+    pending.staged(&held_back);
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(40));
+}
+
+#[test]
+fn events_that_cannot_apply_are_rejected_and_change_nothing() {
+    let mut tree = Tree::empty();
+    for e in &seed_events()[..3] {
+        tree = tree.apply(e).unwrap().0;
+    }
+    let before = listing(&tree);
+    let bad = [
+        (
+            r#"{"id": 99, "op": "create_database", "db": "default"}"#,
+            "already exists",
+        ),
+        (
+            r#"{"id": 99, "op": "drop_database", "db": "nope"}"#,
+            "does not exist",
+        ),
+        (
+            r#"{"id": 99, "op": "create_table", "db": "default", "table": "blah"}"#,
+            "already exists",
+        ),
+        (
+            r#"{"id": 99, "op": "drop_table", "db": "default", "table": "nope"}"#,
+            "does not exist",
+        ),
+        (
+            r#"{"id": 99, "op": "add_files", "db": "nope", "table": "t", "files": []}"#,
+            "does not exist",
+        ),
+        (
+            r#"{"id": 99, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "zz"}}"#,
+            "does not exist",
+        ),
+        (
+            r#"{"id": 99, "op": "add_files", "db": "default", "table": "blah", "partition": {"q": "a"}, "files": []}"#,
+            "partition keys",
+        ),
+        (
+            r#"{"id": 99, "op": "add_files", "db": "default", "table": "blah", "files": []}"#,
+            "partition keys",
+        ),
+        (
+            r#"{"id": 99, "op": "rename_table", "db": "default", "table": "blah", "new_db": "default", "new_table": "blah"}"#,
+            "already exists",
+        ),
+        (r#"{"id": 19, "op": "noop"}"#, "does not increase"),
+        (r#"{"id": 20, "op": "noop"}"#, "does not increase"),
+    ];
+    for (line, why) in bad {
+        let err = tree.apply(&ev(line)).unwrap_err().to_string();
+        assert!(err.contains(why), "{line}: {err}");
+    }
+    let dup = format!(
+        r#"{{"id": 99, "op": "add_files", "db": "default", "table": "blah", "partition": {{"p": "a"}}, "files": [{{"path": "x/000001_0", "size": 1, "sha256": "{SHA3}"}}]}}"#
+    );
+    assert!(tree
+        .apply(&ev(&dup))
+        .unwrap_err()
+        .to_string()
+        .contains("already exists"));
+    assert_eq!(listing(&tree), before);
+}
+
+#[test]
+fn nested_partitions_are_escaped_and_pruned_on_drop() {
+    let mut tree = Tree::empty();
+    for line in [
+        r#"{"id": 1, "op": "create_database", "db": "d"}"#.to_string(),
+        r#"{"id": 2, "op": "create_table", "db": "d", "table": "t", "partition_keys": ["y", "m"]}"#
+            .to_string(),
+        format!(
+            r#"{{"id": 3, "op": "add_partition", "db": "d", "table": "t", "partition": {{"m": "a/b", "y": "2024"}}, "files": [{{"path": "f1", "size": 1, "sha256": "{SHA1}"}}]}}"#
+        ),
+    ] {
+        tree = tree.apply(&ev(&line)).unwrap().0;
+    }
+    assert!(listing(&tree).contains(&"/d/t/y=2024/m=a%2Fb/f1=f0b5".to_string()));
+    tree = tree
+        .apply(&ev(r#"{"id": 4, "op": "drop_partition", "db": "d", "table": "t", "partition": {"y": "2024", "m": "a/b"}}"#))
+        .unwrap()
+        .0;
+    assert_eq!(listing(&tree), vec!["/d/", "/d/t/"]);
+}
+
+#[test]
+fn rename_moves_the_table_node_unchanged() {
+    let mut tree = Tree::empty();
+    for e in &seed_events()[..3] {
+        tree = tree.apply(e).unwrap().0;
+    }
+    let id = tree.table("default", "blah").unwrap().meta.id;
+    tree = tree
+        .apply(&ev(r#"{"id": 60, "op": "create_database", "db": "other"}"#))
+        .unwrap()
+        .0;
+    tree = tree
+        .apply(&ev(r#"{"id": 70, "op": "rename_table", "db": "default", "table": "blah", "new_db": "other", "new_table": "moved"}"#))
+        .unwrap()
+        .0;
+    assert!(tree.table("default", "blah").is_none());
+    assert_eq!(tree.table("other", "moved").unwrap().meta.id, id);
+}
+
+#[test]
+fn replace_with_empty_list_truncates() {
+    let mut tree = Tree::empty();
+    for e in &seed_events()[..3] {
+        tree = tree.apply(e).unwrap().0;
+    }
+    tree = tree
+        .apply(&ev(r#"{"id": 60, "op": "replace_files", "db": "default", "table": "blah", "partition": {"p": "a"}, "files": []}"#))
+        .unwrap()
+        .0;
+    assert_eq!(
+        listing(&tree),
+        vec!["/default/", "/default/blah/", "/default/blah/p=a/"]
+    );
+}
+
+fn catalog_with_states(dir: &Path, ids: &[u64], retain: usize) -> Catalog {
+    let mut tree = Tree::empty();
+    for e in &seed_events()[..2] {
+        tree = tree.apply(e).unwrap().0;
+    }
+    let cat = Catalog::new(
+        dir,
+        Arc::new(tree.clone()),
+        BTreeMap::new(),
+        Pins::default(),
+        retain,
+    );
+    for &id in ids {
+        tree = tree
+            .apply(&ev(&format!(r#"{{"id": {id}, "op": "noop"}}"#)))
+            .unwrap()
+            .0;
+        cat.commit(Arc::new(tree.clone())).unwrap();
+    }
+    cat
+}
+
+#[test]
+fn retention_keeps_newest_n_and_pinned() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = catalog_with_states(dir.path(), &[11, 12, 13], 2);
+    let snap = cat.snapshot();
+    assert_eq!(
+        snap.versions.keys().map(|s| s.0).collect::<Vec<_>>(),
+        vec![12, 13]
+    );
+    cat.set_pin(
+        &PinScope::Table {
+            db: "default".into(),
+            table: "blah".into(),
+        },
+        "12",
+    )
+    .unwrap();
+    let mut tree = (*cat.snapshot().visible).clone();
+    for id in [14, 15, 16] {
+        tree = tree
+            .apply(&ev(&format!(r#"{{"id": {id}, "op": "noop"}}"#)))
+            .unwrap()
+            .0;
+        cat.commit(Arc::new(tree.clone())).unwrap();
+    }
+    let snap = cat.snapshot();
+    assert_eq!(
+        snap.versions.keys().map(|s| s.0).collect::<Vec<_>>(),
+        vec![12, 15, 16]
+    );
+    let (record, pins) = load_durable(dir.path()).unwrap();
+    assert_eq!(record.visible, StateId(16));
+    assert_eq!(record.retained, vec![StateId(12), StateId(15), StateId(16)]);
+    assert_eq!(pins.tables.get("default.blah"), Some(&StateId(12)));
+    assert_eq!(snap.table_tree("default", "blah").state_id, StateId(12));
+    assert_eq!(snap.root_tree().state_id, StateId(16));
+}
+
+#[test]
+fn pin_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = catalog_with_states(dir.path(), &[11, 12], 4);
+    let table = PinScope::Table {
+        db: "default".into(),
+        table: "blah".into(),
+    };
+    assert_eq!(cat.set_pin(&PinScope::Root, "abc"), Err(PinError::BadValue));
+    assert_eq!(cat.set_pin(&PinScope::Root, "-1"), Err(PinError::BadValue));
+    assert_eq!(
+        cat.set_pin(&PinScope::Root, "3"),
+        Err(PinError::NotRetained(StateId(3)))
+    );
+    let nope = PinScope::Table {
+        db: "default".into(),
+        table: "nope".into(),
+    };
+    assert!(matches!(
+        cat.set_pin(&nope, "12"),
+        Err(PinError::NoTableAtState(..))
+    ));
+    assert_eq!(cat.set_pin(&table, "visible"), Ok(StateId(12)));
+    assert_eq!(cat.set_pin(&PinScope::Root, "11\n"), Ok(StateId(11)));
+    assert_eq!(cat.remove_pin(&table), Ok(true));
+    assert_eq!(cat.remove_pin(&table), Ok(false));
+}
+
+#[test]
+fn commit_never_goes_backwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = catalog_with_states(dir.path(), &[11, 12], 4);
+    let old = cat.snapshot().versions[&StateId(11)].clone();
+    cat.commit(old).unwrap();
+    assert_eq!(cat.snapshot().visible.state_id, StateId(12));
+}
