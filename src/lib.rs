@@ -8,5 +8,6 @@
 pub mod catalog;
 pub mod durable;
 pub mod event;
+pub mod ingest;
 pub mod journal;
 pub mod stage;
