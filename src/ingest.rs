@@ -269,7 +269,7 @@ impl std::fmt::Display for Rejection {
 #[derive(Debug)]
 pub enum Verdict {
     /// New event; the tree after it is the validator's new latest.
-    Accepted(Event),
+    Accepted(Box<Event>),
     /// Same id and content as an event already accepted.
     Duplicate,
 }
@@ -346,7 +346,7 @@ impl Validator {
             .map_err(|e| reject(Some(event.id), e.to_string()))?;
         self.seen.push((event.id, content_hash(&event)));
         self.latest = Arc::new(tree);
-        Ok(Verdict::Accepted(event))
+        Ok(Verdict::Accepted(Box::new(event)))
     }
 }
 
