@@ -1,0 +1,494 @@
+//! The journal: stagefs's own write-ahead log of accepted events.
+//!
+//! Owns the journal directory (segment files, see [`segment`] for the format)
+//! and an in-memory ring of the most recent durable records. `ingest` is the
+//! single writer: it [`Journal::append`]s a batch of events (serialised by
+//! `event`) and calls [`Journal::sync`] once per batch (group commit). The
+//! stager, and replay after a restart, read through [`Follower`]s.
+//!
+//! Invariants:
+//! - Record ids strictly increase across the whole journal; segment `N.seg`
+//!   starts with record `N`, so a segment index is a sorted list of names.
+//! - A record becomes visible to followers only after it is written and
+//!   fdatasynced (and, for a new segment, its directory entry fsynced).
+//!   Followers never read a segment past its published durable length.
+//! - The ring holds *every* durable record with id > `ring_base`, in order.
+//!   A follower whose cursor is at or past `ring_base` reads the ring (no
+//!   copies: records are `Arc`s); otherwise it reads segment files until its
+//!   cursor reaches `ring_base` again. Ring and index change together under
+//!   one lock, so a follower never skips or repeats a record.
+//! - After a failed write or fsync the writer refuses further writes: what
+//!   reached the disk is unknown (fsync errors are not retryable on Linux),
+//!   and reopening runs recovery, which makes the tail consistent again.
+//! - Recovery (in [`Journal::open`]) truncates a torn or corrupt tail; it is
+//!   never replayed.
+
+mod follower;
+mod recovery;
+mod segment;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use crate::durable::fsync_dir;
+use crate::event::StateId;
+
+pub use follower::Follower;
+pub use segment::MAX_PAYLOAD;
+
+/// Default size after which a new segment is started.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+/// Default number of recent records kept in memory for followers.
+pub const DEFAULT_RING_CAPACITY: usize = 65_536;
+
+/// Where the journal lives and how it is shaped.
+#[derive(Debug, Clone)]
+pub struct JournalConfig {
+    pub dir: PathBuf,
+    /// A new segment is started once the current one reaches this size
+    /// (a segment may exceed it by one record).
+    pub segment_bytes: u64,
+    /// Durable records kept in memory; 0 makes every follower read files.
+    pub ring_capacity: usize,
+}
+
+impl JournalConfig {
+    /// A config with the default segment size and ring capacity.
+    pub fn new(dir: impl Into<PathBuf>) -> JournalConfig {
+        JournalConfig {
+            dir: dir.into(),
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            ring_capacity: DEFAULT_RING_CAPACITY,
+        }
+    }
+}
+
+/// One journal record: an opaque payload keyed by its state-id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub id: StateId,
+    pub payload: Vec<u8>,
+}
+
+/// What [`Journal::open`] found and what it had to cut.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Intact records kept.
+    pub records: u64,
+    /// Id of the last intact record.
+    pub last_id: Option<StateId>,
+    /// Bytes removed from the tail (torn or corrupt records and everything
+    /// after them, including later segments).
+    pub truncated_bytes: u64,
+    /// Why the tail was cut, if it was.
+    pub reason: Option<String>,
+}
+
+/// Counters shared by the writer and all followers.
+#[derive(Debug, Default)]
+pub struct JournalStats {
+    /// Records followers took from the in-memory ring.
+    pub ring_reads: AtomicU64,
+    /// Records followers read back from segment files.
+    pub file_reads: AtomicU64,
+    /// Records accepted by `append`.
+    pub appended: AtomicU64,
+    /// `sync` calls that wrote records.
+    pub syncs: AtomicU64,
+    /// Bytes written to segments (headers and framing included).
+    pub bytes: AtomicU64,
+}
+
+/// Errors of the journal. I/O errors name the file and what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("cannot {verb} {}: {source}", path.display())]
+    Io {
+        verb: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Ids must strictly increase; `last` is 0 for an empty journal (so id 0
+    /// is never accepted: a follower starting "after 0" would miss it).
+    #[error("state-id {got} does not follow the last appended state-id {last}")]
+    NotIncreasing { last: StateId, got: StateId },
+    #[error("payload of {len} bytes exceeds the {max}-byte record limit")]
+    PayloadTooLarge { len: usize, max: usize },
+    /// A record that recovery accepted (or the writer published) fails to
+    /// read back: the disk changed under us.
+    #[error("corrupt journal record in {} at offset {offset}: {reason}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// An earlier write or fsync failed; reopen the journal to recover.
+    #[error("the journal refuses writes after an earlier failure: {0}")]
+    Failed(String),
+}
+
+impl JournalError {
+    fn io(verb: &'static str, path: &Path, source: io::Error) -> JournalError {
+        JournalError::Io {
+            verb,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Index entry for one segment: its first record and its durable length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SegmentInfo {
+    first_id: StateId,
+    len: u64,
+}
+
+/// State shared by the writer and its followers.
+struct Shared {
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Signalled after every publish and on close.
+    published: Condvar,
+    /// Mirror of `State::ring_base`, so a follower reading files can notice
+    /// that it may re-attach to the ring without taking the lock per record.
+    ring_base: AtomicU64,
+    stats: Arc<JournalStats>,
+}
+
+struct State {
+    ring: VecDeque<Arc<Record>>,
+    /// Every durable record with an id above this is in `ring`.
+    ring_base: StateId,
+    /// Durable segments, ordered by first id.
+    segments: Vec<SegmentInfo>,
+    closed: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is updated by plain assignments that cannot panic
+        // half-way, so a poisoned lock still guards consistent data.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl State {
+    /// Index of the segment that holds the first record after `cursor` (or,
+    /// if that record is not durable yet, the last segment).
+    fn segment_for(&self, cursor: StateId) -> Option<usize> {
+        let wanted = cursor.0.saturating_add(1);
+        let after = self.segments.partition_point(|s| s.first_id.0 <= wanted);
+        if self.segments.is_empty() {
+            None
+        } else {
+            Some(after.saturating_sub(1))
+        }
+    }
+}
+
+/// The segment the writer appends to.
+struct ActiveSegment {
+    first_id: StateId,
+    path: PathBuf,
+    file: File,
+    /// Bytes written so far (durable once `sync` returns).
+    len: u64,
+}
+
+/// A record appended but not yet synced, and where its framing ends in the
+/// pending buffer.
+struct Pending {
+    record: Arc<Record>,
+    end: usize,
+}
+
+/// The single writer of the journal.
+pub struct Journal {
+    shared: Arc<Shared>,
+    segment_bytes: u64,
+    ring_capacity: usize,
+    active: Option<ActiveSegment>,
+    /// Framed bytes of `pending`, written with one `write` per segment.
+    buf: Vec<u8>,
+    pending: Vec<Pending>,
+    last_appended: StateId,
+    last_durable: Option<StateId>,
+    failed: Option<String>,
+}
+
+impl Journal {
+    /// Opens (creating if needed) the journal in `config.dir`, recovering it
+    /// first: a torn or corrupt tail is truncated and reported.
+    pub fn open(config: JournalConfig) -> Result<(Journal, RecoveryReport), JournalError> {
+        let recovered = recovery::recover(&config.dir)?;
+        let report = recovered.report;
+        let active = match recovered.segments.last() {
+            Some(last) => {
+                let path = segment::segment_path(&config.dir, last.first_id);
+                let file = OpenOptions::new().append(true).open(&path).map_err(|e| {
+                    JournalError::io("open journal segment for appending", &path, e)
+                })?;
+                Some(ActiveSegment {
+                    first_id: last.first_id,
+                    path,
+                    file,
+                    len: last.len,
+                })
+            }
+            None => None,
+        };
+        let base = report.last_id.unwrap_or_default();
+        tracing::info!(
+            dir = %config.dir.display(),
+            records = report.records,
+            last_id = base.0,
+            segments = recovered.segments.len(),
+            "journal opened"
+        );
+        let shared = Arc::new(Shared {
+            dir: config.dir,
+            state: Mutex::new(State {
+                ring: VecDeque::with_capacity(config.ring_capacity.min(DEFAULT_RING_CAPACITY)),
+                ring_base: base,
+                segments: recovered.segments,
+                closed: false,
+            }),
+            published: Condvar::new(),
+            ring_base: AtomicU64::new(base.0),
+            stats: Arc::new(JournalStats::default()),
+        });
+        let journal = Journal {
+            shared,
+            segment_bytes: config.segment_bytes.max(1),
+            ring_capacity: config.ring_capacity,
+            active,
+            buf: Vec::new(),
+            pending: Vec::new(),
+            last_appended: base,
+            last_durable: report.last_id,
+            failed: None,
+        };
+        Ok((journal, report))
+    }
+
+    /// Buffers a record: not yet durable and not yet visible to followers.
+    /// Ids must strictly increase past every id appended before.
+    pub fn append(&mut self, id: StateId, payload: &[u8]) -> Result<(), JournalError> {
+        if let Some(why) = &self.failed {
+            return Err(JournalError::Failed(why.clone()));
+        }
+        if payload.len() > MAX_PAYLOAD {
+            return Err(JournalError::PayloadTooLarge {
+                len: payload.len(),
+                max: MAX_PAYLOAD,
+            });
+        }
+        if id <= self.last_appended {
+            return Err(JournalError::NotIncreasing {
+                last: self.last_appended,
+                got: id,
+            });
+        }
+        segment::encode_record(&mut self.buf, id, payload);
+        self.pending.push(Pending {
+            record: Arc::new(Record {
+                id,
+                payload: payload.to_vec(),
+            }),
+            end: self.buf.len(),
+        });
+        self.last_appended = id;
+        self.shared.stats.appended.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes the buffered records, fdatasyncs them (and the directory when a
+    /// segment was created), then publishes them to the ring and wakes
+    /// followers. A no-op when nothing is buffered.
+    pub fn sync(&mut self) -> Result<(), JournalError> {
+        if let Some(why) = &self.failed {
+            return Err(JournalError::Failed(why.clone()));
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let written = match self.write_pending() {
+            Ok(written) => written,
+            Err(e) => {
+                tracing::error!(error = %e, "journal write failed; refusing further writes");
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        };
+        self.publish(written);
+        Ok(())
+    }
+
+    /// Writes and fsyncs `pending`, rotating segments as they fill. Returns
+    /// the index entries to publish, in segment order.
+    fn write_pending(&mut self) -> Result<Vec<SegmentInfo>, JournalError> {
+        let mut written: Vec<SegmentInfo> = Vec::new();
+        let mut created_segment = false;
+        let mut start = 0usize;
+        let mut i = 0usize;
+        while i < self.pending.len() {
+            let mut active = match self.active.take() {
+                Some(a) if a.len < self.segment_bytes => a,
+                sealed => {
+                    if let Some(old) = sealed {
+                        // The sealed segment must be durable before records
+                        // land in its successor, or recovery could keep a
+                        // later record while an earlier one is lost.
+                        old.file.sync_data().map_err(|e| {
+                            JournalError::io("fdatasync journal segment", &old.path, e)
+                        })?;
+                    }
+                    created_segment = true;
+                    self.create_segment(self.pending[i].record.id)?
+                }
+            };
+            // Take records until the segment is full; at least one, so a
+            // record larger than segment_bytes still makes progress.
+            let mut end = start;
+            let mut len = active.len;
+            while i < self.pending.len() {
+                let framed = self.pending[i].end - end;
+                end = self.pending[i].end;
+                len += framed as u64;
+                i += 1;
+                if len >= self.segment_bytes {
+                    break;
+                }
+            }
+            active
+                .file
+                .write_all(&self.buf[start..end])
+                .map_err(|e| JournalError::io("write journal segment", &active.path, e))?;
+            active.len = len;
+            self.shared
+                .stats
+                .bytes
+                .fetch_add((end - start) as u64, Ordering::Relaxed);
+            match written.last_mut() {
+                Some(w) if w.first_id == active.first_id => w.len = len,
+                _ => written.push(SegmentInfo {
+                    first_id: active.first_id,
+                    len,
+                }),
+            }
+            self.active = Some(active);
+            start = end;
+        }
+        if let Some(active) = &self.active {
+            active
+                .file
+                .sync_data()
+                .map_err(|e| JournalError::io("fdatasync journal segment", &active.path, e))?;
+        }
+        if created_segment {
+            fsync_dir(&self.shared.dir)
+                .map_err(|e| JournalError::io("fsync journal directory", &self.shared.dir, e))?;
+        }
+        Ok(written)
+    }
+
+    fn create_segment(&self, first_id: StateId) -> Result<ActiveSegment, JournalError> {
+        let path = segment::segment_path(&self.shared.dir, first_id);
+        // create_new: recovery removed every segment at or past the durable
+        // tail, so an existing file here means two writers or a bug.
+        let mut file = OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| JournalError::io("create journal segment", &path, e))?;
+        let header = segment::encode_header();
+        file.write_all(&header)
+            .map_err(|e| JournalError::io("write journal segment header", &path, e))?;
+        self.shared
+            .stats
+            .bytes
+            .fetch_add(header.len() as u64, Ordering::Relaxed);
+        tracing::debug!(segment = %path.display(), "journal segment created");
+        Ok(ActiveSegment {
+            first_id,
+            path,
+            file,
+            len: segment::HEADER_LEN,
+        })
+    }
+
+    /// Makes synced records visible: index lengths, ring, then wake-up.
+    fn publish(&mut self, written: Vec<SegmentInfo>) {
+        let shared = Arc::clone(&self.shared);
+        let mut st = shared.lock();
+        for w in written {
+            match st.segments.last_mut() {
+                Some(s) if s.first_id == w.first_id => s.len = w.len,
+                _ => st.segments.push(w),
+            }
+        }
+        // Only the newest ring_capacity records of the batch can stay; the
+        // rest would be evicted at once, so skip straight past them.
+        let keep_from = self.pending.len().saturating_sub(self.ring_capacity);
+        if keep_from > 0 {
+            st.ring.clear();
+            st.ring_base = self.pending[keep_from - 1].record.id;
+        }
+        for p in self.pending.drain(keep_from..) {
+            if st.ring.len() >= self.ring_capacity {
+                if let Some(evicted) = st.ring.pop_front() {
+                    st.ring_base = evicted.id;
+                }
+            }
+            st.ring.push_back(p.record);
+        }
+        self.pending.clear();
+        shared.ring_base.store(st.ring_base.0, Ordering::Release);
+        drop(st);
+        shared.published.notify_all();
+
+        self.last_durable = Some(self.last_appended);
+        // Keep the buffer's allocation for the next batch unless one huge
+        // batch blew it up.
+        self.buf.clear();
+        if self.buf.capacity() > 4 * DEFAULT_SEGMENT_BYTES as usize {
+            self.buf.shrink_to(DEFAULT_SEGMENT_BYTES as usize);
+        }
+        shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The last durable (synced) id.
+    pub fn last_id(&self) -> Option<StateId> {
+        self.last_durable
+    }
+
+    /// A reader of every durable record with id > `after`, in order.
+    pub fn follower(&self, after: StateId) -> Follower {
+        Follower::new(Arc::clone(&self.shared), after)
+    }
+
+    /// Counters shared with all followers.
+    pub fn stats(&self) -> Arc<JournalStats> {
+        Arc::clone(&self.shared.stats)
+    }
+
+    /// Wakes every follower and makes all their reads return `Ok(None)`
+    /// from now on (shutdown). Writes still work but nobody follows them.
+    pub fn close(&self) {
+        self.shared.lock().closed = true;
+        self.shared.published.notify_all();
+    }
+
+    /// The journal directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}

@@ -1,0 +1,617 @@
+use std::fs::{self, OpenOptions};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::segment::{HEADER_LEN, RECORD_HEADER_LEN};
+use super::*;
+
+/// Deterministic payload of a length that varies with the id.
+fn payload(id: u64) -> Vec<u8> {
+    let len = 20 + (id * 7 % 50) as usize;
+    (0..len)
+        .map(|i| (id as u8).wrapping_mul(31).wrapping_add(i as u8))
+        .collect()
+}
+
+fn framed_len(id: u64) -> u64 {
+    (RECORD_HEADER_LEN + payload(id).len()) as u64
+}
+
+fn config(dir: &Path, segment_bytes: u64, ring_capacity: usize) -> JournalConfig {
+    JournalConfig {
+        dir: dir.to_path_buf(),
+        segment_bytes,
+        ring_capacity,
+    }
+}
+
+fn write_ids(journal: &mut Journal, ids: impl IntoIterator<Item = u64>) {
+    for id in ids {
+        journal.append(StateId(id), &payload(id)).unwrap();
+    }
+    journal.sync().unwrap();
+}
+
+/// Drains a follower without waiting, checking every payload.
+fn drain(follower: &mut Follower) -> Vec<u64> {
+    let mut ids = Vec::new();
+    while let Some(r) = follower.try_next().unwrap() {
+        assert_eq!(r.payload, payload(r.id.0), "payload of {}", r.id);
+        ids.push(r.id.0);
+    }
+    ids
+}
+
+fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    segment::list_segments(dir)
+        .unwrap()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+#[test]
+fn records_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut j, report) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+        assert_eq!(report, RecoveryReport::default());
+        write_ids(&mut j, 1..=50);
+        write_ids(&mut j, 51..=100);
+        assert_eq!(j.last_id(), Some(StateId(100)));
+    }
+    let (j, report) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+    assert_eq!(report.records, 100);
+    assert_eq!(report.last_id, Some(StateId(100)));
+    assert_eq!(report.truncated_bytes, 0);
+    assert_eq!(report.reason, None);
+    assert_eq!(j.last_id(), Some(StateId(100)));
+
+    let mut f = j.follower(StateId(0));
+    assert!(f.reading_from_files());
+    assert_eq!(drain(&mut f), (1..=100).collect::<Vec<_>>());
+    assert_eq!(f.position(), StateId(100));
+    let stats = j.stats();
+    assert_eq!(stats.file_reads.load(Ordering::Relaxed), 100);
+    assert_eq!(stats.ring_reads.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn torn_journal_tail_is_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment_bytes = 600;
+    {
+        let (mut j, _) = Journal::open(config(dir.path(), segment_bytes, 16)).unwrap();
+        write_ids(&mut j, 1..=20);
+    }
+    let segments = segment_files(dir.path());
+    assert!(segments.len() >= 2, "the test needs a rotated journal");
+    let last = segments.last().unwrap();
+    assert_ne!(
+        last,
+        &segment::segment_path(dir.path(), StateId(20)),
+        "record 20 must not start a segment"
+    );
+    let len = fs::metadata(last).unwrap().len();
+    // Cut the last record in half, as a crash mid-write would.
+    let cut_at = len - framed_len(20) / 2;
+    OpenOptions::new()
+        .write(true)
+        .open(last)
+        .unwrap()
+        .set_len(cut_at)
+        .unwrap();
+
+    let (mut j, report) = Journal::open(config(dir.path(), segment_bytes, 16)).unwrap();
+    assert_eq!(report.records, 19);
+    assert_eq!(report.last_id, Some(StateId(19)));
+    assert_eq!(report.truncated_bytes, cut_at - (len - framed_len(20)));
+    assert!(
+        report.reason.as_deref().unwrap().contains("torn"),
+        "{report:?}"
+    );
+    assert_eq!(fs::metadata(last).unwrap().len(), len - framed_len(20));
+    assert_eq!(j.last_id(), Some(StateId(19)));
+
+    // The writer continues where the intact prefix ends.
+    write_ids(&mut j, 20..=25);
+    let mut f = j.follower(StateId(0));
+    assert_eq!(drain(&mut f), (1..=25).collect::<Vec<_>>());
+    drop(j);
+    let (j, report) = Journal::open(config(dir.path(), segment_bytes, 16)).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (25, 0));
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=25).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn corrupt_record_crc_truncates_from_there() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+        write_ids(&mut j, 1..=10);
+    }
+    let seg = segment::segment_path(dir.path(), StateId(1));
+    let mut bytes = fs::read(&seg).unwrap();
+    let original_len = bytes.len() as u64;
+    let offset_of_5 = HEADER_LEN + (1..5).map(framed_len).sum::<u64>();
+    // Flip a payload byte of record 5.
+    bytes[(offset_of_5 as usize) + RECORD_HEADER_LEN + 3] ^= 0x40;
+    fs::write(&seg, &bytes).unwrap();
+
+    let (mut j, report) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+    assert_eq!(report.records, 4);
+    assert_eq!(report.last_id, Some(StateId(4)));
+    assert_eq!(report.truncated_bytes, original_len - offset_of_5);
+    assert!(
+        report.reason.as_deref().unwrap().contains("CRC"),
+        "{report:?}"
+    );
+    assert_eq!(fs::metadata(&seg).unwrap().len(), offset_of_5);
+
+    write_ids(&mut j, 5..=12);
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=12).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn corrupt_record_in_earlier_segment_removes_later_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut j, _) = Journal::open(config(dir.path(), 300, 16)).unwrap();
+        write_ids(&mut j, 1..=40);
+    }
+    let segments = segment_files(dir.path());
+    assert!(segments.len() >= 3);
+    let total: u64 = segments
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().len())
+        .sum();
+    // Damage the first record's id in the second segment.
+    let mut bytes = fs::read(&segments[1]).unwrap();
+    bytes[HEADER_LEN as usize + 8] ^= 1;
+    fs::write(&segments[1], &bytes).unwrap();
+
+    let (j, report) = Journal::open(config(dir.path(), 300, 16)).unwrap();
+    let kept = fs::metadata(&segments[0]).unwrap().len();
+    assert_eq!(segment_files(dir.path()), vec![segments[0].clone()]);
+    assert_eq!(report.truncated_bytes, total - kept);
+    let last = report.last_id.unwrap().0;
+    assert_eq!(report.records, last);
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=last).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn header_only_last_segment_is_removed_and_appending_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+        write_ids(&mut j, 1..=3);
+    }
+    // A crash right after creating the segment for record 9 leaves only its
+    // header; the records are then re-appended from 4.
+    fs::write(
+        segment::segment_path(dir.path(), StateId(9)),
+        segment::encode_header(),
+    )
+    .unwrap();
+    let (mut j, report) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+    assert_eq!(
+        (report.records, report.last_id, report.truncated_bytes),
+        (3, Some(StateId(3)), 0)
+    );
+    assert_eq!(segment_files(dir.path()).len(), 1);
+    write_ids(&mut j, 4..=6);
+    drop(j);
+    let (j, report) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+    assert_eq!(report.records, 6);
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=6).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn torn_segment_header_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+        write_ids(&mut j, 1..=3);
+    }
+    fs::write(segment::segment_path(dir.path(), StateId(4)), b"STGF").unwrap();
+    let (j, report) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (3, 4));
+    assert!(report.reason.is_some());
+    assert_eq!(segment_files(dir.path()).len(), 1);
+    assert_eq!(j.last_id(), Some(StateId(3)));
+}
+
+#[test]
+fn non_increasing_id_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+    assert!(matches!(
+        j.append(StateId(0), b"x"),
+        Err(JournalError::NotIncreasing {
+            last: StateId(0),
+            got: StateId(0)
+        })
+    ));
+    j.append(StateId(5), b"a").unwrap();
+    // Checked against buffered records too, not just durable ones.
+    assert!(matches!(
+        j.append(StateId(5), b"b"),
+        Err(JournalError::NotIncreasing {
+            last: StateId(5),
+            got: StateId(5)
+        })
+    ));
+    j.sync().unwrap();
+    assert!(matches!(
+        j.append(StateId(3), b"c"),
+        Err(JournalError::NotIncreasing {
+            last: StateId(5),
+            got: StateId(3)
+        })
+    ));
+    j.append(StateId(9), b"d").unwrap();
+    j.sync().unwrap();
+    drop(j);
+    // And across a restart.
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+    assert!(matches!(
+        j.append(StateId(9), b"e"),
+        Err(JournalError::NotIncreasing { .. })
+    ));
+    j.append(StateId(10), b"f").unwrap();
+}
+
+#[test]
+fn oversized_payload_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+    let big = vec![0u8; MAX_PAYLOAD + 1];
+    assert!(matches!(
+        j.append(StateId(1), &big),
+        Err(JournalError::PayloadTooLarge { .. })
+    ));
+    // The rejected id was not consumed.
+    j.append(StateId(1), b"ok").unwrap();
+}
+
+#[test]
+fn unsynced_records_are_invisible_to_followers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 4)).unwrap();
+    write_ids(&mut j, 1..=10);
+    let mut from_ring = j.follower(StateId(8));
+    let mut from_files = j.follower(StateId(0));
+    assert!(from_files.reading_from_files());
+
+    for id in 11..=20 {
+        j.append(StateId(id), &payload(id)).unwrap();
+    }
+    assert_eq!(j.last_id(), Some(StateId(10)));
+    assert_eq!(drain(&mut from_ring), vec![9, 10]);
+    // The unsynced bytes are not even in the file yet, and a file reader
+    // stops at the durable end regardless.
+    assert_eq!(drain(&mut from_files), (1..=10).collect::<Vec<_>>());
+    assert!(from_ring
+        .next_timeout(Duration::from_millis(20))
+        .unwrap()
+        .is_none());
+
+    j.sync().unwrap();
+    assert_eq!(drain(&mut from_ring), (11..=20).collect::<Vec<_>>());
+    assert_eq!(drain(&mut from_files), (11..=20).collect::<Vec<_>>());
+
+    // Records never synced are lost on reopen, not half-kept.
+    j.append(StateId(21), &payload(21)).unwrap();
+    drop(j);
+    let (j, report) = Journal::open(config(dir.path(), 1 << 20, 4)).unwrap();
+    assert_eq!(
+        (report.last_id, report.truncated_bytes),
+        (Some(StateId(20)), 0)
+    );
+    assert_eq!(drain(&mut j.follower(StateId(0))).len(), 20);
+}
+
+#[test]
+fn follower_reading_files_stops_at_the_durable_end() {
+    let dir = tempfile::tempdir().unwrap();
+    // Ring of 0: every read goes through the files, including live ones.
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 0)).unwrap();
+    write_ids(&mut j, 1..=5);
+    let mut f = j.follower(StateId(0));
+    assert_eq!(drain(&mut f), vec![1, 2, 3, 4, 5]);
+    // Bytes written past the published length (as by a write that has not
+    // been synced yet) must not be read.
+    let seg = segment::segment_path(dir.path(), StateId(1));
+    let mut garbage = Vec::new();
+    segment::encode_record(&mut garbage, StateId(6), b"not durable");
+    let mut file = OpenOptions::new().append(true).open(&seg).unwrap();
+    std::io::Write::write_all(&mut file, &garbage).unwrap();
+    assert_eq!(drain(&mut f), Vec::<u64>::new());
+    assert_eq!(j.stats().ring_reads.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn segments_rotate_and_follower_crosses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 200, 3)).unwrap();
+    let mut live = j.follower(StateId(0));
+    let mut seen = Vec::new();
+    for batch in 0..20u64 {
+        // Gaps in the ids: segments are found by binary search, not arithmetic.
+        write_ids(&mut j, (batch * 10 + 1..=batch * 10 + 7).step_by(2));
+        if batch % 3 == 0 {
+            seen.extend(drain(&mut live));
+        }
+    }
+    seen.extend(drain(&mut live));
+    let expected: Vec<u64> = (0..20u64)
+        .flat_map(|b| (b * 10 + 1..=b * 10 + 7).step_by(2))
+        .collect();
+    assert_eq!(seen, expected);
+
+    let segments = segment_files(dir.path());
+    assert!(segments.len() > 10, "only {} segments", segments.len());
+    for p in &segments {
+        // A segment exceeds the limit by at most one record.
+        assert!(fs::metadata(p).unwrap().len() < 200 + framed_len(0) + 100);
+    }
+    // Starting in the middle of any segment, or on a gap, yields the rest.
+    for (k, &start) in expected.iter().enumerate().step_by(5) {
+        let mut f = j.follower(StateId(start));
+        assert_eq!(drain(&mut f), expected[k + 1..].to_vec(), "after {start}");
+        let mut f = j.follower(StateId(start + 1));
+        let rest: Vec<u64> = expected
+            .iter()
+            .copied()
+            .filter(|&id| id > start + 1)
+            .collect();
+        assert_eq!(drain(&mut f), rest, "after gap {}", start + 1);
+    }
+    drop(j);
+    let (j, report) = Journal::open(config(dir.path(), 200, 3)).unwrap();
+    assert_eq!(report.records, expected.len() as u64);
+    assert_eq!(drain(&mut j.follower(StateId(0))), expected);
+}
+
+#[test]
+fn follower_falls_behind_tiny_ring_reads_files_then_reattaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 4096, 8)).unwrap();
+    let stats = j.stats();
+    let mut follower = j.follower(StateId(0));
+
+    // Phase 1: keeping up, the follower reads the ring.
+    write_ids(&mut j, 1..=5);
+    assert_eq!(drain(&mut follower), vec![1, 2, 3, 4, 5]);
+    assert_eq!(stats.ring_reads.load(Ordering::Relaxed), 5);
+    assert_eq!(stats.file_reads.load(Ordering::Relaxed), 0);
+
+    // Phase 2: a follower thread that starts late (so it must read files)
+    // and lags, while the writer races ahead in small batches.
+    let (go, wait_for_go) = std::sync::mpsc::channel::<()>();
+    let reader = thread::spawn(move || {
+        wait_for_go.recv().unwrap();
+        let mut ids = Vec::new();
+        while ids.len() < 995 {
+            let r = follower
+                .next_timeout(Duration::from_secs(10))
+                .unwrap()
+                .expect("record before timeout");
+            assert_eq!(r.payload, payload(r.id.0));
+            ids.push(r.id.0);
+            if ids.len() % 50 == 0 {
+                thread::sleep(Duration::from_millis(2));
+            }
+        }
+        (follower, ids)
+    });
+    let ids: Vec<u64> = (6..=1000).collect();
+    for (n, batch) in ids.chunks(10).enumerate() {
+        write_ids(&mut j, batch.iter().copied());
+        if n == 10 {
+            go.send(()).unwrap();
+        }
+    }
+    let (mut follower, seen) = reader.join().unwrap();
+    assert_eq!(seen, ids, "every id once, in order");
+    assert!(
+        stats.file_reads.load(Ordering::Relaxed) >= 100,
+        "the lagging follower read files"
+    );
+
+    // Phase 3: caught up, it is back on the ring.
+    assert!(!follower.reading_from_files());
+    let ring_before = stats.ring_reads.load(Ordering::Relaxed);
+    let files_before = stats.file_reads.load(Ordering::Relaxed);
+    write_ids(&mut j, 1001..=1003);
+    assert_eq!(drain(&mut follower), vec![1001, 1002, 1003]);
+    assert_eq!(stats.ring_reads.load(Ordering::Relaxed), ring_before + 3);
+    assert_eq!(stats.file_reads.load(Ordering::Relaxed), files_before);
+    assert!(!follower.reading_from_files());
+    let total = stats.ring_reads.load(Ordering::Relaxed) + stats.file_reads.load(Ordering::Relaxed);
+    assert_eq!(total, 1003);
+}
+
+#[test]
+fn follower_switches_from_files_to_ring_exactly_at_the_ring_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
+    write_ids(&mut j, 1..=100);
+    let stats = j.stats();
+    let mut f = j.follower(StateId(0));
+    let mut sources = Vec::new();
+    while let Some(r) = f.try_next().unwrap() {
+        sources.push((r.id.0, f.reading_from_files()));
+    }
+    // Ring holds 93..=100; 1..=92 come from files, the switch happens once.
+    assert_eq!(sources.len(), 100);
+    assert_eq!(stats.file_reads.load(Ordering::Relaxed), 92);
+    assert_eq!(stats.ring_reads.load(Ordering::Relaxed), 8);
+    assert!(sources[..91].iter().all(|&(_, files)| files));
+    assert!(sources[91..].iter().all(|&(_, files)| !files));
+}
+
+#[test]
+fn follower_wakes_on_sync_and_close_ends_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
+    let mut f = j.follower(StateId(0));
+    let waiter = thread::spawn(move || {
+        let first = f
+            .next_timeout(Duration::from_secs(10))
+            .unwrap()
+            .map(|r| r.id);
+        let started = Instant::now();
+        let after_close = f.next_timeout(Duration::from_secs(10)).unwrap();
+        (first, after_close.is_none(), started.elapsed())
+    });
+    thread::sleep(Duration::from_millis(20));
+    write_ids(&mut j, 1..=1);
+    thread::sleep(Duration::from_millis(20));
+    j.close();
+    let (first, ended, waited) = waiter.join().unwrap();
+    assert_eq!(first, Some(StateId(1)));
+    assert!(ended);
+    assert!(
+        waited < Duration::from_secs(5),
+        "close must end the wait, waited {waited:?}"
+    );
+    assert!(j.follower(StateId(0)).try_next().unwrap().is_none());
+}
+
+#[test]
+fn writer_fails_closed_after_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
+    write_ids(&mut j, 1..=2);
+    // A segment file appearing under the name the writer wants is an error
+    // (two writers); afterwards the writer refuses to continue.
+    let (mut j2, _) = Journal::open(config(dir.path(), 64, 8)).unwrap();
+    fs::write(segment::segment_path(dir.path(), StateId(3)), b"squatter").unwrap();
+    j2.append(StateId(3), &payload(3)).unwrap();
+    assert!(matches!(j2.sync(), Err(JournalError::Io { .. })));
+    assert!(matches!(
+        j2.append(StateId(4), b"x"),
+        Err(JournalError::Failed(_))
+    ));
+    assert!(matches!(j2.sync(), Err(JournalError::Failed(_))));
+    drop(j);
+}
+
+/// Not a benchmark harness, just a smoke figure: `cargo test --release --lib
+/// journal::tests::throughput -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn throughput_of_batched_appends_with_a_live_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(JournalConfig::new(dir.path())).unwrap();
+    let n = 300_000u64;
+    let mut f = j.follower(StateId(0));
+    let reader = thread::spawn(move || {
+        let mut count = 0u64;
+        while count < n {
+            if f.next_timeout(Duration::from_secs(10)).unwrap().is_some() {
+                count += 1;
+            }
+        }
+        count
+    });
+    let body = vec![b'e'; 200];
+    let started = Instant::now();
+    for batch in 0..n / 1000 {
+        for i in 0..1000 {
+            j.append(StateId(batch * 1000 + i + 1), &body).unwrap();
+        }
+        j.sync().unwrap();
+    }
+    assert_eq!(reader.join().unwrap(), n);
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "{n} records in {secs:.3}s: {:.0} records/s",
+        n as f64 / secs
+    );
+}
+
+/// A reference model for the property test: what a follower must see.
+fn expected_after(all: &[u64], start: u64) -> Vec<u64> {
+    all.iter().copied().filter(|&id| id > start).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn followers_see_exactly_the_durable_sequence(
+        batches in prop::collection::vec(prop::collection::vec((1u64..4, 0usize..120), 0..25), 1..12),
+        ring_capacity in 0usize..20,
+        segment_bytes in 32u64..1500,
+        starts in prop::collection::vec(0u64..400, 1..4),
+        reads_per_step in prop::collection::vec(0usize..30, 1..8),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(config(dir.path(), segment_bytes, ring_capacity)).unwrap();
+        let mut followers: Vec<(u64, Follower, Vec<u64>)> =
+            starts.iter().map(|&s| (s, j.follower(StateId(s)), Vec::new())).collect();
+        let mut durable = Vec::new();
+        let mut next_id = 0u64;
+        for (b, batch) in batches.iter().enumerate() {
+            let mut appended = Vec::new();
+            for &(gap, len) in batch {
+                next_id += gap;
+                j.append(StateId(next_id), &vec![next_id as u8; len]).unwrap();
+                appended.push(next_id);
+            }
+            j.sync().unwrap();
+            durable.extend(appended);
+            // Followers read a random amount after each batch, so some lag
+            // behind the ring and some keep up.
+            for (k, (_, f, seen)) in followers.iter_mut().enumerate() {
+                let reads = reads_per_step[(b + k) % reads_per_step.len()];
+                for _ in 0..reads {
+                    match f.try_next().unwrap() {
+                        Some(r) => {
+                            prop_assert!(r.payload.iter().all(|&x| x == r.id.0 as u8));
+                            seen.push(r.id.0);
+                        }
+                        None => break,
+                    }
+                }
+            }
+        }
+        for (start, f, seen) in followers.iter_mut() {
+            while let Some(r) = f.try_next().unwrap() {
+                seen.push(r.id.0);
+            }
+            prop_assert_eq!(&*seen, &expected_after(&durable, *start)[..]);
+            prop_assert!(!f.reading_from_files());
+        }
+        drop(j);
+        let (j, report) = Journal::open(config(dir.path(), segment_bytes, ring_capacity)).unwrap();
+        prop_assert_eq!(report.records, durable.len() as u64);
+        prop_assert_eq!(report.truncated_bytes, 0);
+        for &start in &starts {
+            let mut f = j.follower(StateId(start));
+            let mut seen = Vec::new();
+            while let Some(r) = f.try_next().unwrap() {
+                seen.push(r.id.0);
+            }
+            prop_assert_eq!(seen, expected_after(&durable, start));
+        }
+    }
+}
