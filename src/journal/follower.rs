@@ -95,7 +95,7 @@ impl Follower {
         loop {
             // Fast path while behind: no lock per record, only the atomic
             // ring base to notice when the ring has the next record.
-            if self.from_files {
+            if self.from_files && !self.shared.closed.load(Ordering::Acquire) {
                 if let Some(reader) = self.reader.as_mut() {
                     if let Some(record) = reader.read_next(self.cursor)? {
                         self.cursor = record.id;
@@ -108,7 +108,7 @@ impl Follower {
                 }
             }
 
-            let mut st = self.shared.lock();
+            let st = self.shared.lock();
             if st.closed {
                 return Ok(None);
             }

@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::durable::fsync_dir;
@@ -160,6 +160,8 @@ struct Shared {
     /// Mirror of `State::ring_base`, so a follower reading files can notice
     /// that it may re-attach to the ring without taking the lock per record.
     ring_base: AtomicU64,
+    /// Mirror of `State::closed` for the same lock-free path.
+    closed: AtomicBool,
     stats: Arc<JournalStats>,
 }
 
@@ -263,6 +265,7 @@ impl Journal {
             }),
             published: Condvar::new(),
             ring_base: AtomicU64::new(base.0),
+            closed: AtomicBool::new(false),
             stats: Arc::new(JournalStats::default()),
         });
         let journal = Journal {
@@ -483,7 +486,10 @@ impl Journal {
     /// Wakes every follower and makes all their reads return `Ok(None)`
     /// from now on (shutdown). Writes still work but nobody follows them.
     pub fn close(&self) {
-        self.shared.lock().closed = true;
+        let mut st = self.shared.lock();
+        st.closed = true;
+        self.shared.closed.store(true, Ordering::Release);
+        drop(st);
         self.shared.published.notify_all();
     }
 

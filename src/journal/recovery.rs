@@ -41,7 +41,16 @@ struct Scan {
 }
 
 pub(super) fn recover(dir: &Path) -> Result<Recovered, JournalError> {
-    fs::create_dir_all(dir).map_err(|e| JournalError::io("create journal directory", dir, e))?;
+    if !dir.is_dir() {
+        fs::create_dir_all(dir)
+            .map_err(|e| JournalError::io("create journal directory", dir, e))?;
+        // The directory's own entry must be durable before segments in it
+        // can be.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fsync_dir(parent)
+                .map_err(|e| JournalError::io("fsync parent of journal directory", parent, e))?;
+        }
+    }
     let found = segment::list_segments(dir)?;
 
     let mut report = RecoveryReport::default();
