@@ -3,11 +3,15 @@
 //! The modules follow the data flow:
 //! source log → [`ingest`] → [`journal`] → [`stage`] (blobs) → [`catalog`]
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
-//! [`daemon`] wires them together; [`status`] reports on them.
+//! [`replicate`] runs the pipeline threads; [`daemon`] wires the commands;
+//! [`status`] reports on them; [`workload`] generates test warehouses.
 
 pub mod catalog;
 pub mod durable;
 pub mod event;
 pub mod ingest;
 pub mod journal;
+pub mod replicate;
 pub mod stage;
+pub mod status;
+pub mod workload;

@@ -1,0 +1,887 @@
+//! The replication pipeline: source log → journal → staged blobs → commits.
+//!
+//! [`Replica::start`] recovers the state folder and runs four kinds of
+//! threads, each the single writer of what it owns:
+//! - **ingest** tails the source log, validates each line against the newest
+//!   accepted state, and appends accepted events to the journal (fsynced in
+//!   groups). A rejected line stops ingest at the last good state.
+//! - **stager** follows the journal (memory ring first, segment files when
+//!   behind), builds pending states ([`catalog::Pending`]), sends missing
+//!   files to the fetch workers, retries failures with capped backoff, and
+//!   commits the newest complete state ([`catalog::Catalog::commit`]: commit
+//!   record fsynced before the new state is published).
+//! - **fetch workers** copy and verify one file each into the blob store.
+//! - **gc** deletes blobs that no retained or pending state references.
+//!
+//! GC and the stager agree through [`GcGate`]: the stager publishes its
+//! pending trees and checks blob presence under the gate, and GC never
+//! deletes a blob the stager referenced after GC took its view of the
+//! trees. Open files need no protection: a reader holds the blob's file
+//! descriptor, so unlinking it does not disturb the read.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tracing::{debug, error, info, info_span, warn};
+
+use crate::catalog::tree::UNKNOWN_TIME;
+use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Tree};
+use crate::event::{BlobId, Event, FileRef, StateId};
+use crate::ingest::{LogPosition, SourceLog, Validator, Verdict};
+use crate::journal::{Journal, JournalConfig, JournalError};
+use crate::stage::{backoff, BlobStore, FetchOutcome, StageError};
+use crate::status::{JournalReport, Progress, Stall, StatusReport};
+
+/// How to run replication.
+#[derive(Debug, Clone)]
+pub struct ReplicaConfig {
+    pub state_dir: PathBuf,
+    pub source_root: PathBuf,
+    pub events_dir: PathBuf,
+    pub cm_root: Option<PathBuf>,
+    /// Newest unpinned versions kept browsable.
+    pub retain: usize,
+    /// Journal records kept in memory for the stager.
+    pub ring_capacity: usize,
+    pub fetch_threads: usize,
+    /// Most states built ahead of the visible one before the stager waits.
+    pub max_pending: usize,
+    pub gc_interval: Duration,
+    /// How often ingest looks for new lines when caught up.
+    pub poll_interval: Duration,
+}
+
+impl ReplicaConfig {
+    pub fn new(state_dir: &Path, source_root: &Path, events_dir: &Path) -> ReplicaConfig {
+        ReplicaConfig {
+            state_dir: state_dir.to_owned(),
+            source_root: source_root.to_owned(),
+            events_dir: events_dir.to_owned(),
+            cm_root: None,
+            retain: 16,
+            ring_capacity: crate::journal::DEFAULT_RING_CAPACITY,
+            fetch_threads: 4,
+            max_pending: 200_000,
+            gc_interval: Duration::from_secs(2),
+            poll_interval: Duration::from_millis(5),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("state folder {0} is in use by another stagefs process")]
+    Locked(PathBuf),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    #[error(transparent)]
+    Catalog(#[from] catalog::CatalogError),
+    #[error("journal record {id} is unreadable: {detail}")]
+    BadRecord { id: StateId, detail: String },
+    #[error("the journal ends at state {journal} but state {visible} was committed; the journal was damaged")]
+    JournalBehindCommit { journal: StateId, visible: StateId },
+}
+
+/// One journal record's payload: the accepted event and where the source
+/// log continues after it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct JournalEntry {
+    pub event: Event,
+    pub next: LogPosition,
+}
+
+fn decode(id: StateId, payload: &[u8]) -> Result<JournalEntry, ReplicaError> {
+    serde_json::from_slice(payload).map_err(|e| ReplicaError::BadRecord {
+        id,
+        detail: e.to_string(),
+    })
+}
+
+/// Takes the state folder's lock: one daemon per state folder.
+fn lock_state(dir: &Path) -> Result<File, ReplicaError> {
+    let path = dir.join("lock");
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| ReplicaError::Io(format!("opening {}", path.display()), e))?;
+    // SAFETY: flock on a valid, owned descriptor.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(ReplicaError::Locked(dir.to_owned()));
+    }
+    Ok(f)
+}
+
+/// True when a daemon holds the state folder's lock.
+pub fn state_in_use(dir: &Path) -> bool {
+    let Ok(f) = File::open(dir.join("lock")) else {
+        return false;
+    };
+    // SAFETY: flock on a valid, owned descriptor; released when `f` drops.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
+}
+
+/// Shared between the stager and GC; see the module docs.
+#[derive(Default)]
+struct GcGate {
+    inner: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    marking: bool,
+    /// Blobs the stager referenced since GC took its view.
+    touched: HashSet<BlobId>,
+    /// The stager's pending trees, as of its last batch.
+    pending: Vec<Arc<Tree>>,
+}
+
+impl GcGate {
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running replication.
+pub struct Replica {
+    catalog: Arc<Catalog>,
+    blobs: Arc<BlobStore>,
+    progress: Arc<Progress>,
+    journal: Arc<Mutex<Journal>>,
+    journal_stats: Arc<crate::journal::JournalStats>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    _lock: File,
+}
+
+impl Replica {
+    /// Recovers the state folder and starts the pipeline threads.
+    pub fn start(cfg: ReplicaConfig) -> Result<Replica, ReplicaError> {
+        let span = info_span!("recover", state = %cfg.state_dir.display());
+        let _g = span.enter();
+        std::fs::create_dir_all(&cfg.state_dir)
+            .map_err(|e| ReplicaError::Io(format!("creating {}", cfg.state_dir.display()), e))?;
+        let lock = lock_state(&cfg.state_dir)?;
+        let blobs = Arc::new(BlobStore::open(&cfg.state_dir)?);
+        let (record, mut pins) = load_durable(&cfg.state_dir)?;
+        let mut jcfg = JournalConfig::new(cfg.state_dir.join("journal"));
+        jcfg.ring_capacity = cfg.ring_capacity;
+        let (journal, report) = Journal::open(jcfg)?;
+        if let Some(reason) = &report.reason {
+            warn!(truncated_bytes = report.truncated_bytes, %reason, "journal tail was cut");
+        }
+
+        // Replay the journal: rebuild the newest accepted state (for
+        // validation), the visible state and every retained one.
+        let keep: HashSet<StateId> = record
+            .retained
+            .iter()
+            .copied()
+            .chain(pins.states())
+            .collect();
+        let mut tree = Arc::new(Tree::empty());
+        let mut validator = Validator::new(Arc::clone(&tree));
+        let mut visible = (record.visible == StateId(0)).then(|| Arc::clone(&tree));
+        let mut versions = std::collections::BTreeMap::new();
+        let mut resume = LogPosition::default();
+        let mut follower = journal.follower(StateId(0));
+        let started = Instant::now();
+        let mut replayed = 0u64;
+        while let Some(rec) = follower.try_next()? {
+            let entry = decode(rec.id, &rec.payload)?;
+            let (next, _) = tree
+                .apply(&entry.event)
+                .map_err(|e| ReplicaError::BadRecord {
+                    id: rec.id,
+                    detail: e.to_string(),
+                })?;
+            tree = Arc::new(next);
+            validator.replayed(&entry.event, Arc::clone(&tree));
+            if rec.id == record.visible {
+                visible = Some(Arc::clone(&tree));
+            }
+            if keep.contains(&rec.id) {
+                versions.insert(rec.id, Arc::clone(&tree));
+            }
+            resume = entry.next;
+            replayed += 1;
+        }
+        let visible = visible.ok_or(ReplicaError::JournalBehindCommit {
+            journal: tree.state_id,
+            visible: record.visible,
+        })?;
+        info!(
+            replayed,
+            visible = %visible.state_id,
+            latest = %tree.state_id,
+            ms = started.elapsed().as_millis() as u64,
+            "recovered"
+        );
+        let lost: Vec<String> = pins
+            .tables
+            .iter()
+            .filter(|(_, s)| !versions.contains_key(s) && **s != visible.state_id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in lost {
+            warn!(scope = %k, "dropping a pin whose state is no longer retained");
+            pins.tables.remove(&k);
+        }
+        if pins
+            .root
+            .is_some_and(|s| !versions.contains_key(&s) && s != visible.state_id)
+        {
+            pins.root = None;
+        }
+
+        let catalog = Arc::new(Catalog::new(
+            &cfg.state_dir,
+            Arc::clone(&visible),
+            versions,
+            pins,
+            cfg.retain,
+        ));
+        let progress = Arc::new(Progress::default());
+        progress.latest.store(tree.state_id.0, Ordering::Relaxed);
+        progress
+            .latest_time_ms
+            .store(tree.time_ms, Ordering::Relaxed);
+        let journal_stats = journal.stats();
+        let stager_follower = journal.follower(visible.state_id);
+        let journal = Arc::new(Mutex::new(journal));
+        let stop = Arc::new(AtomicBool::new(false));
+        let gate = Arc::new(GcGate::default());
+        let cfg = Arc::new(cfg);
+
+        let mut threads = Vec::new();
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.to_owned())
+                .spawn(f)
+                .map_err(|e| ReplicaError::Io(format!("starting the {name} thread"), e))
+        };
+        {
+            let (journal, progress, stop, cfg) = (
+                Arc::clone(&journal),
+                Arc::clone(&progress),
+                Arc::clone(&stop),
+                Arc::clone(&cfg),
+            );
+            let log = SourceLog::new(&cfg.events_dir, resume);
+            threads.push(spawn(
+                "ingest",
+                Box::new(move || run_ingest(&cfg, log, validator, &journal, &progress, &stop)),
+            )?);
+        }
+        let (job_tx, job_rx) = mpsc::channel::<FileRef>();
+        let (done_tx, done_rx) = mpsc::channel::<(FileRef, Result<FetchOutcome, StageError>)>();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        for i in 0..cfg.fetch_threads.max(1) {
+            let (job_rx, done_tx, blobs, cfg) = (
+                Arc::clone(&job_rx),
+                done_tx.clone(),
+                Arc::clone(&blobs),
+                Arc::clone(&cfg),
+            );
+            threads.push(spawn(
+                &format!("fetch-{i}"),
+                Box::new(move || run_fetcher(&cfg, &job_rx, &done_tx, &blobs)),
+            )?);
+        }
+        drop(done_tx);
+        {
+            let stager = Stager {
+                cfg: Arc::clone(&cfg),
+                pending: Pending::new(visible),
+                follower: stager_follower,
+                catalog: Arc::clone(&catalog),
+                blobs: Arc::clone(&blobs),
+                progress: Arc::clone(&progress),
+                gate: Arc::clone(&gate),
+                jobs: job_tx,
+                done: done_rx,
+                in_flight: HashSet::new(),
+                retries: HashMap::new(),
+                errors: HashMap::new(),
+                stop: Arc::clone(&stop),
+            };
+            threads.push(spawn("stager", Box::new(move || stager.run()))?);
+        }
+        {
+            let (catalog, blobs, progress, gate, stop, cfg) = (
+                Arc::clone(&catalog),
+                Arc::clone(&blobs),
+                Arc::clone(&progress),
+                Arc::clone(&gate),
+                Arc::clone(&stop),
+                Arc::clone(&cfg),
+            );
+            threads.push(spawn(
+                "gc",
+                Box::new(move || run_gc(&cfg, &catalog, &blobs, &progress, &gate, &stop)),
+            )?);
+        }
+
+        Ok(Replica {
+            catalog,
+            blobs,
+            progress,
+            journal,
+            journal_stats,
+            stop,
+            threads,
+            _lock: lock,
+        })
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn blobs(&self) -> &Arc<BlobStore> {
+        &self.blobs
+    }
+
+    pub fn progress(&self) -> &Arc<Progress> {
+        &self.progress
+    }
+
+    /// The status of SPEC §7.
+    pub fn status(&self) -> StatusReport {
+        let s = &self.journal_stats;
+        StatusReport::live(
+            &self.progress,
+            &self.catalog.snapshot(),
+            self.blobs.staged_bytes(),
+            JournalReport {
+                records: s.appended.load(Ordering::Relaxed),
+                ring_reads: s.ring_reads.load(Ordering::Relaxed),
+                file_reads: s.file_reads.load(Ordering::Relaxed),
+            },
+        )
+    }
+
+    /// Stops every thread and waits for them.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        match self.journal.lock() {
+            Ok(j) => j.close(),
+            Err(p) => p.into_inner().close(),
+        }
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                error!("a replication thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+const INGEST_BATCH: usize = 4096;
+
+fn run_ingest(
+    cfg: &ReplicaConfig,
+    mut log: SourceLog,
+    mut validator: Validator,
+    journal: &Mutex<Journal>,
+    progress: &Progress,
+    stop: &AtomicBool,
+) {
+    let mut last_error: Option<String> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let lines = match log.poll(INGEST_BATCH) {
+            Ok(lines) => lines,
+            Err(e) => {
+                // A transient read problem (or a log that shrank): report it
+                // and keep trying; nothing is lost by waiting.
+                let msg = e.to_string();
+                if last_error.as_ref() != Some(&msg) {
+                    warn!(error = %msg, "reading the source log");
+                    progress.set_ingest_stall(Some(Stall {
+                        state_id: None,
+                        reason: format!("reading the source log: {msg}"),
+                        file: None,
+                        line: None,
+                    }));
+                    last_error = Some(msg);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
+        if last_error.take().is_some() {
+            progress.set_ingest_stall(None);
+        }
+        if lines.is_empty() {
+            std::thread::sleep(cfg.poll_interval);
+            continue;
+        }
+        let mut accepted = 0u64;
+        let mut rejected = None;
+        let mut j = match journal.lock() {
+            Ok(j) => j,
+            Err(p) => p.into_inner(),
+        };
+        let mut last_time = UNKNOWN_TIME;
+        for line in &lines {
+            match validator.check(line) {
+                Ok(Verdict::Accepted(event)) => {
+                    let entry = JournalEntry {
+                        event: *event,
+                        next: line.next.clone(),
+                    };
+                    let payload = match serde_json::to_vec(&entry) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            rejected = Some(Stall {
+                                state_id: Some(entry.event.id),
+                                reason: format!("cannot encode the event: {e}"),
+                                file: Some(line.file.clone()),
+                                line: Some(line.line),
+                            });
+                            break;
+                        }
+                    };
+                    if let Err(e) = j.append(entry.event.id, &payload) {
+                        rejected = Some(Stall {
+                            state_id: Some(entry.event.id),
+                            reason: format!("journal: {e}"),
+                            file: Some(line.file.clone()),
+                            line: Some(line.line),
+                        });
+                        break;
+                    }
+                    if let Some(t) = entry.event.time_ms {
+                        last_time = t;
+                    }
+                    accepted += 1;
+                }
+                Ok(Verdict::Duplicate) => {
+                    progress.events_duplicate.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(r) => {
+                    error!(rejection = %r, "rejected a source event; replication stops at the last good state");
+                    rejected = Some(Stall {
+                        state_id: r.state_id,
+                        reason: r.to_string(),
+                        file: Some(r.file),
+                        line: Some(r.line),
+                    });
+                    break;
+                }
+            }
+        }
+        if let Err(e) = j.sync() {
+            // The appended records are not durable; they were never
+            // published. Stop: the next start re-reads these lines.
+            error!(error = %e, "journal sync failed; ingest stops");
+            progress.set_ingest_stall(Some(Stall {
+                state_id: None,
+                reason: format!("journal sync failed: {e}"),
+                file: None,
+                line: None,
+            }));
+            return;
+        }
+        drop(j);
+        progress
+            .events_accepted
+            .fetch_add(accepted, Ordering::Relaxed);
+        progress
+            .latest
+            .store(validator.last_id().0, Ordering::Relaxed);
+        if last_time != UNKNOWN_TIME {
+            progress.latest_time_ms.store(last_time, Ordering::Relaxed);
+        }
+        if let Some(stall) = rejected {
+            progress.set_ingest_stall(Some(stall));
+            // Stay stopped until restart: the operator corrects the log.
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            return;
+        }
+    }
+}
+
+type FetchResult = (FileRef, Result<FetchOutcome, StageError>);
+
+fn run_fetcher(
+    cfg: &ReplicaConfig,
+    jobs: &Mutex<Receiver<FileRef>>,
+    done: &Sender<FetchResult>,
+    blobs: &BlobStore,
+) {
+    loop {
+        let job = {
+            let rx = match jobs.lock() {
+                Ok(rx) => rx,
+                Err(p) => p.into_inner(),
+            };
+            rx.recv()
+        };
+        let Ok(file) = job else { return }; // the stager has gone
+        let result = blobs.fetch(&file, &cfg.source_root, cfg.cm_root.as_deref());
+        if done.send((file, result)).is_err() {
+            return;
+        }
+    }
+}
+
+struct Retry {
+    file: FileRef,
+    attempt: u32,
+    at: Instant,
+}
+
+struct Stager {
+    cfg: Arc<ReplicaConfig>,
+    pending: Pending,
+    follower: crate::journal::Follower,
+    catalog: Arc<Catalog>,
+    blobs: Arc<BlobStore>,
+    progress: Arc<Progress>,
+    gate: Arc<GcGate>,
+    jobs: Sender<FileRef>,
+    done: Receiver<FetchResult>,
+    in_flight: HashSet<BlobId>,
+    retries: HashMap<BlobId, Retry>,
+    errors: HashMap<BlobId, (u32, String)>,
+    stop: Arc<AtomicBool>,
+}
+
+const STAGER_BATCH: usize = 8192;
+
+impl Stager {
+    fn run(mut self) {
+        let mut failed_commit: Option<String> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            let mut changed = match self.read_events() {
+                Ok(n) => n > 0,
+                Err(e) => {
+                    error!(error = %e, "the stager cannot read the journal; replication stops");
+                    self.progress.set_stage_stall(Some(Stall {
+                        state_id: None,
+                        reason: format!("reading the journal: {e}"),
+                        file: None,
+                        line: None,
+                    }));
+                    return;
+                }
+            };
+            changed |= self.collect_fetches();
+            self.resubmit_due();
+            if changed || failed_commit.is_some() {
+                failed_commit = self.commit().err();
+            }
+            self.update_stall(failed_commit.as_deref());
+        }
+    }
+
+    /// Reads a batch of journal records into pending states.
+    fn read_events(&mut self) -> Result<usize, ReplicaError> {
+        let mut n = 0;
+        let gate_lock = Arc::clone(&self.gate);
+        let mut gate = None;
+        while n < STAGER_BATCH && self.pending.len() < self.cfg.max_pending {
+            let rec = if n == 0 && self.in_flight.is_empty() && self.retries.is_empty() {
+                self.follower.next_timeout(Duration::from_millis(20))?
+            } else {
+                self.follower.try_next()?
+            };
+            let Some(rec) = rec else { break };
+            let entry = decode(rec.id, &rec.payload)?;
+            let g = gate.get_or_insert_with(|| gate_lock.lock());
+            let blobs = &self.blobs;
+            let marking = g.marking;
+            let mut touched = Vec::new();
+            let to_fetch = self
+                .pending
+                .apply(&entry.event, |b| {
+                    if marking {
+                        touched.push(*b);
+                    }
+                    blobs.contains(b)
+                })
+                .map_err(|e| ReplicaError::BadRecord {
+                    id: rec.id,
+                    detail: e.to_string(),
+                })?;
+            g.touched.extend(touched);
+            for f in to_fetch {
+                self.submit(f);
+            }
+            n += 1;
+        }
+        if let Some(mut g) = gate {
+            g.pending = self.pending.trees().cloned().collect();
+        }
+        Ok(n)
+    }
+
+    fn submit(&mut self, f: AddedFile) {
+        if self.in_flight.insert(f.blob) {
+            self.progress
+                .in_flight
+                .store(self.in_flight.len() as u64, Ordering::Relaxed);
+            // The receiver lives as long as the fetch threads; a send error
+            // means we are shutting down.
+            let _ = self.jobs.send(f.file);
+        }
+    }
+
+    /// Takes finished fetches; true when one completed.
+    fn collect_fetches(&mut self) -> bool {
+        let mut any = false;
+        let wait = if self.in_flight.is_empty() {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(2)
+        };
+        let mut first = true;
+        loop {
+            let next = if first && !wait.is_zero() {
+                self.done.recv_timeout(wait).ok()
+            } else {
+                self.done.try_recv().ok()
+            };
+            first = false;
+            let Some((file, result)) = next else { break };
+            self.in_flight.remove(&file.sha256);
+            match result {
+                Ok(outcome) => {
+                    if outcome != FetchOutcome::AlreadyPresent {
+                        self.progress.files_fetched.fetch_add(1, Ordering::Relaxed);
+                        self.progress
+                            .bytes_fetched
+                            .fetch_add(file.size, Ordering::Relaxed);
+                    }
+                    if outcome == FetchOutcome::FromChangeManagement {
+                        self.progress
+                            .fetches_from_cm
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.errors.remove(&file.sha256);
+                    self.pending.staged(&file.sha256);
+                    any = true;
+                }
+                Err(e) => {
+                    self.progress.fetch_failures.fetch_add(1, Ordering::Relaxed);
+                    let attempt = self.errors.get(&file.sha256).map_or(0, |(a, _)| a + 1);
+                    if attempt == 0 {
+                        warn!(path = %file.path, error = %e, "cannot stage a file yet; retrying with backoff");
+                    } else {
+                        debug!(path = %file.path, attempt, error = %e, "retry failed");
+                    }
+                    let reason = match &e {
+                        StageError::NoSpace { .. } => format!("disk full: {e}"),
+                        _ => e.to_string(),
+                    };
+                    self.errors.insert(file.sha256, (attempt, reason));
+                    if self.pending.is_missing(&file.sha256) {
+                        let at = Instant::now() + backoff(attempt);
+                        self.retries
+                            .insert(file.sha256, Retry { file, attempt, at });
+                    }
+                }
+            }
+        }
+        self.progress
+            .in_flight
+            .store(self.in_flight.len() as u64, Ordering::Relaxed);
+        any
+    }
+
+    fn resubmit_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<BlobId> = self
+            .retries
+            .iter()
+            .filter(|(_, r)| r.at <= now)
+            .map(|(b, _)| *b)
+            .collect();
+        for b in due {
+            if let Some(r) = self.retries.remove(&b) {
+                if self.pending.is_missing(&b) && self.in_flight.insert(b) {
+                    debug!(path = %r.file.path, attempt = r.attempt, "retrying");
+                    let _ = self.jobs.send(r.file);
+                }
+            }
+        }
+    }
+
+    /// Commits the newest complete state, if it is newer than the visible.
+    fn commit(&mut self) -> Result<(), String> {
+        let Some(tree) = self.pending.newest_complete() else {
+            return Ok(());
+        };
+        let id = tree.state_id;
+        let span = info_span!("commit", state_id = %id);
+        let _g = span.enter();
+        match self.catalog.commit(tree) {
+            Ok(dropped) => {
+                debug!(dropped = dropped.len(), "committed");
+                self.progress.commits.fetch_add(1, Ordering::Relaxed);
+                for b in self.pending.committed(id) {
+                    self.retries.remove(&b);
+                    self.errors.remove(&b);
+                }
+                let mut g = self.gate.lock();
+                g.pending = self.pending.trees().cloned().collect();
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot record the commit; will retry");
+                Err(e.to_string())
+            }
+        }
+    }
+
+    fn update_stall(&self, commit_error: Option<&str>) {
+        let oldest = self
+            .pending
+            .trees()
+            .next()
+            .map_or(UNKNOWN_TIME, |t| t.time_ms);
+        self.progress
+            .oldest_pending_time_ms
+            .store(oldest, Ordering::Relaxed);
+        let stall = if let Some(e) = commit_error {
+            Some(Stall {
+                state_id: self.pending.trees().last().map(|t| t.state_id),
+                reason: format!("cannot record the commit: {e}"),
+                file: None,
+                line: None,
+            })
+        } else {
+            self.pending.first_blocked().and_then(|(state, f)| {
+                let (_, reason) = self.errors.get(&f.blob)?;
+                Some(Stall {
+                    state_id: Some(state),
+                    reason: format!("waiting for {}: {reason} (retrying)", f.file.path),
+                    file: None,
+                    line: None,
+                })
+            })
+        };
+        self.progress.set_stage_stall(stall);
+    }
+}
+
+/// Blob deletion batch size: the gate is held per batch, so the stager
+/// waits at most one batch of unlinks.
+const GC_BATCH: usize = 256;
+
+fn run_gc(
+    cfg: &ReplicaConfig,
+    catalog: &Catalog,
+    blobs: &BlobStore,
+    progress: &Progress,
+    gate: &GcGate,
+    stop: &AtomicBool,
+) {
+    let mut last: Option<Arc<catalog::Snapshot>> = None;
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() < next {
+            continue;
+        }
+        next = Instant::now() + cfg.gc_interval;
+        let snapshot = catalog.snapshot();
+        if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
+            continue;
+        }
+        match collect_garbage(catalog, blobs, gate, stop) {
+            Ok((removed, freed)) => {
+                progress.gc_runs.fetch_add(1, Ordering::Relaxed);
+                progress.gc_removed.fetch_add(removed, Ordering::Relaxed);
+                progress.gc_freed_bytes.fetch_add(freed, Ordering::Relaxed);
+                if removed > 0 {
+                    info!(removed, freed, "garbage collected");
+                }
+                last = Some(snapshot);
+            }
+            Err(e) => warn!(error = %e, "garbage collection failed; will retry"),
+        }
+    }
+}
+
+/// One mark-and-sweep pass; returns (blobs removed, bytes freed).
+fn collect_garbage(
+    catalog: &Catalog,
+    blobs: &BlobStore,
+    gate: &GcGate,
+    stop: &AtomicBool,
+) -> Result<(u64, u64), StageError> {
+    let (pending, snapshot) = {
+        let mut g = gate.lock();
+        g.marking = true;
+        g.touched.clear();
+        (g.pending.clone(), catalog.snapshot())
+    };
+    let result = (|| {
+        let mut live: HashSet<BlobId> = HashSet::new();
+        let mut seen_dirs: HashSet<catalog::NodeId> = HashSet::new();
+        for tree in snapshot.versions.values().chain(pending.iter()) {
+            mark(&tree.root, &mut live, &mut seen_dirs);
+        }
+        let stored = blobs.list()?;
+        let candidates: Vec<BlobId> = stored.into_iter().filter(|b| !live.contains(b)).collect();
+        let (mut removed, mut freed) = (0, 0);
+        for chunk in candidates.chunks(GC_BATCH) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let g = gate.lock();
+            for b in chunk {
+                if !g.touched.contains(b) {
+                    freed += blobs.remove(b)?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok((removed, freed))
+    })();
+    let mut g = gate.lock();
+    g.marking = false;
+    g.touched.clear();
+    result
+}
+
+fn mark(dir: &catalog::DirNode, live: &mut HashSet<BlobId>, seen: &mut HashSet<catalog::NodeId>) {
+    if !seen.insert(dir.meta.id) {
+        return; // shared with a version already marked
+    }
+    for (_, child) in dir.children.iter() {
+        match child {
+            catalog::Node::Dir(d) => mark(d, live, seen),
+            catalog::Node::File(f) => {
+                live.insert(f.blob);
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Status: what replication is doing, as the JSON of SPEC §7.
+//!
+//! [`Progress`] is the shared board the pipeline threads write to (atomics
+//! and two small mutexes, never held across I/O); [`StatusReport`] is the
+//! rendered, serialisable picture served by `.stagefs/status` and
+//! `stagefs status`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::tree::UNKNOWN_TIME;
+use crate::catalog::Snapshot;
+use crate::event::StateId;
+
+/// Why replication cannot progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stall {
+    /// The event that cannot be made visible (for a rejected line: its id,
+    /// or null when the id could not be read).
+    pub state_id: Option<StateId>,
+    pub reason: String,
+    /// Source log file and line, for a rejected event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+}
+
+/// Counters and states written by the pipeline.
+#[derive(Debug)]
+pub struct Progress {
+    pub latest: AtomicU64,
+    pub latest_time_ms: AtomicI64,
+    /// Source time of the oldest event not yet visible, or UNKNOWN_TIME.
+    pub oldest_pending_time_ms: AtomicI64,
+    pub events_accepted: AtomicU64,
+    pub events_duplicate: AtomicU64,
+    pub files_fetched: AtomicU64,
+    pub bytes_fetched: AtomicU64,
+    pub fetches_from_cm: AtomicU64,
+    pub fetch_failures: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub commits: AtomicU64,
+    pub gc_runs: AtomicU64,
+    pub gc_removed: AtomicU64,
+    pub gc_freed_bytes: AtomicU64,
+    /// A rejected source line: replication stops reading the log.
+    pub ingest_stall: Mutex<Option<Stall>>,
+    /// A state that cannot complete (missing file, disk full, ...).
+    pub stage_stall: Mutex<Option<Stall>>,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            latest: AtomicU64::new(0),
+            latest_time_ms: AtomicI64::new(UNKNOWN_TIME),
+            oldest_pending_time_ms: AtomicI64::new(UNKNOWN_TIME),
+            events_accepted: AtomicU64::new(0),
+            events_duplicate: AtomicU64::new(0),
+            files_fetched: AtomicU64::new(0),
+            bytes_fetched: AtomicU64::new(0),
+            fetches_from_cm: AtomicU64::new(0),
+            fetch_failures: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            gc_runs: AtomicU64::new(0),
+            gc_removed: AtomicU64::new(0),
+            gc_freed_bytes: AtomicU64::new(0),
+            ingest_stall: Mutex::new(None),
+            stage_stall: Mutex::new(None),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Progress {
+    pub fn set_ingest_stall(&self, stall: Option<Stall>) {
+        *lock(&self.ingest_stall) = stall;
+    }
+
+    pub fn set_stage_stall(&self, stall: Option<Stall>) {
+        *lock(&self.stage_stall) = stall;
+    }
+
+    pub fn stalled(&self) -> Option<Stall> {
+        lock(&self.ingest_stall)
+            .clone()
+            .or_else(|| lock(&self.stage_stall).clone())
+    }
+}
+
+/// Journal counters shown in status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalReport {
+    pub records: u64,
+    pub ring_reads: u64,
+    pub file_reads: u64,
+}
+
+/// Staging counters shown in status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagingReport {
+    pub files_fetched: u64,
+    pub bytes_fetched: u64,
+    pub from_change_management: u64,
+    pub failures: u64,
+    pub in_flight: u64,
+}
+
+/// Garbage-collection counters shown in status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReport {
+    pub runs: u64,
+    pub removed_blobs: u64,
+    pub freed_bytes: u64,
+}
+
+/// The JSON object of SPEC §7 (plus pipeline counters).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub visible: StateId,
+    pub latest: StateId,
+    pub lag_events: u64,
+    pub lag_seconds: Option<f64>,
+    pub pins: BTreeMap<String, StateId>,
+    pub retained: Vec<StateId>,
+    pub staged_bytes: u64,
+    pub stalled: Option<Stall>,
+    /// False when rendered from the state folder with no daemon running.
+    pub running: bool,
+    pub events_accepted: u64,
+    pub events_duplicate: u64,
+    pub commits: u64,
+    pub journal: JournalReport,
+    pub staging: StagingReport,
+    pub gc: GcReport,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl StatusReport {
+    /// A report with nothing known yet.
+    pub fn empty() -> StatusReport {
+        StatusReport {
+            visible: StateId(0),
+            latest: StateId(0),
+            lag_events: 0,
+            lag_seconds: None,
+            pins: BTreeMap::new(),
+            retained: Vec::new(),
+            staged_bytes: 0,
+            stalled: None,
+            running: false,
+            events_accepted: 0,
+            events_duplicate: 0,
+            commits: 0,
+            journal: JournalReport::default(),
+            staging: StagingReport::default(),
+            gc: GcReport::default(),
+        }
+    }
+
+    /// Renders the live picture.
+    pub fn live(
+        progress: &Progress,
+        snapshot: &Snapshot,
+        staged_bytes: u64,
+        journal: JournalReport,
+    ) -> StatusReport {
+        let visible = snapshot.visible.state_id;
+        let latest = StateId(progress.latest.load(Ordering::Relaxed).max(visible.0));
+        let lag_events = latest.0 - visible.0;
+        let lag_seconds = if lag_events == 0 {
+            Some(0.0)
+        } else {
+            let oldest = progress.oldest_pending_time_ms.load(Ordering::Relaxed);
+            let oldest = if oldest == UNKNOWN_TIME {
+                progress.latest_time_ms.load(Ordering::Relaxed)
+            } else {
+                oldest
+            };
+            (oldest != UNKNOWN_TIME).then(|| ((now_ms() - oldest).max(0)) as f64 / 1000.0)
+        };
+        StatusReport {
+            visible,
+            latest,
+            lag_events,
+            lag_seconds,
+            pins: snapshot.pins.labelled(),
+            retained: snapshot.versions.keys().copied().collect(),
+            staged_bytes,
+            stalled: progress.stalled(),
+            running: true,
+            events_accepted: progress.events_accepted.load(Ordering::Relaxed),
+            events_duplicate: progress.events_duplicate.load(Ordering::Relaxed),
+            commits: progress.commits.load(Ordering::Relaxed),
+            journal,
+            staging: StagingReport {
+                files_fetched: progress.files_fetched.load(Ordering::Relaxed),
+                bytes_fetched: progress.bytes_fetched.load(Ordering::Relaxed),
+                from_change_management: progress.fetches_from_cm.load(Ordering::Relaxed),
+                failures: progress.fetch_failures.load(Ordering::Relaxed),
+                in_flight: progress.in_flight.load(Ordering::Relaxed),
+            },
+            gc: GcReport {
+                runs: progress.gc_runs.load(Ordering::Relaxed),
+                removed_blobs: progress.gc_removed.load(Ordering::Relaxed),
+                freed_bytes: progress.gc_freed_bytes.load(Ordering::Relaxed),
+            },
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+        s.push('\n');
+        s
+    }
+}
