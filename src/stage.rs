@@ -1,1 +1,1114 @@
-//! stage
+//! The content-addressed blob store under `<state>/blobs/`, and the fetch of
+//! one source file into it (DESIGN "stager", SPEC §3 rule 2).
+//!
+//! Owns every file below `<state>/blobs/`:
+//! - `blobs/<ab>/<abcd…>`: one blob per distinct sha256 (64 lower-case hex
+//!   digits, fanned out by the first two), holding exactly the bytes that hash
+//!   to its name;
+//! - `blobs/tmp/`: temp files of fetches in progress, all removed by
+//!   [`BlobStore::open`] because after a crash they are garbage.
+//!
+//! Invariants:
+//! - A blob path only ever holds verified bytes: a fetch copies into a temp
+//!   file while counting and hashing, compares size and sha256 with the
+//!   [`FileRef`], `sync_data`s, and only then renames into place (never
+//!   replacing an existing blob) and fsyncs the fan-out directory. So a blob
+//!   that is present after a crash is complete and durable, and a fetch that
+//!   returned `Ok` has made its blob durable (durability order, step 1).
+//! - Same content is stored once, whatever file names reference it.
+//! - [`BlobStore::staged_bytes`] is the total size of the stored blobs: scanned
+//!   on open, then kept up to date by fetch and remove.
+//!
+//! Errors split by side: whatever is wrong at the *source* (missing, not
+//! readable, wrong size, wrong sha256, read error) makes that copy unusable and
+//! the next place is tried; when none is usable the fetch fails with
+//! [`StageError::Unavailable`] naming what was found where. Failures in the
+//! *store* itself end the fetch at once: [`StageError::NoSpace`] for a full
+//! disk, [`StageError::Io`] for anything else. The caller retries all of them
+//! with [`backoff`].
+//!
+//! Called by the stager's fetch workers (in parallel: every method takes
+//! `&self`), by the committer (`contains`), by GC (`list`, `remove`) and by
+//! the status report (`staged_bytes`). The daemon's state lock guarantees one
+//! process per store; within it, GC must not remove a blob that a fetch or a
+//! retained version still needs.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::durable::fsync_dir;
+use crate::event::{is_valid_source_path, BlobId, FileRef};
+
+/// Read → hash → write in chunks this large: big enough that syscall and
+/// per-call hashing overhead vanish, small enough to stay in L2/L3.
+const COPY_BUFFER_BYTES: usize = 1 << 20;
+/// Start writeback of the temp file every this many bytes, so that the final
+/// `sync_data` waits for the tail only, and the disk works while we hash.
+#[cfg(target_os = "linux")]
+const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
+/// Files at least this large hash on a second thread ([`copy_pipelined`]);
+/// below it, starting a thread costs more than the overlap saves.
+const PIPELINE_MIN_BYTES: u64 = 8 << 20;
+/// Buffers circulating in the pipeline: enough to keep both threads busy.
+const PIPELINE_BUFFERS: usize = 4;
+const TMP_DIR_NAME: &str = "tmp";
+const TMP_SUFFIX: &str = ".tmp";
+
+/// Where a fetched blob came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchOutcome {
+    /// The blob was already stored; nothing was copied.
+    AlreadyPresent,
+    /// Copied from `source_root/<path>`.
+    FromSource,
+    /// Copied from the change-management root.
+    FromChangeManagement,
+}
+
+/// Why a fetch (or another store operation) failed. All are transient from
+/// the stager's point of view: it retries with [`backoff`].
+#[derive(thiserror::Error, Debug)]
+pub enum StageError {
+    /// Neither the source nor the change-management root has a verified copy.
+    /// `detail` says what was found at each place, naming the paths.
+    #[error("{path} is unavailable: {detail}")]
+    Unavailable { path: String, detail: String },
+    /// The disk holding the store is full (ENOSPC / EDQUOT); replication
+    /// resumes once space is freed.
+    #[error("disk full writing {path}")]
+    NoSpace { path: String },
+    /// Any other I/O error in the store; `context` is a verb phrase with the path.
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+}
+
+impl StageError {
+    /// Every stage error may clear up on its own (the file arrives, space is
+    /// freed, the disk recovers), so the stager retries all of them.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StageError::Unavailable { .. } | StageError::NoSpace { .. } | StageError::Io { .. } => {
+                true
+            }
+        }
+    }
+
+    /// Short label for the status report's `stalled.reason`.
+    pub fn kind_label(&self) -> &'static str {
+        match self {
+            StageError::Unavailable { .. } => "unavailable",
+            StageError::NoSpace { .. } => "disk full",
+            StageError::Io { .. } => "io",
+        }
+    }
+}
+
+/// Delay before retry number `attempt` (0-based) of a failed fetch: 100 ms,
+/// doubling, capped at 10 s (SPEC §3 rule 2).
+pub fn backoff(attempt: u32) -> Duration {
+    const FIRST_MS: u64 = 100;
+    const CAP_MS: u64 = 10_000;
+    let factor = 1u64.checked_shl(attempt).unwrap_or(u64::MAX);
+    Duration::from_millis(FIRST_MS.saturating_mul(factor).min(CAP_MS))
+}
+
+/// The blob store. `Send + Sync`; share it through an `Arc`.
+#[derive(Debug)]
+pub struct BlobStore {
+    /// `<state>/blobs`
+    root: PathBuf,
+    /// `<state>/blobs/tmp`
+    tmp_dir: PathBuf,
+    staged_bytes: AtomicU64,
+    /// Makes temp names unique within this process, so parallel fetches of
+    /// one blob never share a temp file; the pid in the name is for humans
+    /// reading a leftover.
+    next_tmp: AtomicU64,
+}
+
+impl BlobStore {
+    /// Opens (creating if needed) the store under `state_dir`, removes temp
+    /// files left by a crash and sums the sizes of the stored blobs.
+    /// `state_dir` itself must exist.
+    pub fn open(state_dir: &Path) -> Result<BlobStore, StageError> {
+        let root = state_dir.join("blobs");
+        let tmp_dir = root.join(TMP_DIR_NAME);
+        ensure_dir(&root)?;
+        ensure_dir(&tmp_dir)?;
+        let store = BlobStore {
+            root,
+            tmp_dir,
+            staged_bytes: AtomicU64::new(0),
+            next_tmp: AtomicU64::new(0),
+        };
+        store.remove_leftover_temps()?;
+        let mut total = 0u64;
+        store.for_each_blob(|_, len| total += len)?;
+        store.staged_bytes.store(total, Ordering::Relaxed);
+        Ok(store)
+    }
+
+    /// Where the blob `id` is (or would be) stored.
+    pub fn path(&self, id: &BlobId) -> PathBuf {
+        let hex = id.to_hex();
+        self.root.join(&hex[..2]).join(hex)
+    }
+
+    /// True when the blob is stored. Only verified, synced blobs ever reach
+    /// their path, so presence is proof of content.
+    pub fn contains(&self, id: &BlobId) -> bool {
+        fs::symlink_metadata(self.path(id)).is_ok_and(|m| m.is_file())
+    }
+
+    /// Total size of the stored blobs.
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Stores the content `file` names, unless it is already stored: first
+    /// from `source_root/<file.path>`, then from the change-management copies
+    /// `<basename of path>_<sha256>` and `<file.name>_<sha256>` under
+    /// `cm_root`. Returns where it came from. On `Ok` the blob is verified and
+    /// durable; on `Err` nothing new is left at the blob path or in `tmp/`.
+    pub fn fetch(
+        &self,
+        file: &FileRef,
+        source_root: &Path,
+        cm_root: Option<&Path>,
+    ) -> Result<FetchOutcome, StageError> {
+        let id = &file.sha256;
+        if self.contains(id) {
+            // A parallel fetch may have renamed this blob in without having
+            // fsynced the directory yet; syncing here keeps "Ok means
+            // durable" true for every caller. On a clean directory it is cheap.
+            self.sync_fan_out_dir(id)?;
+            return Ok(FetchOutcome::AlreadyPresent);
+        }
+        if !is_valid_source_path(&file.path) {
+            // `Path::join` with an absolute path would escape the source root.
+            return Err(StageError::Unavailable {
+                path: file.path.clone(),
+                detail: "not a relative source path without `..`".to_owned(),
+            });
+        }
+
+        let mut findings = Vec::new();
+        for (place, origin) in candidate_places(file, source_root, cm_root) {
+            match self.copy_verified(&place, file)? {
+                Ok(temp) => {
+                    if origin == FetchOutcome::FromChangeManagement {
+                        tracing::info!(
+                            path = %file.path,
+                            from = %place.display(),
+                            source_problem = %findings.join("; "),
+                            "fetched from change management"
+                        );
+                    }
+                    self.install(temp, id, file.size)?;
+                    return Ok(origin);
+                }
+                Err(problem) => findings.push(format!("{}: {problem}", place.display())),
+            }
+        }
+        if cm_root.is_none() {
+            findings.push("no change-management root configured".to_owned());
+        }
+        Err(StageError::Unavailable {
+            path: file.path.clone(),
+            detail: findings.join("; "),
+        })
+    }
+
+    /// Deletes a blob (for GC) and returns the bytes freed; 0 when it was not
+    /// stored, so GC may retry a removal that crashed half-way.
+    pub fn remove(&self, id: &BlobId) -> Result<u64, StageError> {
+        let path = self.path(id);
+        let len = match fs::symlink_metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(store_error("inspecting", &path, e)),
+        };
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(store_error("removing", &path, e)),
+        }
+        self.subtract_staged(len);
+        self.sync_fan_out_dir(id)?;
+        Ok(len)
+    }
+
+    /// Every stored blob, in id order.
+    pub fn list(&self) -> Result<Vec<BlobId>, StageError> {
+        let mut ids = Vec::new();
+        self.for_each_blob(|id, _| ids.push(id))?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Copies `place` into a new temp file, hashing and counting on the way.
+    /// The outer `Err` is a store failure (ends the fetch); the inner `Err`
+    /// says why this copy is unusable (try the next place).
+    fn copy_verified(
+        &self,
+        place: &Path,
+        file: &FileRef,
+    ) -> Result<Result<TempBlob, String>, StageError> {
+        let mut src = match File::open(place) {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(describe_open_error(&e))),
+        };
+        match src.metadata() {
+            Ok(m) if !m.is_file() => return Ok(Err("not a regular file".to_owned())),
+            // Checked before copying so a wrong multi-GiB file costs nothing.
+            Ok(m) if m.len() != file.size => {
+                return Ok(Err(format!("size {} expected {}", m.len(), file.size)))
+            }
+            Ok(_) => {}
+            Err(e) => return Ok(Err(format!("cannot stat: {e}"))),
+        }
+        advise_sequential(&src);
+
+        let mut temp = self.create_temp(&file.sha256)?;
+        let copied = if file.size >= PIPELINE_MIN_BYTES {
+            copy_pipelined(&mut src, &mut temp, file.size)?
+        } else {
+            copy_sequential(&mut src, &mut temp, file.size)?
+        };
+        let got = match copied {
+            Ok(digest) => digest,
+            Err(problem) => return Ok(Err(problem)),
+        };
+        if got != file.sha256 {
+            return Ok(Err(format!("sha mismatch (content hashes to {got})")));
+        }
+        temp.sync_data()?;
+        Ok(Ok(temp))
+    }
+
+    fn create_temp(&self, id: &BlobId) -> Result<TempBlob, StageError> {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let path = self.tmp_dir.join(format!(
+            "{}.{}.{n}{TMP_SUFFIX}",
+            id.to_hex(),
+            std::process::id()
+        ));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| store_error("creating", &path, e))?;
+        Ok(TempBlob {
+            path,
+            file,
+            written: 0,
+            writeback_from: 0,
+            keep: false,
+        })
+    }
+
+    /// Moves a verified, synced temp file to the blob path and makes the
+    /// rename durable. Never replaces an existing blob: when a parallel fetch
+    /// of the same content got there first, this temp is simply dropped.
+    fn install(&self, mut temp: TempBlob, id: &BlobId, size: u64) -> Result<(), StageError> {
+        let dest = self.path(id);
+        let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
+        ensure_dir(&fan_out)?;
+        match rename_no_replace(&temp.path, &dest) {
+            Ok(()) => {
+                temp.keep = true;
+                self.staged_bytes.fetch_add(size, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(store_error("renaming into", &dest, e)),
+        }
+        if let Err(e) = fsync_dir(&fan_out) {
+            // The blob may not survive a crash, yet `contains` would report
+            // it; take it out again so the retry redoes the whole fetch.
+            if temp.keep && fs::remove_file(&dest).is_ok() {
+                self.subtract_staged(size);
+            }
+            return Err(store_error("syncing directory", &fan_out, e));
+        }
+        Ok(())
+    }
+
+    fn sync_fan_out_dir(&self, id: &BlobId) -> Result<(), StageError> {
+        let dir = self.root.join(&id.to_hex()[..2]);
+        fsync_dir(&dir).map_err(|e| store_error("syncing directory", &dir, e))
+    }
+
+    fn subtract_staged(&self, len: u64) {
+        // Saturating: a blob placed by hand outside the store's knowledge
+        // must not wrap the counter.
+        let _ = self
+            .staged_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(len))
+            });
+    }
+
+    fn remove_leftover_temps(&self) -> Result<(), StageError> {
+        let entries =
+            fs::read_dir(&self.tmp_dir).map_err(|e| store_error("listing", &self.tmp_dir, e))?;
+        let mut removed = 0usize;
+        for entry in entries {
+            let entry = entry.map_err(|e| store_error("listing", &self.tmp_dir, e))?;
+            let path = entry.path();
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            let result = if is_dir {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            result.map_err(|e| store_error("removing leftover temp", &path, e))?;
+            removed += 1;
+        }
+        if removed > 0 {
+            tracing::info!(removed, dir = %self.tmp_dir.display(), "removed leftover temp files");
+            fsync_dir(&self.tmp_dir)
+                .map_err(|e| store_error("syncing directory", &self.tmp_dir, e))?;
+        }
+        Ok(())
+    }
+
+    /// Calls `f(id, size)` for every stored blob. Entries that are not blobs
+    /// are logged and skipped, never deleted: they are not ours to judge.
+    fn for_each_blob(&self, mut f: impl FnMut(BlobId, u64)) -> Result<(), StageError> {
+        let listing_err = |dir: &Path| {
+            let dir = dir.to_path_buf();
+            move |e| store_error("listing", &dir, e)
+        };
+        for fan in fs::read_dir(&self.root).map_err(listing_err(&self.root))? {
+            let fan = fan.map_err(listing_err(&self.root))?;
+            let fan_name = fan.file_name();
+            let fan_name = fan_name.to_string_lossy();
+            if fan_name == TMP_DIR_NAME {
+                continue;
+            }
+            let fan_path = fan.path();
+            let is_fan_out = fan_name.len() == 2
+                && fan_name
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                && fan.file_type().is_ok_and(|t| t.is_dir());
+            if !is_fan_out {
+                tracing::warn!(path = %fan_path.display(), "ignoring unexpected entry in blob store");
+                continue;
+            }
+            for blob in fs::read_dir(&fan_path).map_err(listing_err(&fan_path))? {
+                let blob = blob.map_err(listing_err(&fan_path))?;
+                let name = blob.file_name();
+                let name = name.to_string_lossy();
+                let meta = blob
+                    .metadata()
+                    .map_err(|e| store_error("inspecting", &blob.path(), e))?;
+                match BlobId::from_hex(&name) {
+                    Some(id)
+                        if meta.is_file()
+                            && id.to_hex() == name
+                            && name.starts_with(&*fan_name) =>
+                    {
+                        f(id, meta.len())
+                    }
+                    _ => tracing::warn!(
+                        path = %blob.path().display(),
+                        "ignoring unexpected entry in blob store"
+                    ),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why the bytes read from a source are not the expected file, or `None`.
+/// Growth is caught as soon as it happens: reading on could take arbitrarily long.
+fn check_length(copied: u64, expected: u64, at_end: bool) -> Option<String> {
+    if copied > expected {
+        Some(format!(
+            "size > {expected} expected {expected} (grew while reading)"
+        ))
+    } else if at_end && copied != expected {
+        Some(format!(
+            "size {copied} expected {expected} (shrank while reading)"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Reads once into `buf`, retrying on EINTR. `Err` describes a source problem.
+fn read_chunk(src: &mut File, buf: &mut [u8], copied: u64) -> Result<usize, String> {
+    loop {
+        match src.read(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("read error after {copied} bytes: {e}")),
+        }
+    }
+}
+
+/// Copies `src` into `temp`, returning the sha256 of what was written. The
+/// outer `Err` is a store failure, the inner one a source problem.
+fn copy_sequential(
+    src: &mut File,
+    temp: &mut TempBlob,
+    expected: u64,
+) -> Result<Result<BlobId, String>, StageError> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; COPY_BUFFER_BYTES.min(expected as usize + 1).max(1)];
+    let mut copied = 0u64;
+    loop {
+        let n = match read_chunk(src, &mut buf, copied) {
+            Ok(n) => n,
+            Err(problem) => return Ok(Err(problem)),
+        };
+        copied += n as u64;
+        if let Some(problem) = check_length(copied, expected, n == 0) {
+            return Ok(Err(problem));
+        }
+        if n == 0 {
+            return Ok(Ok(BlobId(hasher.finalize().into())));
+        }
+        hasher.update(&buf[..n]);
+        temp.write(&buf[..n])?;
+    }
+}
+
+/// Like [`copy_sequential`], but hashes on a second thread. SHA-256 (even
+/// with SHA-NI) is the slowest step, so overlapping it with the read and
+/// write syscalls is what brings staging up to `cp` speed. Each buffer is
+/// written first and then handed to the hasher, so exactly the bytes written
+/// are hashed; a fixed set of buffers circulates, so memory stays bounded.
+fn copy_pipelined(
+    src: &mut File,
+    temp: &mut TempBlob,
+    expected: u64,
+) -> Result<Result<BlobId, String>, StageError> {
+    // Capacity for every buffer, so neither side ever blocks on a send.
+    let (to_hasher, filled) = mpsc::sync_channel::<(Vec<u8>, usize)>(PIPELINE_BUFFERS);
+    let (to_reader, free) = mpsc::sync_channel::<Vec<u8>>(PIPELINE_BUFFERS);
+    thread::scope(|scope| {
+        let hasher = scope.spawn(move || {
+            let mut hasher = Sha256::new();
+            for (buf, n) in filled {
+                hasher.update(&buf[..n]);
+                // The reader may have stopped early; the buffer is then dropped.
+                let _ = to_reader.send(buf);
+            }
+            BlobId(hasher.finalize().into())
+        });
+
+        let mut allocated = 0;
+        let mut copied = 0u64;
+        let outcome = loop {
+            let mut buf = if allocated < PIPELINE_BUFFERS {
+                allocated += 1;
+                vec![0u8; COPY_BUFFER_BYTES]
+            } else {
+                match free.recv() {
+                    Ok(buf) => buf,
+                    // Only if the hasher died; its join below reports why.
+                    Err(_) => break Ok(None),
+                }
+            };
+            let n = match read_chunk(src, &mut buf, copied) {
+                Ok(n) => n,
+                Err(problem) => break Ok(Some(problem)),
+            };
+            copied += n as u64;
+            if let Some(problem) = check_length(copied, expected, n == 0) {
+                break Ok(Some(problem));
+            }
+            if n == 0 {
+                break Ok(None);
+            }
+            if let Err(e) = temp.write(&buf[..n]) {
+                break Err(e);
+            }
+            if to_hasher.send((buf, n)).is_err() {
+                break Ok(None);
+            }
+        };
+        // Closing the channel lets the hasher finish.
+        drop(to_hasher);
+        let digest = match hasher.join() {
+            Ok(digest) => digest,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        match outcome {
+            Err(store_failure) => Err(store_failure),
+            Ok(Some(problem)) => Ok(Err(problem)),
+            Ok(None) => Ok(Ok(digest)),
+        }
+    })
+}
+
+/// A temp file in `blobs/tmp/`, removed on drop unless it was renamed into place.
+struct TempBlob {
+    path: PathBuf,
+    file: File,
+    written: u64,
+    /// Offset up to which writeback has been started.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    writeback_from: u64,
+    keep: bool,
+}
+
+impl TempBlob {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), StageError> {
+        #[cfg(test)]
+        if let Some(errno) = test_hooks::injected_write_errno() {
+            return Err(store_error(
+                "writing",
+                &self.path,
+                io::Error::from_raw_os_error(errno),
+            ));
+        }
+        self.file
+            .write_all(bytes)
+            .map_err(|e| store_error("writing", &self.path, e))?;
+        self.written += bytes.len() as u64;
+        #[cfg(target_os = "linux")]
+        if self.written - self.writeback_from >= WRITEBACK_CHUNK_BYTES {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid open fd and an in-range byte span; the call only
+            // queues writeback. Failure is harmless (`sync_data` still
+            // writes everything), so its result is ignored.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    self.writeback_from as libc::off64_t,
+                    (self.written - self.writeback_from) as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
+            self.writeback_from = self.written;
+        }
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), StageError> {
+        self.file
+            .sync_data()
+            .map_err(|e| store_error("syncing", &self.path, e))
+    }
+}
+
+impl Drop for TempBlob {
+    fn drop(&mut self) {
+        if !self.keep {
+            if let Err(e) = fs::remove_file(&self.path) {
+                // `open` removes it on the next start at the latest.
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot remove temp file");
+            }
+        }
+    }
+}
+
+/// The places to look for `file`, in order, with the outcome each stands for.
+fn candidate_places(
+    file: &FileRef,
+    source_root: &Path,
+    cm_root: Option<&Path>,
+) -> Vec<(PathBuf, FetchOutcome)> {
+    let mut places = vec![(source_root.join(&file.path), FetchOutcome::FromSource)];
+    if let Some(cm) = cm_root {
+        let hex = file.sha256.to_hex();
+        let base = file.path.rsplit('/').next().unwrap_or(&file.path);
+        places.push((
+            cm.join(format!("{base}_{hex}")),
+            FetchOutcome::FromChangeManagement,
+        ));
+        // The source names cm copies after the file; `name` can differ from
+        // the path's last component, so look under both.
+        if file.name != base {
+            places.push((
+                cm.join(format!("{}_{hex}", file.name)),
+                FetchOutcome::FromChangeManagement,
+            ));
+        }
+    }
+    places
+}
+
+fn describe_open_error(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::NotFound => "missing".to_owned(),
+        io::ErrorKind::PermissionDenied => format!("not readable ({e})"),
+        _ if e.raw_os_error() == Some(libc::ENOTDIR) => "missing".to_owned(),
+        _ => format!("cannot open: {e}"),
+    }
+}
+
+/// Classifies a store-side I/O error: a full disk is its own kind so the
+/// status can say so.
+fn store_error(verb: &str, path: &Path, e: io::Error) -> StageError {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => StageError::NoSpace {
+            path: path.display().to_string(),
+        },
+        _ => StageError::Io {
+            context: format!("{verb} {}", path.display()),
+            source: e,
+        },
+    }
+}
+
+/// Creates `dir` if missing and makes its entry durable in the parent.
+fn ensure_dir(dir: &Path) -> Result<(), StageError> {
+    match fs::create_dir(dir) {
+        Ok(()) => {
+            let parent = dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            fsync_dir(parent).map_err(|e| store_error("syncing directory", parent, e))
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(store_error("creating directory", dir, e)),
+    }
+}
+
+fn advise_sequential(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open fd; the call is advisory only. Failure just
+        // means default readahead, so the result is ignored.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+/// Renames `from` to `to` unless `to` exists (then `AlreadyExists`), in one
+/// atomic step, so parallel fetches of one blob never count it twice.
+fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+        };
+        let (cfrom, cto) = (c(from)?, c(to)?);
+        // SAFETY: both are valid NUL-terminated paths resolved from the cwd.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                cfrom.as_ptr(),
+                libc::AT_FDCWD,
+                cto.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        // Filesystems without RENAME_NOREPLACE fall through to the link path.
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            return Err(e);
+        }
+    }
+    // link(2) fails with EEXIST atomically, which is the no-replace we need;
+    // the temp name is then dropped by the caller's guard or here.
+    fs::hard_link(from, to)?;
+    let _ = fs::remove_file(from);
+    Ok(())
+}
+
+#[cfg(test)]
+mod test_hooks {
+    use std::cell::Cell;
+
+    thread_local! {
+        static WRITE_ERRNO: Cell<Option<i32>> = const { Cell::new(None) };
+    }
+
+    /// Makes every temp-file write on this thread fail with `errno`.
+    pub fn inject_write_errno(errno: Option<i32>) {
+        WRITE_ERRNO.with(|c| c.set(errno));
+    }
+
+    pub fn injected_write_errno() -> Option<i32> {
+        WRITE_ERRNO.with(|c| c.get())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        state: PathBuf,
+        src: PathBuf,
+        cm: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, src, cm) = (
+            dir.path().join("state"),
+            dir.path().join("src"),
+            dir.path().join("cm"),
+        );
+        for d in [&state, &src, &cm] {
+            fs::create_dir_all(d).unwrap();
+        }
+        Fixture {
+            _dir: dir,
+            state,
+            src,
+            cm,
+        }
+    }
+
+    fn sha(bytes: &[u8]) -> BlobId {
+        BlobId(Sha256::digest(bytes).into())
+    }
+
+    fn file_ref(path: &str, content: &[u8]) -> FileRef {
+        FileRef {
+            path: path.to_owned(),
+            size: content.len() as u64,
+            sha256: sha(content),
+            name: path.rsplit('/').next().unwrap().to_owned(),
+        }
+    }
+
+    fn put(root: &Path, rel: &str, content: &[u8]) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, content).unwrap();
+    }
+
+    fn cm_name(f: &FileRef) -> String {
+        format!("{}_{}", f.name, f.sha256.to_hex())
+    }
+
+    fn temp_count(state: &Path) -> usize {
+        fs::read_dir(state.join("blobs/tmp")).unwrap().count()
+    }
+
+    #[test]
+    fn fetch_verifies_and_stores_once() {
+        let fx = fixture();
+        let content = b"hello, warehouse";
+        put(&fx.src, "db/t/p=a/000000_0", content);
+        put(&fx.src, "db/t/p=b/000000_0", content);
+        let store = BlobStore::open(&fx.state).unwrap();
+        let a = file_ref("db/t/p=a/000000_0", content);
+        let b = file_ref("db/t/p=b/000000_0", content);
+
+        assert_eq!(
+            store.fetch(&a, &fx.src, None).unwrap(),
+            FetchOutcome::FromSource
+        );
+        assert_eq!(
+            store.fetch(&a, &fx.src, None).unwrap(),
+            FetchOutcome::AlreadyPresent
+        );
+        assert_eq!(
+            store.fetch(&b, &fx.src, None).unwrap(),
+            FetchOutcome::AlreadyPresent
+        );
+
+        let hex = a.sha256.to_hex();
+        assert_eq!(
+            store.path(&a.sha256),
+            fx.state.join("blobs").join(&hex[..2]).join(&hex)
+        );
+        assert_eq!(fs::read(store.path(&a.sha256)).unwrap(), content);
+        assert!(store.contains(&a.sha256));
+        assert_eq!(store.staged_bytes(), content.len() as u64);
+        assert_eq!(store.list().unwrap(), vec![a.sha256]);
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn corrupted_source_same_size_is_taken_from_cm() {
+        let fx = fixture();
+        let good = b"the original bytes";
+        let f = file_ref("db/t/000000_0", good);
+        put(&fx.src, &f.path, b"THE ORIGINAL BYTES");
+        put(&fx.cm, &cm_name(&f), good);
+        let store = BlobStore::open(&fx.state).unwrap();
+
+        let outcome = store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap();
+        assert_eq!(outcome, FetchOutcome::FromChangeManagement);
+        assert_eq!(fs::read(store.path(&f.sha256)).unwrap(), good);
+    }
+
+    #[test]
+    fn large_file_is_verified_on_the_pipelined_path() {
+        let fx = fixture();
+        let good: Vec<u8> = (0..PIPELINE_MIN_BYTES as usize * 2 + 12345)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let f = file_ref("db/t/big", &good);
+        let mut corrupt = good.clone();
+        *corrupt.last_mut().unwrap() ^= 1;
+        put(&fx.src, &f.path, &corrupt);
+        put(&fx.cm, &cm_name(&f), &good);
+        let store = BlobStore::open(&fx.state).unwrap();
+
+        assert_eq!(
+            store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap(),
+            FetchOutcome::FromChangeManagement
+        );
+        assert!(fs::read(store.path(&f.sha256)).unwrap() == good);
+        assert_eq!(store.staged_bytes(), good.len() as u64);
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn missing_source_falls_back_to_cm() {
+        let fx = fixture();
+        let good = b"overwritten at the source";
+        let f = file_ref("db/t/p=a/000000_0", good);
+        put(&fx.cm, &cm_name(&f), good);
+        let store = BlobStore::open(&fx.state).unwrap();
+
+        assert_eq!(
+            store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap(),
+            FetchOutcome::FromChangeManagement
+        );
+        assert_eq!(fs::read(store.path(&f.sha256)).unwrap(), good);
+        assert_eq!(store.staged_bytes(), good.len() as u64);
+    }
+
+    #[test]
+    fn cm_copy_is_found_under_the_file_name_when_it_differs_from_the_path() {
+        let fx = fixture();
+        let good = b"renamed file";
+        let mut f = file_ref("db/t/staging-123", good);
+        f.name = "000000_0".to_owned();
+        put(&fx.cm, &format!("000000_0_{}", f.sha256.to_hex()), good);
+        let store = BlobStore::open(&fx.state).unwrap();
+
+        assert_eq!(
+            store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap(),
+            FetchOutcome::FromChangeManagement
+        );
+    }
+
+    #[test]
+    fn missing_everywhere_is_unavailable_and_leaves_no_blob_or_temp() {
+        let fx = fixture();
+        let f = file_ref("db/t/000000_0", b"gone");
+        // A cm copy under the right name but with the wrong bytes.
+        put(&fx.cm, &cm_name(&f), b"GONE");
+        let store = BlobStore::open(&fx.state).unwrap();
+
+        let err = store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap_err();
+        let StageError::Unavailable { path, detail } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(path, "db/t/000000_0");
+        let src_path = fx.src.join(&f.path).display().to_string();
+        let cm_path = fx.cm.join(cm_name(&f)).display().to_string();
+        assert!(detail.contains(&format!("{src_path}: missing")), "{detail}");
+        assert!(
+            detail.contains(&format!("{cm_path}: sha mismatch")),
+            "{detail}"
+        );
+        assert_eq!(err.kind_label(), "unavailable");
+        assert!(err.is_retryable());
+
+        assert!(!store.contains(&f.sha256));
+        assert!(store.list().unwrap().is_empty());
+        assert_eq!(store.staged_bytes(), 0);
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn size_mismatch_is_rejected() {
+        let fx = fixture();
+        let f = file_ref("db/t/000000_0", b"12345");
+        put(&fx.src, &f.path, b"123");
+        let store = BlobStore::open(&fx.state).unwrap();
+
+        let err = store.fetch(&f, &fx.src, None).unwrap_err();
+        let StageError::Unavailable { detail, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert!(detail.contains("size 3 expected 5"), "{detail}");
+        assert!(detail.contains("no change-management root"), "{detail}");
+        assert!(!store.contains(&f.sha256));
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn path_escaping_the_source_root_is_rejected() {
+        let fx = fixture();
+        let mut f = file_ref("x", b"secret");
+        f.path = fx.cm.join("x").display().to_string();
+        put(&fx.cm, "x", b"secret");
+        let store = BlobStore::open(&fx.state).unwrap();
+
+        let err = store.fetch(&f, &fx.src, None).unwrap_err();
+        assert!(matches!(err, StageError::Unavailable { .. }), "{err:?}");
+        assert!(!store.contains(&f.sha256));
+    }
+
+    #[test]
+    fn leftover_temp_files_are_removed_on_open() {
+        let fx = fixture();
+        let content = b"kept";
+        let f = file_ref("a", content);
+        put(&fx.src, "a", content);
+        {
+            let store = BlobStore::open(&fx.state).unwrap();
+            store.fetch(&f, &fx.src, None).unwrap();
+        }
+        let tmp = fx.state.join("blobs/tmp");
+        fs::write(
+            tmp.join(format!("{}.123.0.tmp", f.sha256.to_hex())),
+            b"partial",
+        )
+        .unwrap();
+        fs::write(tmp.join("junk"), b"x").unwrap();
+
+        let store = BlobStore::open(&fx.state).unwrap();
+        assert_eq!(temp_count(&fx.state), 0);
+        assert_eq!(store.list().unwrap(), vec![f.sha256]);
+        assert_eq!(
+            store.staged_bytes(),
+            content.len() as u64,
+            "reopen rescans the total"
+        );
+    }
+
+    #[test]
+    fn remove_frees_bytes() {
+        let fx = fixture();
+        let (one, two) = (b"first blob".as_slice(), b"second, longer blob".as_slice());
+        put(&fx.src, "one", one);
+        put(&fx.src, "two", two);
+        let (f1, f2) = (file_ref("one", one), file_ref("two", two));
+        let store = BlobStore::open(&fx.state).unwrap();
+        store.fetch(&f1, &fx.src, None).unwrap();
+        store.fetch(&f2, &fx.src, None).unwrap();
+        assert_eq!(store.staged_bytes(), (one.len() + two.len()) as u64);
+
+        assert_eq!(store.remove(&f1.sha256).unwrap(), one.len() as u64);
+        assert_eq!(
+            store.remove(&f1.sha256).unwrap(),
+            0,
+            "removing twice is harmless"
+        );
+        assert!(!store.contains(&f1.sha256));
+        assert_eq!(store.staged_bytes(), two.len() as u64);
+        assert_eq!(store.list().unwrap(), vec![f2.sha256]);
+    }
+
+    #[test]
+    fn parallel_fetches_of_one_blob_store_and_count_it_once() {
+        let fx = fixture();
+        let content = vec![7u8; PIPELINE_MIN_BYTES as usize + 1];
+        for i in 0..4 {
+            put(&fx.src, &format!("f{i}"), &content);
+        }
+        let store = Arc::new(BlobStore::open(&fx.state).unwrap());
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let (store, src) = (Arc::clone(&store), fx.src.clone());
+                let f = file_ref(&format!("f{i}"), &content);
+                std::thread::spawn(move || store.fetch(&f, &src, None).unwrap())
+            })
+            .collect();
+        let outcomes: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(outcomes.contains(&FetchOutcome::FromSource), "{outcomes:?}");
+        assert_eq!(store.staged_bytes(), content.len() as u64);
+        assert_eq!(store.list().unwrap().len(), 1);
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    /// A 1 MiB tmpfs mounted for one test, unmounted on drop.
+    struct SmallTmpfs {
+        dir: tempfile::TempDir,
+    }
+
+    impl SmallTmpfs {
+        fn mount() -> Option<SmallTmpfs> {
+            let dir = tempfile::tempdir().ok()?;
+            let status = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+                .arg(dir.path())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .ok()?;
+            status.success().then_some(SmallTmpfs { dir })
+        }
+    }
+
+    impl Drop for SmallTmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+
+    #[test]
+    fn no_space_is_reported_as_no_space() {
+        // Both copy paths: sequential (small) and pipelined (large).
+        for size in [2 << 20, PIPELINE_MIN_BYTES as usize + 1] {
+            let fx = fixture();
+            let content = vec![1u8; size];
+            let f = file_ref("big", &content);
+            put(&fx.src, "big", &content);
+
+            // A real full disk where we may mount one; otherwise an injected ENOSPC.
+            let tmpfs = SmallTmpfs::mount();
+            let state = tmpfs
+                .as_ref()
+                .map_or(fx.state.clone(), |t| t.dir.path().to_path_buf());
+            if tmpfs.is_none() {
+                test_hooks::inject_write_errno(Some(libc::ENOSPC));
+            }
+            let store = BlobStore::open(&state).unwrap();
+            let result = store.fetch(&f, &fx.src, None);
+            test_hooks::inject_write_errno(None);
+
+            let err = result.unwrap_err();
+            assert!(matches!(err, StageError::NoSpace { .. }), "{size}: {err:?}");
+            assert_eq!(err.kind_label(), "disk full");
+            assert!(err.is_retryable());
+            assert!(!store.contains(&f.sha256));
+            assert_eq!(temp_count(&state), 0);
+            assert_eq!(store.staged_bytes(), 0);
+        }
+    }
+
+    #[test]
+    fn backoff_is_exponential_and_capped_at_10s() {
+        let ms = |a| backoff(a).as_millis();
+        assert_eq!([ms(0), ms(1), ms(2), ms(3)], [100, 200, 400, 800]);
+        assert_eq!(ms(6), 6400);
+        assert_eq!(ms(7), 10_000);
+        assert_eq!(ms(40), 10_000);
+        assert_eq!(ms(u32::MAX), 10_000);
+    }
+
+    #[test]
+    fn blob_store_is_shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<BlobStore>();
+    }
+}
