@@ -127,8 +127,9 @@ pub struct BlobStore {
     /// `<state>/blobs/tmp`
     tmp_dir: PathBuf,
     staged_bytes: AtomicU64,
-    /// Makes temp names unique within this process; the pid makes them
-    /// unique across restarts that race with a slow unlink.
+    /// Makes temp names unique within this process, so parallel fetches of
+    /// one blob never share a temp file; the pid in the name is for humans
+    /// reading a leftover.
     next_tmp: AtomicU64,
 }
 
@@ -854,6 +855,28 @@ mod tests {
     }
 
     #[test]
+    fn large_file_is_verified_on_the_pipelined_path() {
+        let fx = fixture();
+        let good: Vec<u8> = (0..PIPELINE_MIN_BYTES as usize * 2 + 12345)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let f = file_ref("db/t/big", &good);
+        let mut corrupt = good.clone();
+        *corrupt.last_mut().unwrap() ^= 1;
+        put(&fx.src, &f.path, &corrupt);
+        put(&fx.cm, &cm_name(&f), &good);
+        let store = BlobStore::open(&fx.state).unwrap();
+
+        assert_eq!(
+            store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap(),
+            FetchOutcome::FromChangeManagement
+        );
+        assert!(fs::read(store.path(&f.sha256)).unwrap() == good);
+        assert_eq!(store.staged_bytes(), good.len() as u64);
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
     fn missing_source_falls_back_to_cm() {
         let fx = fixture();
         let good = b"overwritten at the source";
@@ -997,7 +1020,7 @@ mod tests {
     #[test]
     fn parallel_fetches_of_one_blob_store_and_count_it_once() {
         let fx = fixture();
-        let content = vec![7u8; 3 << 20];
+        let content = vec![7u8; PIPELINE_MIN_BYTES as usize + 1];
         for i in 0..4 {
             put(&fx.src, &format!("f{i}"), &content);
         }
@@ -1044,30 +1067,33 @@ mod tests {
 
     #[test]
     fn no_space_is_reported_as_no_space() {
-        let fx = fixture();
-        let content = vec![1u8; 2 << 20];
-        let f = file_ref("big", &content);
-        put(&fx.src, "big", &content);
+        // Both copy paths: sequential (small) and pipelined (large).
+        for size in [2 << 20, PIPELINE_MIN_BYTES as usize + 1] {
+            let fx = fixture();
+            let content = vec![1u8; size];
+            let f = file_ref("big", &content);
+            put(&fx.src, "big", &content);
 
-        // A real full disk where we may mount one; otherwise an injected ENOSPC.
-        let tmpfs = SmallTmpfs::mount();
-        let state = tmpfs
-            .as_ref()
-            .map_or(fx.state.clone(), |t| t.dir.path().to_path_buf());
-        if tmpfs.is_none() {
-            test_hooks::inject_write_errno(Some(libc::ENOSPC));
+            // A real full disk where we may mount one; otherwise an injected ENOSPC.
+            let tmpfs = SmallTmpfs::mount();
+            let state = tmpfs
+                .as_ref()
+                .map_or(fx.state.clone(), |t| t.dir.path().to_path_buf());
+            if tmpfs.is_none() {
+                test_hooks::inject_write_errno(Some(libc::ENOSPC));
+            }
+            let store = BlobStore::open(&state).unwrap();
+            let result = store.fetch(&f, &fx.src, None);
+            test_hooks::inject_write_errno(None);
+
+            let err = result.unwrap_err();
+            assert!(matches!(err, StageError::NoSpace { .. }), "{size}: {err:?}");
+            assert_eq!(err.kind_label(), "disk full");
+            assert!(err.is_retryable());
+            assert!(!store.contains(&f.sha256));
+            assert_eq!(temp_count(&state), 0);
+            assert_eq!(store.staged_bytes(), 0);
         }
-        let store = BlobStore::open(&state).unwrap();
-        let result = store.fetch(&f, &fx.src, None);
-        test_hooks::inject_write_errno(None);
-
-        let err = result.unwrap_err();
-        assert!(matches!(err, StageError::NoSpace { .. }), "{err:?}");
-        assert_eq!(err.kind_label(), "disk full");
-        assert!(err.is_retryable());
-        assert!(!store.contains(&f.sha256));
-        assert_eq!(temp_count(&state), 0);
-        assert_eq!(store.staged_bytes(), 0);
     }
 
     #[test]
@@ -1084,105 +1110,5 @@ mod tests {
     fn blob_store_is_shareable_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<BlobStore>();
-    }
-}
-#[cfg(test)]
-mod adhoc_bench {
-    use super::*;
-    use std::time::Instant;
-    fn cpu(who: i32) -> f64 {
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        unsafe { libc::getrusage(who, &mut ru) };
-        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-        t(ru.ru_utime) + t(ru.ru_stime)
-    }
-    #[test]
-    #[ignore]
-    fn adhoc_throughput() {
-        let base_s = std::env::var("BENCH_DIR").unwrap_or("/work/bench-stage".into());
-        let base = Path::new(&base_s);
-        let _ = fs::remove_dir_all(base);
-        fs::create_dir_all(base.join("src")).unwrap();
-        let size = 1usize << 30;
-        let mut data = vec![0u8; 1 << 20];
-        let mut h = Sha256::new();
-        {
-            let mut f = File::create(base.join("src/big")).unwrap();
-            let mut x: u64 = 0x9E3779B97F4A7C15;
-            for _ in 0..(size >> 20) {
-                for c in data.chunks_mut(8) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    c.copy_from_slice(&x.to_le_bytes());
-                }
-                h.update(&data);
-                f.write_all(&data).unwrap();
-            }
-            f.sync_all().unwrap();
-        }
-        let fr = FileRef {
-            path: "big".into(),
-            size: size as u64,
-            sha256: BlobId(h.finalize().into()),
-            name: "big".into(),
-        };
-        let mut best = [f64::MAX; 4];
-        let mut cpus = [0f64; 4];
-        let rounds = 5;
-        for round in 0..rounds {
-            let state = base.join(format!("state{round}"));
-            fs::create_dir_all(&state).unwrap();
-            let store = BlobStore::open(&state).unwrap();
-            let (t, c) = (Instant::now(), cpu(libc::RUSAGE_SELF));
-            assert_eq!(
-                store.fetch(&fr, &base.join("src"), None).unwrap(),
-                FetchOutcome::FromSource
-            );
-            let (fetch, fetch_cpu) = (t.elapsed().as_secs_f64(), cpu(libc::RUSAGE_SELF) - c);
-            // sequential variant
-            let (t, c) = (Instant::now(), cpu(libc::RUSAGE_SELF));
-            {
-                let mut src = File::open(base.join("src/big")).unwrap();
-                advise_sequential(&src);
-                let mut temp = store.create_temp(&fr.sha256).unwrap();
-                assert_eq!(
-                    copy_sequential(&mut src, &mut temp, fr.size)
-                        .unwrap()
-                        .unwrap(),
-                    fr.sha256
-                );
-                temp.sync_data().unwrap();
-            }
-            let (seq, seq_cpu) = (t.elapsed().as_secs_f64(), cpu(libc::RUSAGE_SELF) - c);
-            let dst = base.join(format!("cp{round}"));
-            let (t, c) = (Instant::now(), cpu(libc::RUSAGE_CHILDREN));
-            assert!(std::process::Command::new("cp")
-                .arg(base.join("src/big"))
-                .arg(&dst)
-                .status()
-                .unwrap()
-                .success());
-            let (cp, cp_cpu) = (t.elapsed().as_secs_f64(), cpu(libc::RUSAGE_CHILDREN) - c);
-            assert!(std::process::Command::new("sync")
-                .arg("-d")
-                .arg(&dst)
-                .status()
-                .unwrap()
-                .success());
-            let cp_sync = t.elapsed().as_secs_f64();
-            let g = |s: f64| 1024.0 / s;
-            eprintln!("round {round}: fetch(pipelined) {fetch:.3}s ({:.0} MiB/s, cpu {fetch_cpu:.2}s) | sequential {seq:.3}s ({:.0} MiB/s, cpu {seq_cpu:.2}s) | cp {cp:.3}s ({:.0} MiB/s, cpu {cp_cpu:.2}s) | cp+fdatasync {cp_sync:.3}s ({:.0} MiB/s)", g(fetch), g(seq), g(cp), g(cp_sync));
-            for (b, v) in best.iter_mut().zip([fetch, seq, cp, cp_sync]) {
-                *b = b.min(v);
-            }
-            for (c, v) in cpus.iter_mut().zip([fetch_cpu, seq_cpu, cp_cpu, 0.0]) {
-                *c += v / rounds as f64;
-            }
-            fs::remove_dir_all(&state).unwrap();
-            fs::remove_file(&dst).unwrap();
-        }
-        eprintln!("BEST: pipelined {:.3}s  sequential {:.3}s  cp {:.3}s  cp+fdatasync {:.3}s; ratio pipelined/cp {:.2}x, vs cp+sync {:.2}x; mean cpu {:?}", best[0], best[1], best[2], best[3], best[2]/best[0], best[3]/best[0], cpus);
-        fs::remove_dir_all(base).unwrap();
     }
 }
