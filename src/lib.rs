@@ -10,3 +10,4 @@ pub mod durable;
 pub mod event;
 pub mod journal;
 pub mod stage;
+pub mod view;
