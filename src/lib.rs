@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod durable;
 pub mod event;
+pub mod fuse;
 pub mod journal;
 pub mod stage;
 pub mod view;
