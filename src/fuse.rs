@@ -384,6 +384,18 @@ impl Filesystem for StagefsFs {
         answer(reply, r, |reply, data| reply.data(&data));
     }
 
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is ever buffered for writing.
+        reply.ok();
+    }
+
     fn release(
         &self,
         req: &Request,

@@ -299,3 +299,62 @@ fn unmount_with_an_open_file_does_not_hang_or_leave_a_dead_mount() {
     assert!(!is_mountpoint(&mnt));
     drop(f);
 }
+
+#[test]
+fn same_table_version_through_live_and_snapshot_paths() {
+    let m = TestMount::new();
+    m.seed_example(40);
+    let live = m.join("default/blah");
+    let snap = m.join(".stagefs/snapshots/40/default/blah");
+    // The same immutable node (one inode) reachable by two paths.
+    let live_dir = File::open(&live).unwrap();
+    for _ in 0..3 {
+        assert_eq!(names(&live), vec!["p=a", "p=b"]);
+        assert_eq!(names(&snap), vec!["p=a", "p=b"]);
+        assert_eq!(read(&snap.join("p=b/000002_0")), "10\n");
+        assert_eq!(read(&live.join("p=a/000003_0")), "15\n");
+    }
+    assert_eq!(names(&fd_path(&live_dir)), vec!["p=a", "p=b"]);
+    // A pin through the live path still works after the snapshot walk.
+    setxattr(&live, "user.stagefs.pin", b"30").unwrap();
+    assert_eq!(names(&live), vec!["p=a", "p=b"]);
+    assert_eq!(getxattr(&live, "user.stagefs.state_id").unwrap(), "30");
+    // The snapshot path still shows 40: the pin acts on the live name only.
+    assert_eq!(getxattr(&snap, "user.stagefs.state_id").unwrap(), "40");
+    assert_eq!(names(&snap), vec!["p=a", "p=b"]);
+}
+
+#[test]
+fn external_umount_ends_the_session() {
+    let m = TestMount::new();
+    m.seed_example(20);
+    assert!(!m.mounted().is_ended());
+    let c = std::ffi::CString::new(m.path().to_str().unwrap()).unwrap();
+    // SAFETY: valid path string.
+    assert_eq!(unsafe { libc::umount2(c.as_ptr(), 0) }, 0);
+    assert!(m
+        .mounted()
+        .wait_unmounted_timeout(std::time::Duration::from_secs(2)));
+    assert!(!is_mountpoint(m.path()));
+}
+
+#[test]
+fn kernel_forget_frees_old_versions() {
+    let m = TestMount::new();
+    m.seed_example(40);
+    let old = m.join("default/blah/p=a/000001_0");
+    assert_eq!(read(&old), "5\n");
+    m.commit(r#"{"id": 50, "op": "drop_table", "db": "default", "table": "blah"}"#);
+    assert!(m.view().referenced_inodes() > 0);
+    // Dropping the dentry cache makes the kernel forget every inode it no
+    // longer uses; the view must then hold nothing.
+    if let Err(e) = fs::write("/proc/sys/vm/drop_caches", "2") {
+        eprintln!("skipped: cannot drop caches ({e}); needs root");
+        return;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while m.view().referenced_inodes() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(m.view().referenced_inodes(), 0);
+}
