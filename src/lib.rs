@@ -3,15 +3,20 @@
 //! The modules follow the data flow:
 //! source log → [`ingest`] → [`journal`] → [`stage`] (blobs) → [`catalog`]
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
-//! [`replicate`] runs the pipeline threads; [`daemon`] wires the commands;
-//! [`status`] reports on them; [`workload`] generates test warehouses.
+//! [`replicate`] runs the pipeline threads; [`daemon`] and [`demo`] are the
+//! commands; [`status`] reports on them; [`workload`] generates test
+//! warehouses.
 
 pub mod catalog;
+pub mod daemon;
+pub mod demo;
 pub mod durable;
 pub mod event;
+pub mod fuse;
 pub mod ingest;
 pub mod journal;
 pub mod replicate;
 pub mod stage;
 pub mod status;
+pub mod view;
 pub mod workload;

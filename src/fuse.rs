@@ -1,0 +1,844 @@
+//! The kernel adapter: maps fuser 0.18 callbacks onto [`View`] and nothing
+//! else. The only module that imports fuser.
+//!
+//! Each request gets one `tracing` span (`op`, `ino`, `pid`), runs its
+//! `View` call under `catch_unwind` (a panic would otherwise kill the worker
+//! thread and hang later requests; it is answered `EIO`), and leaves through
+//! one error exit that logs and replies the errno.
+//!
+//! Files are served by kernel passthrough when the kernel grants it (one
+//! `BackingId` per inode shared by concurrent opens, dropped at the last
+//! release), else by `pread` on the handle's descriptor with the page cache
+//! kept (contents are immutable). The status file uses direct I/O.
+//!
+//! [`mount`] mounts read-write at the VFS level — with `ro` the kernel would
+//! refuse `setxattr` (pins) itself — and every data-changing operation is
+//! answered `EROFS` here. Called by the daemon and the mount tests.
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use fuser::{
+    AccessFlags, BackingId, BsdFileFlags, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle,
+    FileType, Filesystem, FopenFlags, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session, SessionACL,
+    TimeOrNow, WriteFlags,
+};
+use tracing::{debug, error, info, warn};
+
+use crate::view::{Attr, FileKind, OpenContent, View, ViewError};
+
+/// Why mounting or unmounting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FuseError {
+    #[error("mounting {path}: {source}")]
+    Mount {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("starting the FUSE session thread: {0}")]
+    Spawn(std::io::Error),
+    #[error("unmounting {path}: {source}")]
+    Unmount {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the FUSE session thread panicked")]
+    SessionPanicked,
+}
+
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Let other users read the mount (`allow_other`).
+    pub allow_other: bool,
+    /// FUSE worker threads (at least 1).
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            allow_other: false,
+            threads: 2,
+        }
+    }
+}
+
+/// Readahead for the mount's bdi: sequential reads of large staged files
+/// are the main workload (FUSER-NOTES: 1 MiB readahead measured best).
+const READ_AHEAD_KB: u32 = 1024;
+
+/// How long `unmount` retries a busy mount before detaching it lazily.
+const BUSY_RETRY: Duration = Duration::from_secs(2);
+
+/// Kernel passthrough state: shared backing ids per inode.
+#[derive(Default)]
+struct Backing {
+    by_ino: HashMap<u64, Arc<BackingId>>,
+    /// Open handle → (inode, its backing id).
+    by_fh: HashMap<u64, (u64, Arc<BackingId>)>,
+}
+
+struct StagefsFs {
+    view: Arc<View>,
+    passthrough: bool,
+    backing: Mutex<Backing>,
+}
+
+/// Replies that can carry an errno; lets one helper answer every error.
+trait ErrorReply {
+    fn error(self, e: Errno);
+}
+
+macro_rules! error_reply {
+    ($($t:ty),*) => {$(
+        impl ErrorReply for $t {
+            fn error(self, e: Errno) {
+                <$t>::error(self, e)
+            }
+        }
+    )*};
+}
+error_reply!(
+    ReplyAttr,
+    ReplyCreate,
+    ReplyData,
+    ReplyDirectory,
+    ReplyEmpty,
+    ReplyEntry,
+    ReplyOpen,
+    ReplyWrite,
+    ReplyXattr
+);
+
+/// Runs one view call: catches panics, logs errors once.
+fn guarded<T>(op: &'static str, f: impl FnOnce() -> Result<T, ViewError>) -> Result<T, Errno> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => {
+            if e.is_routine() {
+                debug!(op, error = %e, "request failed");
+            } else {
+                warn!(op, error = %e, "request failed");
+            }
+            Err(Errno::from_i32(e.errno()))
+        }
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            error!(op, panic = %msg, "request handler panicked; answering EIO");
+            Err(Errno::EIO)
+        }
+    }
+}
+
+/// The single error exit: on `Err` reply the errno, else hand the value
+/// and the reply to `ok`.
+fn answer<R: ErrorReply, T>(reply: R, result: Result<T, Errno>, ok: impl FnOnce(R, T)) {
+    match result {
+        Ok(v) => ok(reply, v),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn span(op: &'static str, ino: u64, req: &Request) -> tracing::span::EnteredSpan {
+    tracing::debug_span!("fuse", op, ino, pid = req.pid()).entered()
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.mtime,
+        mtime: a.mtime,
+        ctime: a.mtime,
+        crtime: a.mtime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::Directory => FileType::Directory,
+        FileKind::RegularFile => FileType::RegularFile,
+    }
+}
+
+/// Answers an xattr value or name list with the size-probe protocol.
+fn reply_xattr(reply: ReplyXattr, size: u32, data: Vec<u8>) {
+    let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+    if size == 0 {
+        reply.size(len);
+    } else if len > size {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(&data);
+    }
+}
+
+fn read_only<R: ErrorReply>(op: &'static str, ino: u64, req: &Request, reply: R) {
+    let _s = span(op, ino, req);
+    debug!("refused: read-only mount");
+    reply.error(Errno::EROFS);
+}
+
+impl StagefsFs {
+    fn lock_backing(&self) -> MutexGuard<'_, Backing> {
+        // Map updates are single inserts/removes; a poisoned lock is still
+        // consistent.
+        self.backing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replies to an open of a staged file: passthrough when possible.
+    fn open_blob(&self, ino: u64, fh: u64, file: &std::fs::File, reply: ReplyOpen) {
+        if self.passthrough {
+            let mut backing = self.lock_backing();
+            let id = match backing.by_ino.get(&ino) {
+                Some(id) => Some(Arc::clone(id)),
+                None => match reply.open_backing(file) {
+                    Ok(id) => {
+                        let id = Arc::new(id);
+                        backing.by_ino.insert(ino, Arc::clone(&id));
+                        Some(id)
+                    }
+                    Err(e) => {
+                        warn!(ino, error = %e, "passthrough refused; serving reads in userspace");
+                        None
+                    }
+                },
+            };
+            if let Some(id) = id {
+                backing.by_fh.insert(fh, (ino, Arc::clone(&id)));
+                drop(backing);
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                return;
+            }
+        }
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn release_backing(&self, fh: u64) {
+        let mut backing = self.lock_backing();
+        if let Some((ino, id)) = backing.by_fh.remove(&fh) {
+            // Two references left (the inode map and ours) = last open.
+            if Arc::strong_count(&id) == 2 {
+                backing.by_ino.remove(&ino);
+            }
+        }
+    }
+}
+
+impl Filesystem for StagefsFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS) {
+            info!(?missing, "kernel lacks parallel directory operations");
+        }
+        let passthrough = config
+            .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
+            .is_ok()
+            // Default depth 0 makes every open_backing fail with EPERM.
+            && config.set_max_stack_depth(1).is_ok();
+        self.passthrough = passthrough;
+        info!(passthrough, "FUSE session initialised");
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _s = span("lookup", parent.0, req);
+        let r = guarded("lookup", || self.view.lookup(parent.0, name));
+        answer(reply, r, |reply, e| {
+            reply.entry_with_ttls(
+                &e.attr_ttl,
+                &e.entry_ttl,
+                &file_attr(&e.attr),
+                fuser::Generation(0),
+            )
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _ = guarded("forget", || {
+            self.view.forget(ino.0, nlookup);
+            Ok(())
+        });
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _s = span("getattr", ino.0, req);
+        let r = guarded("getattr", || self.view.getattr(ino.0));
+        answer(reply, r, |reply, (attr, ttl)| {
+            reply.attr(&ttl, &file_attr(&attr))
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        read_only("setattr", ino.0, req, reply);
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _s = span("opendir", ino.0, req);
+        let r = guarded("opendir", || self.view.opendir(ino.0));
+        answer(reply, r, |reply, d| {
+            let flags = if d.immutable {
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                FopenFlags::empty()
+            };
+            reply.opened(FileHandle(d.fh), flags)
+        });
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let _s = span("readdir", ino.0, req);
+        let r = guarded("readdir", || {
+            self.view.readdir(fh.0, offset, |e| {
+                reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), &*e.name)
+            })
+        });
+        answer(reply, r, |reply, ()| reply.ok());
+    }
+
+    fn releasedir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        let _s = span("releasedir", ino.0, req);
+        let r = guarded("releasedir", || {
+            self.view.releasedir(fh.0);
+            Ok(())
+        });
+        answer(reply, r, |reply, ()| reply.ok());
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _s = span("open", ino.0, req);
+        let r = guarded("open", || self.view.open(ino.0, flags.0));
+        answer(reply, r, |reply, opened| match &opened.content {
+            OpenContent::Blob(file) => self.open_blob(ino.0, opened.fh, file, reply),
+            OpenContent::Generated => {
+                reply.opened(FileHandle(opened.fh), FopenFlags::FOPEN_DIRECT_IO)
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let _s = span("read", ino.0, req);
+        let r = guarded("read", || self.view.read(fh.0, offset, size));
+        answer(reply, r, |reply, data| reply.data(&data));
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is ever buffered for writing.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let _s = span("release", ino.0, req);
+        let r = guarded("release", || {
+            self.view.release(fh.0);
+            self.release_backing(fh.0);
+            Ok(())
+        });
+        answer(reply, r, |reply, ()| reply.ok());
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _s = span("getxattr", ino.0, req);
+        let r = guarded("getxattr", || self.view.getxattr(ino.0, name));
+        answer(reply, r, |reply, data| reply_xattr(reply, size, data));
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _s = span("listxattr", ino.0, req);
+        let r = guarded("listxattr", || self.view.listxattr(ino.0));
+        answer(reply, r, |reply, data| reply_xattr(reply, size, data));
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let _s = span("setxattr", ino.0, req);
+        let r = guarded("setxattr", || self.view.setxattr(ino.0, name, value));
+        answer(reply, r, |reply, ()| reply.ok());
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _s = span("removexattr", ino.0, req);
+        let r = guarded("removexattr", || self.view.removexattr(ino.0, name));
+        answer(reply, r, |reply, ()| reply.ok());
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _s = span("access", ino.0, req);
+        let r = guarded("access", || self.view.access(ino.0, mask.bits()));
+        answer(reply, r, |reply, ()| reply.ok());
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // Nothing can be written: no free space to report.
+        reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        read_only("mknod", parent.0, req, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        read_only("mkdir", parent.0, req, reply);
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        read_only("unlink", parent.0, req, reply);
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        read_only("rmdir", parent.0, req, reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        read_only("symlink", parent.0, req, reply);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        read_only("rename", parent.0, req, reply);
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        read_only("link", ino.0, req, reply);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        read_only("create", parent.0, req, reply);
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        read_only("write", ino.0, req, reply);
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        read_only("fallocate", ino.0, req, reply);
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        read_only("copy_file_range", ino_out.0, req, reply);
+    }
+}
+
+/// Set when the session thread has exited, for whoever waits on it.
+#[derive(Default)]
+struct Ended {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Ended {
+    fn lock(&self) -> MutexGuard<'_, bool> {
+        self.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A live mount. Dropping it without [`Mounted::unmount`] still unmounts
+/// (lazily, logged), so no dead mount is left behind.
+pub struct Mounted {
+    mountpoint: PathBuf,
+    /// `st_dev` of the mount: its FUSE connection id is the minor.
+    dev: u64,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+    ended: Arc<Ended>,
+}
+
+/// Mounts `view` at `mountpoint` and starts serving it; returns once the
+/// mount answers requests.
+pub fn mount(
+    view: Arc<View>,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<Mounted, FuseError> {
+    let mount_err = |source| FuseError::Mount {
+        path: mountpoint.to_owned(),
+        source,
+    };
+    let mountpoint = mountpoint.canonicalize().map_err(mount_err)?;
+    let mut cfg = Config::default();
+    cfg.mount_options = vec![
+        MountOption::FSName("stagefs".into()),
+        MountOption::Subtype("stagefs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::NoExec,
+        MountOption::NoAtime,
+    ];
+    cfg.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    cfg.n_threads = Some(opts.threads.max(1));
+    cfg.clone_fd = opts.threads > 1;
+    let fs = StagefsFs {
+        view,
+        passthrough: false,
+        backing: Mutex::new(Backing::default()),
+    };
+    let session = Session::new(fs, &mountpoint, &cfg).map_err(mount_err)?;
+    let ended = Arc::new(Ended::default());
+    let thread = {
+        let ended = Arc::clone(&ended);
+        std::thread::Builder::new()
+            .name("stagefs-fuse".into())
+            .spawn(move || {
+                let r = session.run();
+                if let Err(e) = &r {
+                    error!(error = %e, "FUSE session ended with an error");
+                }
+                *ended.lock() = true;
+                ended.cv.notify_all();
+                r
+            })
+            .map_err(FuseError::Spawn)?
+    };
+    let mut mounted = Mounted {
+        mountpoint: mountpoint.clone(),
+        dev: 0,
+        thread: Some(thread),
+        ended,
+    };
+    // The first stat is served by the session thread: once it answers, the
+    // mount is live.
+    match std::fs::metadata(&mountpoint) {
+        Ok(md) => {
+            mounted.dev = md.dev();
+            raise_readahead(md.dev());
+        }
+        Err(e) => warn!(error = %e, "cannot stat the new mount"),
+    }
+    info!(mountpoint = %mountpoint.display(), "mounted");
+    Ok(mounted)
+}
+
+fn raise_readahead(dev: u64) {
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    match std::fs::write(&path, READ_AHEAD_KB.to_string()) {
+        Ok(()) => debug!(path, kb = READ_AHEAD_KB, "readahead raised"),
+        Err(e) => info!(path, error = %e, "could not raise readahead (best effort)"),
+    }
+}
+
+fn umount2(path: &Path, flags: i32) -> std::io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    let rc = unsafe { libc::umount2(c.as_ptr(), flags) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+impl Mounted {
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Whether the session has ended (unmounted, possibly from outside).
+    pub fn is_ended(&self) -> bool {
+        *self.ended.lock()
+    }
+
+    /// Blocks until the session ends — e.g. after an external `umount`.
+    pub fn wait_unmounted(&self) {
+        let mut done = self.ended.lock();
+        while !*done {
+            done = self.ended.cv.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Like [`Mounted::wait_unmounted`] with a limit; `true` if ended.
+    pub fn wait_unmounted_timeout(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut done = self.ended.lock();
+        while !*done {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            done = self
+                .ended
+                .cv
+                .wait_timeout(done, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Unmounts and joins the session thread. A busy mount (open files, a
+    /// cwd inside) is retried for ~2 s, then detached lazily; if the
+    /// session still does not end, its connection is aborted so the thread
+    /// can be joined.
+    pub fn unmount(mut self) -> Result<(), FuseError> {
+        self.unmount_inner()
+    }
+
+    fn unmount_inner(&mut self) -> Result<(), FuseError> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        if !self.is_ended() {
+            let deadline = Instant::now() + BUSY_RETRY;
+            loop {
+                match umount2(&self.mountpoint, 0) {
+                    Ok(()) => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        if Instant::now() >= deadline {
+                            warn!(mountpoint = %self.mountpoint.display(), "mount still busy; detaching lazily");
+                            if let Err(e) = umount2(&self.mountpoint, libc::MNT_DETACH) {
+                                warn!(error = %e, "lazy unmount failed");
+                            }
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    // EINVAL: not mounted any more (external umount).
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+                    Err(e) => {
+                        // Put the thread back so Drop can still clean up.
+                        self.thread = Some(thread);
+                        return Err(FuseError::Unmount {
+                            path: self.mountpoint.clone(),
+                            source: e,
+                        });
+                    }
+                }
+            }
+            if !self.wait_unmounted_timeout(Duration::from_secs(1)) {
+                // A lazily detached mount lives on while files are open;
+                // abort the connection so the session can end.
+                self.abort_connection();
+            }
+        }
+        match thread.join() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                // Already logged by the session thread; the mount is gone.
+                debug!(error = %e, "session ended with an error");
+                Ok(())
+            }
+            Err(_) => Err(FuseError::SessionPanicked),
+        }
+    }
+
+    fn abort_connection(&self) {
+        let dir = Path::new("/sys/fs/fuse/connections");
+        let abort = dir.join(libc::minor(self.dev).to_string()).join("abort");
+        if !abort.exists() {
+            // fusectl may not be mounted (FUSER-NOTES); best effort.
+            mount_fusectl(dir);
+        }
+        match std::fs::write(&abort, "1") {
+            Ok(()) => info!(path = %abort.display(), "aborted FUSE connection"),
+            Err(e) => warn!(path = %abort.display(), error = %e, "could not abort FUSE connection"),
+        }
+    }
+}
+
+fn mount_fusectl(dir: &Path) {
+    let (Ok(target), Ok(fstype)) = (
+        CString::new(dir.as_os_str().as_bytes()),
+        CString::new("fusectl"),
+    ) else {
+        return;
+    };
+    // SAFETY: all pointers are valid NUL-terminated strings (or null data)
+    // for the duration of the call.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        debug!(error = %std::io::Error::last_os_error(), "mounting fusectl");
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            if let Err(e) = self.unmount_inner() {
+                error!(error = %e, "unmount on drop failed; detaching");
+                let _ = umount2(&self.mountpoint, libc::MNT_DETACH);
+            }
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The inode table: which inode number denotes what, and the kernel's
+//! lookup counts.
+//!
+//! Three kinds of inode numbers (SPEC §4, DESIGN "Inodes"):
+//! - fixed: [`ROOT`], [`STAGEFS_DIR`], [`STATUS_FILE`], [`SNAPSHOTS_DIR`];
+//! - synthetic, below `tree::FIRST_NODE_ID`: one per live database name and
+//!   one per snapshot id, allocated on first use and stable for the mount's
+//!   lifetime ([`Synthetic`]), so a name never changes its number;
+//! - catalog nodes: the [`NodeId`] itself, so an inode always denotes the
+//!   same immutable content.
+//!
+//! [`NodeTable`] holds what the kernel has looked up and not yet forgotten:
+//! the node (so an old version stays reachable while the kernel references
+//! it) and its lookup count. When the count drops to zero the entry goes,
+//! and with it the last reference to an old version's nodes. It is sharded
+//! so concurrent lookups in different directories rarely contend.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use crate::catalog::{Name, Node, Tree};
+use crate::event::StateId;
+
+pub const ROOT: u64 = 1;
+pub const STAGEFS_DIR: u64 = 2;
+pub const STATUS_FILE: u64 = 3;
+pub const SNAPSHOTS_DIR: u64 = 4;
+/// First synthetic inode; everything between the fixed inodes and this is
+/// unused, leaving room for more fixed entries.
+const FIRST_SYNTHETIC: u64 = 16;
+
+/// What a synthetic inode stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SynthKey {
+    /// `MOUNT/<db>`: a dynamic directory resolved at each access.
+    LiveDb(Name),
+    /// `MOUNT/.stagefs/snapshots/<id>`.
+    SnapshotRoot(StateId),
+}
+
+/// Allocates synthetic inode numbers; never forgets one, so a live
+/// database keeps its inode across drops and re-creations.
+#[derive(Default)]
+pub struct Synthetic {
+    inner: RwLock<SynthMaps>,
+}
+
+#[derive(Default)]
+struct SynthMaps {
+    by_key: HashMap<SynthKey, u64>,
+    by_ino: HashMap<u64, SynthKey>,
+}
+
+impl Synthetic {
+    pub fn ino(&self, key: &SynthKey) -> u64 {
+        if let Some(&ino) = read(&self.inner).by_key.get(key) {
+            return ino;
+        }
+        let mut maps = write(&self.inner);
+        if let Some(&ino) = maps.by_key.get(key) {
+            return ino;
+        }
+        let ino = FIRST_SYNTHETIC + maps.by_ino.len() as u64;
+        maps.by_key.insert(key.clone(), ino);
+        maps.by_ino.insert(ino, key.clone());
+        ino
+    }
+
+    pub fn key(&self, ino: u64) -> Option<SynthKey> {
+        read(&self.inner).by_ino.get(&ino).cloned()
+    }
+}
+
+/// What a looked-up inode holds on to.
+#[derive(Debug, Clone)]
+pub enum Held {
+    Node(Node),
+    /// A snapshot root keeps its whole tree alive while referenced, even if
+    /// retention drops the version meanwhile.
+    SnapshotRoot(Arc<Tree>),
+}
+
+#[derive(Debug, Clone)]
+pub struct InodeEntry {
+    pub held: Held,
+    /// For a table directory reached through `MOUNT/<db>/<table>`: its name,
+    /// which is what a `user.stagefs.pin` on it applies to.
+    pub live_table: Option<(Name, Name)>,
+    lookups: u64,
+}
+
+const SHARDS: usize = 16;
+
+pub struct NodeTable {
+    shards: Box<[Mutex<HashMap<u64, InodeEntry>>]>,
+}
+
+impl Default for NodeTable {
+    fn default() -> Self {
+        NodeTable {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+}
+
+impl NodeTable {
+    fn shard(&self, ino: u64) -> MutexGuard<'_, HashMap<u64, InodeEntry>> {
+        // A poisoned shard only means a panic elsewhere while holding it;
+        // every update below is a single map operation, so it is consistent.
+        self.shards[(ino as usize) % SHARDS]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records one kernel lookup of `ino`. A later live lookup of a table
+    /// refreshes its name (a renamed table keeps its node).
+    pub fn looked_up(&self, ino: u64, held: Held, live_table: Option<(Name, Name)>) {
+        let mut shard = self.shard(ino);
+        let entry = shard.entry(ino).or_insert_with(|| InodeEntry {
+            held,
+            live_table: None,
+            lookups: 0,
+        });
+        entry.lookups += 1;
+        if live_table.is_some() {
+            entry.live_table = live_table;
+        }
+    }
+
+    pub fn get(&self, ino: u64) -> Option<InodeEntry> {
+        self.shard(ino).get(&ino).cloned()
+    }
+
+    /// The kernel dropped `n` references; frees the entry at zero.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut shard = self.shard(ino);
+        if let Some(entry) = shard.get_mut(&ino) {
+            entry.lookups = entry.lookups.saturating_sub(n);
+            if entry.lookups == 0 {
+                shard.remove(&ino);
+            }
+        }
+    }
+
+    /// Number of inodes currently referenced by the kernel (tests, metrics).
+    pub fn len(&self) -> usize {
+        (0..SHARDS)
+            .map(|i| {
+                self.shards[i]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .len()
+            })
+            .sum()
+    }
+
+    pub fn lookups(&self, ino: u64) -> u64 {
+        self.shard(ino).get(&ino).map_or(0, |e| e.lookups)
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,799 @@
+//! The filesystem without the kernel: every semantic of the mount (SPEC §3–5)
+//! lives here as plain Rust, testable without FUSE.
+//!
+//! Owns the inode scheme, directory and file handles and the xattr rules.
+//! The fuse adapter (`crate::fuse`) calls one `View` method per request and
+//! only translates types; the daemon builds the `View` from the catalog.
+//!
+//! Invariants:
+//! - An inode ≥ `tree::FIRST_NODE_ID` is a catalog node and always denotes
+//!   the same content, so its entries and attributes get long TTLs.
+//! - Names whose target can change (children of the root and of live
+//!   database directories — where commits and pins act) get entry TTL 0
+//!   and are resolved against the current [`Snapshot`] at every lookup, so
+//!   the next path walk after a commit or a pin sees it with no cache
+//!   invalidation; a walk resolves each table once, so it never mixes
+//!   versions inside a table.
+//! - Handles own what they were opened on (see [`handles`]).
+//! - Nothing here writes except pins, which go through `Catalog::set_pin`.
+
+mod handles;
+mod inodes;
+mod xattr;
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::catalog::tree::UNKNOWN_TIME;
+use crate::catalog::{Catalog, DirKind, DirNode, Name, Node, PinError, Snapshot, Tree};
+use crate::event::{BlobId, StateId};
+
+pub use handles::{DirEntry, FileKind};
+use handles::{DirHandle, Handle, Handles, Listing};
+use inodes::{Held, NodeTable, SynthKey, Synthetic};
+pub use inodes::{ROOT, SNAPSHOTS_DIR, STAGEFS_DIR, STATUS_FILE};
+
+/// What the view needs from the daemon for `.stagefs/status` and the
+/// root's `user.stagefs.latest`.
+pub trait StatusSource: Send + Sync {
+    /// The status JSON object (SPEC §7), rendered fresh.
+    fn status_json(&self) -> String;
+    /// The newest state-id read from the source log.
+    fn latest(&self) -> StateId;
+}
+
+#[derive(Debug, Clone)]
+pub struct ViewConfig {
+    pub uid: u32,
+    pub gid: u32,
+    /// Used as mtime where the source gave no time.
+    pub mount_time: SystemTime,
+}
+
+/// Why an operation failed; [`ViewError::errno`] is the answer to the kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("inode {0} is not known (already forgotten)")]
+    StaleInode(u64),
+    #[error("file handle {0} is not open")]
+    BadHandle(u64),
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("the mount is read-only")]
+    ReadOnly,
+    #[error("no such attribute")]
+    NoAttr,
+    #[error("attribute `{0}` cannot be changed here")]
+    XattrNotSupported(String),
+    #[error("pin: {0}")]
+    Pin(#[from] PinError),
+    #[error("opening staged file {path}: {source}")]
+    OpenBlob {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading staged file {path}: {source}")]
+    ReadBlob {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl ViewError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            ViewError::NotFound => libc::ENOENT,
+            ViewError::StaleInode(_) => libc::ESTALE,
+            ViewError::BadHandle(_) => libc::EBADF,
+            ViewError::NotDir => libc::ENOTDIR,
+            ViewError::IsDir => libc::EISDIR,
+            ViewError::ReadOnly => libc::EROFS,
+            ViewError::NoAttr => libc::ENODATA,
+            ViewError::XattrNotSupported(_) => libc::ENOTSUP,
+            ViewError::Pin(p) => match p {
+                PinError::BadValue | PinError::NotRetained(_) | PinError::NoTableAtState(..) => {
+                    libc::EINVAL
+                }
+                PinError::NotPinnable => libc::ENOTSUP,
+                PinError::Persist(_) => libc::EIO,
+            },
+            // The staged store is ours and verified; failing to read it is
+            // an I/O error for the reader, logged by the adapter.
+            ViewError::OpenBlob { .. } | ViewError::ReadBlob { .. } => libc::EIO,
+        }
+    }
+
+    /// Expected outcomes (a miss, a probe) as opposed to faults worth a warning.
+    pub fn is_routine(&self) -> bool {
+        matches!(
+            self,
+            ViewError::NotFound | ViewError::NoAttr | ViewError::ReadOnly
+        )
+    }
+}
+
+pub type Result<T, E = ViewError> = std::result::Result<T, E>;
+
+/// Attributes of one inode (the adapter turns this into `FileAttr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: FileKind,
+    pub size: u64,
+    pub blocks: u64,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: SystemTime,
+}
+
+/// A successful lookup.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub attr: Attr,
+    pub entry_ttl: Duration,
+    pub attr_ttl: Duration,
+}
+
+/// What an `open` produced.
+#[derive(Debug)]
+pub struct Opened {
+    pub fh: u64,
+    pub content: OpenContent,
+}
+
+#[derive(Debug)]
+pub enum OpenContent {
+    /// A staged file: immutable bytes. The adapter may hand the descriptor
+    /// to the kernel (passthrough) or serve reads from it with the page
+    /// cache kept.
+    Blob(Arc<File>),
+    /// Generated per open (status): must bypass the page cache.
+    Generated,
+}
+
+/// What an `opendir` produced.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenedDir {
+    pub fh: u64,
+    /// The listing never changes: the kernel may cache it.
+    pub immutable: bool,
+}
+
+/// TTL for immutable nodes: their content never changes.
+const LONG_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Attributes of dynamic directories (mtime, nlink) may lag this long.
+const SHORT_TTL: Duration = Duration::from_secs(1);
+const NO_TTL: Duration = Duration::ZERO;
+
+/// The mount's name for its hidden control directory.
+pub const STAGEFS_NAME: &str = ".stagefs";
+
+/// What an inode number currently denotes.
+#[derive(Debug, Clone)]
+enum Resolved {
+    Root,
+    StagefsDir,
+    StatusFile,
+    SnapshotsDir,
+    LiveDb(Name),
+    SnapshotRoot(StateId, Arc<Tree>),
+    Node {
+        node: Node,
+        live_table: Option<(Name, Name)>,
+    },
+}
+
+pub struct View {
+    catalog: Arc<Catalog>,
+    blob_path: Arc<dyn Fn(&BlobId) -> PathBuf + Send + Sync>,
+    status: Arc<dyn StatusSource>,
+    cfg: ViewConfig,
+    synthetic: Synthetic,
+    nodes: NodeTable,
+    handles: Handles,
+}
+
+impl View {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        blob_path: Arc<dyn Fn(&BlobId) -> PathBuf + Send + Sync>,
+        status: Arc<dyn StatusSource>,
+        cfg: ViewConfig,
+    ) -> View {
+        View {
+            catalog,
+            blob_path,
+            status,
+            cfg,
+            synthetic: Synthetic::default(),
+            nodes: NodeTable::default(),
+            handles: Handles::default(),
+        }
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// Inodes the kernel currently references (catalog nodes and snapshot
+    /// roots); for tests and metrics.
+    pub fn referenced_inodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Open file and directory handles; for tests and metrics.
+    pub fn open_handles(&self) -> usize {
+        self.handles.len()
+    }
+
+    fn resolve(&self, ino: u64) -> Result<Resolved> {
+        match ino {
+            ROOT => return Ok(Resolved::Root),
+            STAGEFS_DIR => return Ok(Resolved::StagefsDir),
+            STATUS_FILE => return Ok(Resolved::StatusFile),
+            SNAPSHOTS_DIR => return Ok(Resolved::SnapshotsDir),
+            _ => {}
+        }
+        if let Some(entry) = self.nodes.get(ino) {
+            return Ok(match entry.held {
+                Held::Node(node) => Resolved::Node {
+                    node,
+                    live_table: entry.live_table,
+                },
+                Held::SnapshotRoot(tree) => Resolved::SnapshotRoot(tree.state_id, tree),
+            });
+        }
+        match self.synthetic.key(ino) {
+            Some(SynthKey::LiveDb(db)) => Ok(Resolved::LiveDb(db)),
+            // Forgotten by the kernel but asked about again (e.g. NFS-style
+            // revalidation): serve it while the version is retained.
+            Some(SynthKey::SnapshotRoot(id)) => {
+                let snap = self.catalog.snapshot();
+                let tree = snap.versions.get(&id).ok_or(ViewError::StaleInode(ino))?;
+                Ok(Resolved::SnapshotRoot(id, Arc::clone(tree)))
+            }
+            None => Err(ViewError::StaleInode(ino)),
+        }
+    }
+
+    // ---- lookup / forget / getattr -------------------------------------
+
+    /// Resolves `name` in `parent` and counts one kernel reference to the
+    /// result.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry> {
+        let name = name.to_str().ok_or(ViewError::NotFound)?;
+        let snap = self.catalog.snapshot();
+        match self.resolve(parent)? {
+            Resolved::Root => {
+                if name == STAGEFS_NAME {
+                    return Ok(self.fixed_entry(STAGEFS_DIR, &snap));
+                }
+                if !live_db_exists(&snap, name) {
+                    return Err(ViewError::NotFound);
+                }
+                let ino = self.synthetic.ino(&SynthKey::LiveDb(name.into()));
+                Ok(Entry {
+                    attr: self.live_db_attr(ino, &snap, name),
+                    entry_ttl: NO_TTL,
+                    attr_ttl: SHORT_TTL,
+                })
+            }
+            Resolved::LiveDb(db) => {
+                let tree = snap.table_tree(&db, name);
+                let table = tree.table(&db, name).ok_or(ViewError::NotFound)?;
+                let node = Node::Dir(Arc::clone(table));
+                let ino = node.id().0;
+                let attr = self.node_attr(&node);
+                self.nodes
+                    .looked_up(ino, Held::Node(node), Some((db, name.into())));
+                Ok(Entry {
+                    attr,
+                    entry_ttl: NO_TTL,
+                    attr_ttl: LONG_TTL,
+                })
+            }
+            Resolved::StagefsDir => match name {
+                "status" => Ok(self.fixed_entry(STATUS_FILE, &snap)),
+                "snapshots" => Ok(self.fixed_entry(SNAPSHOTS_DIR, &snap)),
+                _ => Err(ViewError::NotFound),
+            },
+            Resolved::SnapshotsDir => {
+                let id = parse_state_id(name).ok_or(ViewError::NotFound)?;
+                let tree = snap.versions.get(&id).ok_or(ViewError::NotFound)?;
+                let ino = self.synthetic.ino(&SynthKey::SnapshotRoot(id));
+                let attr = self.snapshot_root_attr(ino, tree);
+                self.nodes
+                    .looked_up(ino, Held::SnapshotRoot(Arc::clone(tree)), None);
+                // The name disappears when retention drops the version.
+                Ok(Entry {
+                    attr,
+                    entry_ttl: NO_TTL,
+                    attr_ttl: LONG_TTL,
+                })
+            }
+            Resolved::SnapshotRoot(_, tree) => self.child_entry(&tree.root, name),
+            Resolved::Node {
+                node: Node::Dir(dir),
+                ..
+            } => self.child_entry(&dir, name),
+            Resolved::Node {
+                node: Node::File(_),
+                ..
+            }
+            | Resolved::StatusFile => Err(ViewError::NotDir),
+        }
+    }
+
+    fn child_entry(&self, dir: &DirNode, name: &str) -> Result<Entry> {
+        let node = dir.child(name).ok_or(ViewError::NotFound)?.clone();
+        let ino = node.id().0;
+        let attr = self.node_attr(&node);
+        self.nodes.looked_up(ino, Held::Node(node), None);
+        Ok(Entry {
+            attr,
+            entry_ttl: LONG_TTL,
+            attr_ttl: LONG_TTL,
+        })
+    }
+
+    fn fixed_entry(&self, ino: u64, snap: &Snapshot) -> Entry {
+        Entry {
+            attr: self.fixed_attr(ino, snap),
+            entry_ttl: LONG_TTL,
+            attr_ttl: if ino == STATUS_FILE {
+                NO_TTL
+            } else {
+                SHORT_TTL
+            },
+        }
+    }
+
+    /// The kernel dropped `nlookup` references to `ino`.
+    pub fn forget(&self, ino: u64, nlookup: u64) {
+        self.nodes.forget(ino, nlookup);
+    }
+
+    /// How many references the kernel holds on `ino` (tests).
+    pub fn lookup_count(&self, ino: u64) -> u64 {
+        self.nodes.lookups(ino)
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<(Attr, Duration)> {
+        let snap = self.catalog.snapshot();
+        Ok(match self.resolve(ino)? {
+            Resolved::Root => (self.fixed_attr(ROOT, &snap), SHORT_TTL),
+            r @ (Resolved::StagefsDir | Resolved::StatusFile | Resolved::SnapshotsDir) => {
+                let e = self.fixed_entry(fixed_ino(&r), &snap);
+                (e.attr, e.attr_ttl)
+            }
+            Resolved::LiveDb(db) => (self.live_db_attr(ino, &snap, &db), SHORT_TTL),
+            Resolved::SnapshotRoot(_, tree) => (self.snapshot_root_attr(ino, &tree), LONG_TTL),
+            Resolved::Node { node, .. } => (self.node_attr(&node), LONG_TTL),
+        })
+    }
+
+    fn time(&self, time_ms: i64) -> SystemTime {
+        if time_ms == UNKNOWN_TIME {
+            return self.cfg.mount_time;
+        }
+        let d = Duration::from_millis(time_ms.unsigned_abs());
+        let t = if time_ms >= 0 {
+            UNIX_EPOCH.checked_add(d)
+        } else {
+            UNIX_EPOCH.checked_sub(d)
+        };
+        t.unwrap_or(self.cfg.mount_time)
+    }
+
+    fn dir_attr(&self, ino: u64, subdirs: usize, time_ms: i64) -> Attr {
+        Attr {
+            ino,
+            kind: FileKind::Directory,
+            size: 0,
+            blocks: 0,
+            perm: 0o555,
+            nlink: 2u32.saturating_add(subdirs.try_into().unwrap_or(u32::MAX)),
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+            mtime: self.time(time_ms),
+        }
+    }
+
+    fn node_attr(&self, node: &Node) -> Attr {
+        match node {
+            Node::Dir(d) => self.dir_attr(d.meta.id.0, subdir_count(d), d.meta.time_ms),
+            Node::File(f) => Attr {
+                ino: f.meta.id.0,
+                kind: FileKind::RegularFile,
+                size: f.size,
+                blocks: f.size.div_ceil(512),
+                perm: 0o444,
+                nlink: 1,
+                uid: self.cfg.uid,
+                gid: self.cfg.gid,
+                mtime: self.time(f.meta.time_ms),
+            },
+        }
+    }
+
+    fn fixed_attr(&self, ino: u64, snap: &Snapshot) -> Attr {
+        match ino {
+            ROOT => {
+                let tree = snap.root_tree();
+                // + 1 for `.stagefs`, a subdirectory even if unlisted.
+                let dbs = root_listing(snap).len() + 1;
+                self.dir_attr(ROOT, dbs, tree.root.meta.time_ms)
+            }
+            STATUS_FILE => Attr {
+                ino,
+                kind: FileKind::RegularFile,
+                // Rendered at open and read with direct I/O, so the size
+                // is not known beforehand; readers read to EOF.
+                size: 0,
+                blocks: 0,
+                perm: 0o444,
+                nlink: 1,
+                uid: self.cfg.uid,
+                gid: self.cfg.gid,
+                mtime: SystemTime::now(),
+            },
+            SNAPSHOTS_DIR => self.dir_attr(ino, snap.versions.len(), UNKNOWN_TIME),
+            _ => self.dir_attr(ino, 1, UNKNOWN_TIME),
+        }
+    }
+
+    fn live_db_attr(&self, ino: u64, snap: &Snapshot, db: &str) -> Attr {
+        let tables = live_db_tables(snap, db).len();
+        let time = live_db_node(snap, db).map_or(UNKNOWN_TIME, |d| d.meta.time_ms);
+        self.dir_attr(ino, tables, time)
+    }
+
+    fn snapshot_root_attr(&self, ino: u64, tree: &Tree) -> Attr {
+        self.dir_attr(ino, tree.root.children.len(), tree.time_ms)
+    }
+
+    // ---- directories ----------------------------------------------------
+
+    pub fn opendir(&self, ino: u64) -> Result<OpenedDir> {
+        let snap = self.catalog.snapshot();
+        let listing = match self.resolve(ino)? {
+            Resolved::Root => {
+                let mut entries = dots(ino, ROOT);
+                for (name, _) in root_listing(&snap) {
+                    let child = self.synthetic.ino(&SynthKey::LiveDb(Name::clone(&name)));
+                    push(&mut entries, child, FileKind::Directory, name);
+                }
+                Listing::Fixed(entries)
+            }
+            Resolved::StagefsDir => {
+                let mut entries = dots(ino, ROOT);
+                push(
+                    &mut entries,
+                    STATUS_FILE,
+                    FileKind::RegularFile,
+                    "status".into(),
+                );
+                push(
+                    &mut entries,
+                    SNAPSHOTS_DIR,
+                    FileKind::Directory,
+                    "snapshots".into(),
+                );
+                Listing::Fixed(entries)
+            }
+            Resolved::SnapshotsDir => {
+                let mut entries = dots(ino, STAGEFS_DIR);
+                for id in snap.versions.keys() {
+                    let child = self.synthetic.ino(&SynthKey::SnapshotRoot(*id));
+                    push(
+                        &mut entries,
+                        child,
+                        FileKind::Directory,
+                        id.to_string().into(),
+                    );
+                }
+                Listing::Fixed(entries)
+            }
+            Resolved::LiveDb(db) => {
+                let mut entries = dots(ino, ROOT);
+                for (name, table) in live_db_tables(&snap, &db) {
+                    push(&mut entries, table.meta.id.0, FileKind::Directory, name);
+                }
+                Listing::Fixed(entries)
+            }
+            Resolved::SnapshotRoot(_, tree) => Listing::Tree {
+                dir: Arc::clone(&tree.root),
+                ino,
+                parent: SNAPSHOTS_DIR,
+            },
+            Resolved::Node {
+                node: Node::Dir(dir),
+                ..
+            } => Listing::Tree {
+                dir,
+                ino,
+                // `..` of an immutable node is ambiguous (shared between
+                // versions); the kernel resolves `..` itself.
+                parent: ino,
+            },
+            Resolved::Node {
+                node: Node::File(_),
+                ..
+            }
+            | Resolved::StatusFile => return Err(ViewError::NotDir),
+        };
+        let handle = DirHandle::new(listing);
+        let immutable = handle.is_immutable();
+        let fh = self.handles.insert(Handle::Dir(handle));
+        Ok(OpenedDir { fh, immutable })
+    }
+
+    /// Feeds the entries after `offset` to `add`, which returns `true` when
+    /// the reply is full (that entry is not consumed).
+    pub fn readdir(
+        &self,
+        fh: u64,
+        offset: u64,
+        mut add: impl FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
+        match &*handle {
+            Handle::Dir(dir) => {
+                dir.read(offset, &mut add);
+                Ok(())
+            }
+            Handle::Blob { .. } | Handle::Generated(_) => Err(ViewError::NotDir),
+        }
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.handles.remove(fh);
+    }
+
+    // ---- files ----------------------------------------------------------
+
+    /// Opens a file for reading; any write intent is `EROFS`.
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
+        let writes = (flags & libc::O_ACCMODE) != libc::O_RDONLY
+            || flags & (libc::O_TRUNC | libc::O_APPEND | libc::O_CREAT) != 0;
+        let handle = match self.resolve(ino)? {
+            Resolved::StatusFile => {
+                if writes {
+                    return Err(ViewError::ReadOnly);
+                }
+                let json = self.status.status_json();
+                let mut bytes = json.into_bytes();
+                if bytes.last() != Some(&b'\n') {
+                    bytes.push(b'\n');
+                }
+                Handle::Generated(bytes.into())
+            }
+            Resolved::Node {
+                node: Node::File(f),
+                ..
+            } => {
+                if writes {
+                    return Err(ViewError::ReadOnly);
+                }
+                let path = (self.blob_path)(&f.blob);
+                let file = File::open(&path).map_err(|source| ViewError::OpenBlob {
+                    path: path.clone(),
+                    source,
+                })?;
+                Handle::Blob {
+                    ino,
+                    file: Arc::new(file),
+                }
+            }
+            Resolved::Root
+            | Resolved::StagefsDir
+            | Resolved::SnapshotsDir
+            | Resolved::LiveDb(_)
+            | Resolved::SnapshotRoot(..)
+            | Resolved::Node {
+                node: Node::Dir(_), ..
+            } => {
+                return Err(if writes {
+                    ViewError::ReadOnly
+                } else {
+                    ViewError::IsDir
+                })
+            }
+        };
+        let content = match &handle {
+            Handle::Blob { file, .. } => OpenContent::Blob(Arc::clone(file)),
+            Handle::Generated(_) | Handle::Dir(_) => OpenContent::Generated,
+        };
+        let fh = self.handles.insert(handle);
+        Ok(Opened { fh, content })
+    }
+
+    /// Reads up to `size` bytes at `offset` (short only at end of file).
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
+        match &*handle {
+            Handle::Generated(bytes) => {
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                let end = start.saturating_add(size as usize).min(bytes.len());
+                Ok(bytes[start..end].to_vec())
+            }
+            Handle::Blob { ino, file } => {
+                let mut buf = vec![0u8; size as usize];
+                let mut done = 0;
+                while done < buf.len() {
+                    match file.read_at(&mut buf[done..], offset + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(source) => {
+                            return Err(ViewError::ReadBlob {
+                                path: PathBuf::from(format!("<inode {ino}>")),
+                                source,
+                            })
+                        }
+                    }
+                }
+                buf.truncate(done);
+                Ok(buf)
+            }
+            Handle::Dir(_) => Err(ViewError::IsDir),
+        }
+    }
+
+    pub fn release(&self, fh: u64) {
+        self.handles.remove(fh);
+    }
+
+    /// `access(2)`: any write request is refused, the rest allowed (modes
+    /// already say read-only).
+    pub fn access(&self, ino: u64, mask: i32) -> Result<()> {
+        self.resolve(ino)?;
+        if mask & libc::W_OK != 0 {
+            return Err(ViewError::ReadOnly);
+        }
+        Ok(())
+    }
+}
+
+fn fixed_ino(r: &Resolved) -> u64 {
+    match r {
+        Resolved::StagefsDir => STAGEFS_DIR,
+        Resolved::StatusFile => STATUS_FILE,
+        Resolved::SnapshotsDir => SNAPSHOTS_DIR,
+        Resolved::Root
+        | Resolved::LiveDb(_)
+        | Resolved::SnapshotRoot(..)
+        | Resolved::Node { .. } => ROOT,
+    }
+}
+
+/// Number of subdirectories, for `nlink`. Children of a directory are all
+/// directories or all files (partition levels vs. leaves), so the first
+/// child decides.
+fn subdir_count(d: &DirNode) -> usize {
+    match d.kind {
+        DirKind::Root | DirKind::Database => d.children.len(),
+        DirKind::Table { .. } | DirKind::Partition { .. } => match d.children.get_min() {
+            Some((_, Node::Dir(_))) => d.children.len(),
+            Some((_, Node::File(_))) | None => 0,
+        },
+    }
+}
+
+fn dots(ino: u64, parent: u64) -> Vec<DirEntry> {
+    vec![
+        DirEntry {
+            ino,
+            offset: 1,
+            kind: FileKind::Directory,
+            name: ".".into(),
+        },
+        DirEntry {
+            ino: parent,
+            offset: 2,
+            kind: FileKind::Directory,
+            name: "..".into(),
+        },
+    ]
+}
+
+fn push(entries: &mut Vec<DirEntry>, ino: u64, kind: FileKind, name: Name) {
+    let offset = entries.len() as u64 + 1;
+    entries.push(DirEntry {
+        ino,
+        offset,
+        kind,
+        name,
+    });
+}
+
+/// A decimal state-id as written in `snapshots/<id>` (no sign, no leading
+/// `+`, no leading zeros, so each id has exactly one name).
+fn parse_state_id(s: &str) -> Option<StateId> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0'))
+    {
+        return None;
+    }
+    s.parse().ok().map(StateId)
+}
+
+/// `(db, table)` of every table pin.
+fn table_pins(snap: &Snapshot) -> impl Iterator<Item = (&str, &str)> {
+    snap.pins
+        .tables
+        .keys()
+        .filter_map(|label| label.split_once('.'))
+}
+
+/// The databases the root lists: those of the tree the root shows, plus
+/// those that exist only through a table pin.
+fn root_listing(snap: &Snapshot) -> std::collections::BTreeMap<Name, ()> {
+    let mut out: std::collections::BTreeMap<Name, ()> = snap
+        .root_tree()
+        .root
+        .children
+        .keys()
+        .map(|k| (Name::clone(k), ()))
+        .collect();
+    for (db, table) in table_pins(snap) {
+        if snap.table_tree(db, table).table(db, table).is_some() {
+            out.insert(db.into(), ());
+        }
+    }
+    out
+}
+
+fn live_db_exists(snap: &Snapshot, db: &str) -> bool {
+    live_db_node(snap, db).is_some()
+}
+
+/// The database node a live database directory takes its attributes from:
+/// the root's tree, else the tree of a table pin inside it.
+fn live_db_node<'a>(snap: &'a Snapshot, db: &str) -> Option<&'a Arc<DirNode>> {
+    if let Some(node) = snap.root_tree().database(db) {
+        return Some(node);
+    }
+    table_pins(snap)
+        .filter(|(d, _)| *d == db)
+        .find_map(|(d, t)| {
+            let tree = snap.table_tree(d, t);
+            tree.table(d, t)?;
+            tree.database(d)
+        })
+}
+
+/// The tables a live database directory lists, each resolved through its
+/// own pin (table pin, else root pin, else visible).
+fn live_db_tables(snap: &Snapshot, db: &str) -> Vec<(Name, Arc<DirNode>)> {
+    let mut out = std::collections::BTreeMap::new();
+    if let Some(d) = snap.root_tree().database(db) {
+        for name in d.children.keys() {
+            if let Some(t) = snap.table_tree(db, name).table(db, name) {
+                out.insert(Name::clone(name), Arc::clone(t));
+            }
+        }
+    }
+    for (d, t) in table_pins(snap) {
+        if d == db {
+            if let Some(node) = snap.table_tree(d, t).table(d, t) {
+                out.insert(Name::from(t), Arc::clone(node));
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests;
