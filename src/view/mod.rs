@@ -113,9 +113,21 @@ impl ViewError {
 
     /// Expected outcomes (a miss, a probe) as opposed to faults worth a warning.
     pub fn is_routine(&self) -> bool {
+        // User mistakes and misses: worth a debug line, not a warning.
         matches!(
             self,
-            ViewError::NotFound | ViewError::NoAttr | ViewError::ReadOnly
+            ViewError::NotFound
+                | ViewError::NoAttr
+                | ViewError::ReadOnly
+                | ViewError::NotDir
+                | ViewError::IsDir
+                | ViewError::XattrNotSupported(_)
+                | ViewError::Pin(
+                    PinError::BadValue
+                        | PinError::NotRetained(_)
+                        | PinError::NoTableAtState(..)
+                        | PinError::NotPinnable
+                )
         )
     }
 }
