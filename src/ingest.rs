@@ -112,11 +112,16 @@ impl SourceLog {
         let mut out = Vec::new();
         loop {
             self.take_lines(max, &mut out);
-            if out.len() >= max || self.fill()? > 0 {
-                if out.len() >= max {
-                    return Ok(out);
-                }
-                continue;
+            if out.len() >= max {
+                return Ok(out);
+            }
+            match self.fill() {
+                Ok(0) => {}
+                Ok(_) => continue,
+                // Hand over the good lines first; the error comes back on
+                // the next poll, at the line it is about.
+                Err(_) if !out.is_empty() => return Ok(out),
+                Err(e) => return Err(e),
             }
             // At the end of the current file. An unterminated line holds us
             // here: it counts once its newline arrives.

@@ -1,1 +1,118 @@
-fn main() {}
+//! The `stagefs` command: argument parsing and wiring only; everything it
+//! runs lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use stagefs::daemon::{self, MountArgs, ReplicateArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "stagefs",
+    version,
+    about = "A FUSE filesystem that shows a replicated warehouse only in states the source really had"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct SourceArgs {
+    /// Folder that holds everything stagefs owns (journal, staged files, commits, pins).
+    #[arg(long = "state", value_name = "DIR")]
+    state: PathBuf,
+    /// The source warehouse's files.
+    #[arg(long = "source-root", value_name = "DIR")]
+    source_root: PathBuf,
+    /// The source notification log: *.jsonl files, read in name order.
+    #[arg(long = "events", value_name = "DIR")]
+    events: PathBuf,
+    /// Change-management root: copies named <file name>_<sha256>.
+    #[arg(long = "cm-root", value_name = "DIR")]
+    cm_root: Option<PathBuf>,
+    /// Newest unpinned versions kept browsable under .stagefs/snapshots.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    retain: u64,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replicate and serve the mount (foreground; Ctrl-C or SIGTERM unmounts).
+    Mount {
+        /// An empty directory to mount on.
+        mountpoint: PathBuf,
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Let users other than the mounting one read the mount.
+        #[arg(long)]
+        allow_other: bool,
+    },
+    /// Print the status JSON of a mount or a state folder.
+    Status {
+        /// A stagefs mountpoint.
+        mountpoint: Option<PathBuf>,
+        /// A state folder (works without a running daemon).
+        #[arg(long = "state", value_name = "DIR", conflicts_with = "mountpoint")]
+        state: Option<PathBuf>,
+        /// Print one line per second (visible, latest, lag, rates) until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Self-contained demo: a synthetic warehouse that keeps changing, mounted.
+    Demo {
+        /// Where to mount (default: a new folder under /tmp).
+        mountpoint: Option<PathBuf>,
+    },
+    /// Replicate without mounting (headless; for staging hosts and tests).
+    Replicate {
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+}
+
+fn main() -> ExitCode {
+    daemon::init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mount {
+            mountpoint,
+            source,
+            allow_other,
+        } => daemon::mount(MountArgs {
+            mountpoint,
+            replicate: replicate_args(source),
+            allow_other,
+        }),
+        Command::Status {
+            mountpoint,
+            state,
+            watch,
+        } => daemon::status(mountpoint, state, watch),
+        Command::Demo { mountpoint } => stagefs::demo::run(mountpoint),
+        Command::Replicate { source } => daemon::replicate(replicate_args(source)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stagefs: {e}");
+            if e.is_usage() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn replicate_args(s: SourceArgs) -> ReplicateArgs {
+    ReplicateArgs {
+        state: s.state,
+        source_root: s.source_root,
+        events: s.events,
+        cm_root: s.cm_root,
+        retain: s.retain as usize,
+    }
+}

@@ -35,7 +35,7 @@ use tracing::{debug, error, info, info_span, warn};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Tree};
 use crate::event::{BlobId, Event, FileRef, StateId};
-use crate::ingest::{LogPosition, SourceLog, Validator, Verdict};
+use crate::ingest::{IngestError, LogPosition, SourceLog, Validator, Verdict};
 use crate::journal::{Journal, JournalConfig, JournalError};
 use crate::stage::{backoff, BlobStore, FetchOutcome, StageError};
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
@@ -414,6 +414,21 @@ fn run_ingest(
     while !stop.load(Ordering::Relaxed) {
         let lines = match log.poll(INGEST_BATCH) {
             Ok(lines) => lines,
+            Err(IngestError::LineTooLong { file, line, max }) => {
+                // A line that can never be accepted: a rejection like any other.
+                let reason = format!("{file}:{line}: the line is longer than {max} bytes");
+                error!(%reason, "rejected a source line; replication stops at the last good state");
+                progress.set_ingest_stall(Some(Stall {
+                    state_id: None,
+                    reason,
+                    file: Some(file),
+                    line: Some(line),
+                }));
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                return;
+            }
             Err(e) => {
                 // A transient read problem (or a log that shrank): report it
                 // and keep trying; nothing is lost by waiting.

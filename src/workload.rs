@@ -44,6 +44,8 @@ pub struct WorkloadConfig {
     pub events_per_log_file: u64,
     /// Allow drop+recreate and rename of tables.
     pub table_churn: bool,
+    /// Ids start after this one (to continue an existing log).
+    pub start_id: u64,
 }
 
 impl Default for WorkloadConfig {
@@ -58,6 +60,7 @@ impl Default for WorkloadConfig {
             max_file_bytes: 256,
             events_per_log_file: 1000,
             table_churn: true,
+            start_id: 0,
         }
     }
 }
@@ -124,11 +127,12 @@ impl Workload {
             fs::create_dir_all(root.join(d))?;
         }
         let slots = cfg.databases * cfg.tables_per_db;
+        let start_id = cfg.start_id;
         let mut w = Workload {
             root: root.to_owned(),
             rng: Rng::new(cfg.seed),
             cfg,
-            next_id: 0,
+            next_id: start_id,
             tables: vec![None; slots],
             history: BTreeMap::new(),
             current: OrdMap::new(),

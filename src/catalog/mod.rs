@@ -355,6 +355,40 @@ fn retention(
 struct PendingState {
     tree: Arc<Tree>,
     added: Vec<AddedFile>,
+    /// `(db, table)` → `(new_db, new_table)` when the event renamed a table:
+    /// files added before it now sit under the new name.
+    renamed: Option<([Name; 2], [Name; 2])>,
+}
+
+/// A file a pending state waits for, at its path in that state.
+struct Unresolved<'a> {
+    dir: Vec<Name>,
+    file: &'a AddedFile,
+}
+
+impl PendingState {
+    /// Carries the waiting files into this state: follows a rename, adds
+    /// this event's missing files, drops those it no longer references.
+    fn carry<'a>(&'a self, unresolved: &mut Vec<Unresolved<'a>>, missing: &HashMap<BlobId, u32>) {
+        if let Some((from, to)) = &self.renamed {
+            for u in unresolved.iter_mut() {
+                if u.dir.len() >= 2 && u.dir[..2] == from[..] {
+                    u.dir[0] = Name::clone(&to[0]);
+                    u.dir[1] = Name::clone(&to[1]);
+                }
+            }
+        }
+        unresolved.extend(
+            self.added
+                .iter()
+                .filter(|f| missing.contains_key(&f.blob))
+                .map(|f| Unresolved {
+                    dir: f.dir.clone(),
+                    file: f,
+                }),
+        );
+        unresolved.retain(|u| still_references(&self.tree, u));
+    }
 }
 
 /// The stager's half: states built from events but not yet committed.
@@ -408,7 +442,23 @@ impl Pending {
         }
         let tree = Arc::new(tree);
         self.latest = Arc::clone(&tree);
-        self.states.push_back(PendingState { tree, added });
+        let renamed = (event.op == crate::event::Op::RenameTable).then(|| {
+            (
+                [
+                    Name::from(event.db.as_str()),
+                    Name::from(event.table.as_str()),
+                ],
+                [
+                    Name::from(event.new_db.as_str()),
+                    Name::from(event.new_table.as_str()),
+                ],
+            )
+        });
+        self.states.push_back(PendingState {
+            tree,
+            added,
+            renamed,
+        });
         Ok(to_fetch)
     }
 
@@ -430,18 +480,10 @@ impl Pending {
     /// staged. A missing file blocks every state that still references it,
     /// and no state after it is dropped.
     pub fn newest_complete(&self) -> Option<Arc<Tree>> {
-        let mut unresolved: Vec<&AddedFile> = Vec::new();
+        let mut unresolved = Vec::new();
         let mut best = None;
         for state in &self.states {
-            unresolved.extend(
-                state
-                    .added
-                    .iter()
-                    .filter(|f| self.missing.contains_key(&f.blob)),
-            );
-            if !unresolved.is_empty() {
-                unresolved.retain(|f| still_references(&state.tree, f));
-            }
+            state.carry(&mut unresolved, &self.missing);
             if unresolved.is_empty() {
                 best = Some(&state.tree);
             }
@@ -452,17 +494,11 @@ impl Pending {
     /// The oldest pending state that cannot commit and the first missing
     /// file it waits for (for the status `stalled` field).
     pub fn first_blocked(&self) -> Option<(StateId, &AddedFile)> {
-        let mut unresolved: Vec<&AddedFile> = Vec::new();
+        let mut unresolved = Vec::new();
         for state in &self.states {
-            unresolved.extend(
-                state
-                    .added
-                    .iter()
-                    .filter(|f| self.missing.contains_key(&f.blob)),
-            );
-            unresolved.retain(|f| still_references(&state.tree, f));
-            if let Some(f) = unresolved.first() {
-                return Some((state.tree.state_id, f));
+            state.carry(&mut unresolved, &self.missing);
+            if let Some(u) = unresolved.first() {
+                return Some((state.tree.state_id, u.file));
             }
         }
         None
@@ -503,9 +539,9 @@ impl Pending {
     }
 }
 
-fn still_references(tree: &Tree, f: &AddedFile) -> bool {
-    match tree.lookup(&f.dir, &f.name) {
-        Some(Node::File(node)) => node.blob == f.blob,
+fn still_references(tree: &Tree, u: &Unresolved<'_>) -> bool {
+    match tree.lookup(&u.dir, &u.file.name) {
+        Some(Node::File(node)) => node.blob == u.file.blob,
         _ => false,
     }
 }

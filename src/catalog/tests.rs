@@ -348,3 +348,23 @@ fn commit_never_goes_backwards() {
     cat.commit(old).unwrap();
     assert_eq!(cat.snapshot().visible.state_id, StateId(12));
 }
+
+#[test]
+fn rename_keeps_a_missing_file_blocking() {
+    // Found by the commit-rule property test: a file added before a rename
+    // sits under the new name afterwards and still blocks the commit.
+    let events = seed_events();
+    let mut pending = Pending::new(Arc::new(Tree::empty()));
+    let held_back = BlobId::from_hex(SHA1).unwrap();
+    for e in &events[..3] {
+        pending.apply(e, |b| *b != held_back).unwrap();
+    }
+    let rename = ev(
+        r#"{"id": 21, "op": "rename_table", "db": "default", "table": "blah", "new_db": "default", "new_table": "moved"}"#,
+    );
+    pending.apply(&rename, |_| true).unwrap();
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(10));
+    assert_eq!(pending.first_blocked().unwrap().0, StateId(20));
+    pending.staged(&held_back);
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(21));
+}

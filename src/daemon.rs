@@ -1,0 +1,403 @@
+//! The daemon: what `stagefs mount`, `stagefs replicate` and `stagefs status`
+//! do around the library — argument checks (usage errors exit 2), logging,
+//! signals, the mount's lifetime and the status file.
+//!
+//! Shutdown order: stop accepting kernel requests (unmount, lazily if a
+//! reader still holds files open), then stop replication. Replication state
+//! is durable at every step, so a `kill -9` anywhere is also fine: the same
+//! command resumes.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tracing::{info, warn};
+
+use crate::catalog::load_durable;
+use crate::event::BlobId;
+use crate::fuse::{self, MountOptions};
+use crate::replicate::{state_in_use, Replica, ReplicaConfig, ReplicaError};
+use crate::status::StatusReport;
+use crate::view::{StatusSource, View, ViewConfig};
+
+/// Why a command failed. `Usage` errors exit with status 2.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Replica(ReplicaError),
+    #[error("{0}")]
+    Mount(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+impl DaemonError {
+    pub fn is_usage(&self) -> bool {
+        matches!(self, DaemonError::Usage(_))
+    }
+}
+
+impl From<ReplicaError> for DaemonError {
+    fn from(e: ReplicaError) -> Self {
+        match e {
+            ReplicaError::Locked(_) => DaemonError::Usage(e.to_string()),
+            other => DaemonError::Replica(other),
+        }
+    }
+}
+
+/// Logging to stderr, filtered by `STAGEFS_LOG` (default `info`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STAGEFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser::session=error"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Arguments shared by `mount` and `replicate`.
+#[derive(Debug, Clone)]
+pub struct ReplicateArgs {
+    pub state: PathBuf,
+    pub source_root: PathBuf,
+    pub events: PathBuf,
+    pub cm_root: Option<PathBuf>,
+    pub retain: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct MountArgs {
+    pub mountpoint: PathBuf,
+    pub replicate: ReplicateArgs,
+    pub allow_other: bool,
+}
+
+fn require_dir(flag: &str, path: &Path) -> Result<(), DaemonError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(DaemonError::Usage(format!(
+            "{flag} {} is not a directory",
+            path.display()
+        ))),
+        Err(e) => Err(DaemonError::Usage(format!(
+            "{flag} {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+impl ReplicateArgs {
+    fn config(&self) -> Result<ReplicaConfig, DaemonError> {
+        require_dir("--source-root", &self.source_root)?;
+        require_dir("--events", &self.events)?;
+        if let Some(cm) = &self.cm_root {
+            require_dir("--cm-root", cm)?;
+        }
+        if self.state.exists() {
+            require_dir("--state", &self.state)?;
+        } else {
+            std::fs::create_dir_all(&self.state).map_err(|e| {
+                DaemonError::Usage(format!(
+                    "--state {}: cannot create: {e}",
+                    self.state.display()
+                ))
+            })?;
+        }
+        let mut cfg = ReplicaConfig::new(&self.state, &self.source_root, &self.events);
+        cfg.cm_root = self.cm_root.clone();
+        cfg.retain = self.retain.max(1);
+        Ok(cfg)
+    }
+}
+
+/// Set by SIGINT/SIGTERM.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+pub fn install_signal_handlers() {
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// Writes `state/status.json` (not fsynced: it is a courtesy copy for
+/// `stagefs status --state`, rebuilt every second).
+fn write_status_file(state: &Path, report: &StatusReport) {
+    let tmp = state.join(".status.json.tmp");
+    let dst = state.join("status.json");
+    if std::fs::write(&tmp, report.to_json())
+        .and_then(|_| std::fs::rename(&tmp, &dst))
+        .is_err()
+    {
+        warn!("cannot write {}", dst.display());
+    }
+}
+
+/// Runs replication without a mount until SIGINT/SIGTERM.
+pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
+    let cfg = args.config()?;
+    install_signal_handlers();
+    let replica = Replica::start(cfg)?;
+    info!(state = %args.state.display(), "replicating (headless)");
+    let mut tick = 0u32;
+    while !stop_requested() {
+        std::thread::sleep(Duration::from_millis(50));
+        tick += 1;
+        if tick % 20 == 0 {
+            write_status_file(&args.state, &replica.status());
+        }
+    }
+    write_status_file(&args.state, &replica.status());
+    replica.stop();
+    info!("stopped");
+    Ok(())
+}
+
+struct ReplicaStatus(Arc<Replica>);
+
+impl StatusSource for ReplicaStatus {
+    fn status_json(&self) -> String {
+        self.0.status().to_json()
+    }
+
+    fn latest(&self) -> crate::event::StateId {
+        self.0.status().latest
+    }
+}
+
+fn check_mountpoint(path: &Path) -> Result<(), DaemonError> {
+    require_dir("mountpoint", path)?;
+    let mut entries = std::fs::read_dir(path)
+        .map_err(|e| DaemonError::Usage(format!("mountpoint {}: {e}", path.display())))?;
+    if entries.next().is_some() {
+        return Err(DaemonError::Usage(format!(
+            "mountpoint {} is not an empty directory",
+            path.display()
+        )));
+    }
+    if is_mount_point(path) {
+        return Err(DaemonError::Usage(format!(
+            "{} is already a mount point",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// True when `path` is the root of a mounted filesystem.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(canon) = path.canonicalize() else {
+        return false;
+    };
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    mounts.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == canon)
+    })
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v as char);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i] as char);
+        i += 1;
+    }
+    out
+}
+
+/// `stagefs mount`: replicate and serve until SIGINT/SIGTERM or an external
+/// `umount`.
+pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
+    check_mountpoint(&args.mountpoint)?;
+    let cfg = args.replicate.config()?;
+    install_signal_handlers();
+    let replica = Arc::new(Replica::start(cfg)?);
+    let state = args.replicate.state.clone();
+    let result = serve(&args, &replica, stop_requested, |_| {});
+    write_status_file(&state, &replica.status());
+    match Arc::try_unwrap(replica) {
+        Ok(r) => r.stop(),
+        Err(_) => warn!("replication still referenced at exit"),
+    }
+    info!("stopped");
+    result
+}
+
+/// Mounts `replica` at `args.mountpoint` and serves until `should_stop()`
+/// or an external unmount; `on_tick` runs every 50 ms (the demo uses it).
+pub fn serve(
+    args: &MountArgs,
+    replica: &Arc<Replica>,
+    should_stop: impl Fn() -> bool,
+    mut on_tick: impl FnMut(&Replica),
+) -> Result<(), DaemonError> {
+    let blobs = Arc::clone(replica.blobs());
+    let blob_path = Arc::new(move |b: &BlobId| blobs.path(b));
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let view = Arc::new(View::new(
+        Arc::clone(replica.catalog()),
+        blob_path,
+        Arc::new(ReplicaStatus(Arc::clone(replica))),
+        ViewConfig {
+            uid,
+            gid,
+            mount_time: SystemTime::now(),
+        },
+    ));
+    let opts = MountOptions {
+        allow_other: args.allow_other,
+        threads: 2,
+    };
+    let mounted = fuse::mount(view, &args.mountpoint, &opts)
+        .map_err(|e| DaemonError::Mount(format!("mounting {}: {e}", args.mountpoint.display())))?;
+    info!(mountpoint = %args.mountpoint.display(), "mounted");
+    let mut tick = 0u32;
+    let mut external = false;
+    while !should_stop() {
+        std::thread::sleep(Duration::from_millis(50));
+        on_tick(replica);
+        tick += 1;
+        if tick % 20 == 0 {
+            write_status_file(&args.replicate.state, &replica.status());
+        }
+        if mounted.is_ended() {
+            external = true;
+            info!("unmounted from outside");
+            break;
+        }
+    }
+    if !external {
+        info!("unmounting");
+    }
+    mounted
+        .unmount()
+        .map_err(|e| DaemonError::Mount(format!("unmounting: {e}")))
+}
+
+/// `stagefs status`.
+pub fn status(
+    mountpoint: Option<PathBuf>,
+    state: Option<PathBuf>,
+    watch: bool,
+) -> Result<(), DaemonError> {
+    let read = || -> Result<StatusReport, DaemonError> {
+        match (&mountpoint, &state) {
+            (Some(mp), _) => {
+                let p = mp.join(".stagefs/status");
+                let text = std::fs::read_to_string(&p).map_err(|e| {
+                    DaemonError::Usage(format!("{} is not a stagefs mount ({e})", mp.display()))
+                })?;
+                serde_json::from_str(&text).map_err(|e| {
+                    DaemonError::Io(format!("{}: unreadable status: {e}", p.display()))
+                })
+            }
+            (None, Some(dir)) => offline_status(dir),
+            (None, None) => Err(DaemonError::Usage(
+                "give a MOUNTPOINT or --state DIR".into(),
+            )),
+        }
+    };
+    if !watch {
+        print!("{}", read()?.to_json());
+        return Ok(());
+    }
+    install_signal_handlers();
+    let mut prev: Option<(StatusReport, std::time::Instant)> = None;
+    while !stop_requested() {
+        let now = std::time::Instant::now();
+        let s = read()?;
+        let (ev_rate, byte_rate) = match &prev {
+            Some((p, t)) => {
+                let dt = now.duration_since(*t).as_secs_f64().max(1e-3);
+                (
+                    (s.visible.0.saturating_sub(p.visible.0)) as f64 / dt,
+                    (s.staging
+                        .bytes_fetched
+                        .saturating_sub(p.staging.bytes_fetched)) as f64
+                        / dt,
+                )
+            }
+            None => (0.0, 0.0),
+        };
+        println!(
+            "visible {} latest {} lag {} events / {} staged {} MiB ({:.0} ids/s, {:.1} MiB/s){}",
+            s.visible,
+            s.latest,
+            s.lag_events,
+            s.lag_seconds.map_or("? s".into(), |l| format!("{l:.1} s")),
+            s.staged_bytes >> 20,
+            ev_rate,
+            byte_rate / (1 << 20) as f64,
+            s.stalled
+                .as_ref()
+                .map_or(String::new(), |st| format!("  STALLED: {}", st.reason)),
+        );
+        prev = Some((s, now));
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Ok(())
+}
+
+/// Status from the state folder: the daemon's last status file, with the
+/// durable commit record and pins as the authority for what is visible.
+fn offline_status(dir: &Path) -> Result<StatusReport, DaemonError> {
+    require_dir("--state", dir)?;
+    let running = state_in_use(dir);
+    let (record, pins) = load_durable(dir).map_err(|e| DaemonError::Io(e.to_string()))?;
+    let last: Option<StatusReport> = std::fs::read(dir.join("status.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let mut s = match last {
+        Some(s) if running => return Ok(s),
+        Some(s) => s,
+        None if running => {
+            return Err(DaemonError::Io(format!(
+                "{} is in use but has no status yet; try again in a second",
+                dir.display()
+            )))
+        }
+        None if !dir.join("commit.json").exists() && !dir.join("journal").exists() => {
+            return Err(DaemonError::Usage(format!(
+                "{} is not a stagefs state folder",
+                dir.display()
+            )))
+        }
+        None => StatusReport::empty(),
+    };
+    s.running = false;
+    s.visible = record.visible;
+    s.latest = s.latest.max(record.visible);
+    s.lag_events = s.latest.0 - s.visible.0;
+    s.retained = record.retained;
+    s.pins = pins.labelled();
+    s.staging.in_flight = 0;
+    Ok(s)
+}
