@@ -593,6 +593,8 @@ const STAGER_BATCH: usize = 8192;
 impl Stager {
     fn run(mut self) {
         let mut failed_commit: Option<String> = None;
+        let mut last_stall_check = Instant::now();
+        let mut reporter = CatchUpReporter::new();
         while !self.stop.load(Ordering::Relaxed) {
             let mut changed = match self.read_events() {
                 Ok(n) => n > 0,
@@ -612,7 +614,13 @@ impl Stager {
             if changed || failed_commit.is_some() {
                 failed_commit = self.commit().err();
             }
-            self.update_stall(failed_commit.as_deref());
+            // The stall check walks the pending states: do it when something
+            // changed, else twice a second (retries, late files).
+            if changed || last_stall_check.elapsed() >= Duration::from_millis(500) {
+                self.update_stall(failed_commit.as_deref());
+                last_stall_check = Instant::now();
+            }
+            reporter.tick(&self.progress, self.catalog.snapshot().visible.state_id);
         }
     }
 
@@ -803,6 +811,61 @@ impl Stager {
             })
         };
         self.progress.set_stage_stall(stall);
+    }
+}
+
+/// Logs a line every few seconds while replication is behind the source:
+/// a long backlog shows progress, not silence.
+struct CatchUpReporter {
+    last: Instant,
+    /// Visible id and fetched bytes at the last tick (None before the first).
+    visible: Option<StateId>,
+    bytes: u64,
+}
+
+const REPORT_EVERY: Duration = Duration::from_secs(5);
+
+impl CatchUpReporter {
+    fn new() -> CatchUpReporter {
+        CatchUpReporter {
+            last: Instant::now(),
+            visible: None,
+            bytes: 0,
+        }
+    }
+
+    fn tick(&mut self, progress: &Progress, visible: StateId) {
+        let elapsed = self.last.elapsed();
+        if elapsed < REPORT_EVERY {
+            return;
+        }
+        let latest = StateId(progress.latest.load(Ordering::Relaxed).max(visible.0));
+        let bytes = progress.bytes_fetched.load(Ordering::Relaxed);
+        let lag = latest.0 - visible.0;
+        if let (true, Some(before)) = (lag > 0, self.visible) {
+            let secs = elapsed.as_secs_f64();
+            let ids_per_s = visible.0.saturating_sub(before.0) as f64 / secs;
+            let mib_per_s = bytes.saturating_sub(self.bytes) as f64 / secs / f64::from(1 << 20);
+            let eta = if ids_per_s > 0.0 {
+                format!("{:.0}s", lag as f64 / ids_per_s)
+            } else {
+                "unknown (no progress)".to_owned()
+            };
+            info!(
+                visible = %visible,
+                latest = %latest,
+                lag_ids = lag,
+                ids_per_s = format!("{ids_per_s:.0}"),
+                mib_per_s = format!("{mib_per_s:.1}"),
+                eta,
+                "catching up"
+            );
+        }
+        *self = CatchUpReporter {
+            last: Instant::now(),
+            visible: Some(visible),
+            bytes,
+        };
     }
 }
 

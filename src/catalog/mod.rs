@@ -341,14 +341,22 @@ fn retention(
     retain: usize,
 ) -> Vec<StateId> {
     let pinned: Vec<StateId> = pins.states().collect();
-    versions
+    // State 0 (before any event) is not a source state worth browsing once
+    // a real one is visible.
+    let empty = (visible > StateId(0)
+        && versions.contains_key(&StateId(0))
+        && !pinned.contains(&StateId(0)))
+    .then_some(StateId(0));
+    let mut dropped: Vec<StateId> = versions
         .keys()
         .rev()
-        .filter(|s| !pinned.contains(s))
+        .filter(|s| !pinned.contains(s) && **s != StateId(0))
         .skip(retain)
         .filter(|&&s| s != visible)
         .copied()
-        .collect()
+        .collect();
+    dropped.extend(empty);
+    dropped
 }
 
 /// One state after the visible one, waiting for its files.
