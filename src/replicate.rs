@@ -37,7 +37,7 @@ use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Tree};
 use crate::event::{BlobId, Event, FileRef, StateId};
 use crate::ingest::{IngestError, LogPosition, SourceLog, Validator, Verdict};
 use crate::journal::{Journal, JournalConfig, JournalError};
-use crate::stage::{backoff, BlobStore, FetchOutcome, StageError};
+use crate::stage::{backoff, BlobStore, FetchOutcome, StageError, Unsynced};
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
 
 /// How to run replication.
@@ -68,7 +68,7 @@ impl ReplicaConfig {
             cm_root: None,
             retain: 16,
             ring_capacity: crate::journal::DEFAULT_RING_CAPACITY,
-            fetch_threads: 4,
+            fetch_threads: 8,
             max_pending: 200_000,
             gc_interval: Duration::from_secs(2),
             poll_interval: Duration::from_millis(5),
@@ -288,7 +288,7 @@ impl Replica {
             )?);
         }
         let (job_tx, job_rx) = mpsc::channel::<FileRef>();
-        let (done_tx, done_rx) = mpsc::channel::<(FileRef, Result<FetchOutcome, StageError>)>();
+        let (done_tx, done_rx) = mpsc::channel::<FetchResult>();
         let job_rx = Arc::new(Mutex::new(job_rx));
         for i in 0..cfg.fetch_threads.max(1) {
             let (job_rx, done_tx, blobs, cfg) = (
@@ -317,6 +317,7 @@ impl Replica {
                 in_flight: HashSet::new(),
                 retries: HashMap::new(),
                 errors: HashMap::new(),
+                unsynced: HashMap::new(),
                 stop: Arc::clone(&stop),
             };
             threads.push(spawn("stager", Box::new(move || stager.run()))?);
@@ -542,7 +543,10 @@ fn run_ingest(
     }
 }
 
-type FetchResult = (FileRef, Result<FetchOutcome, StageError>);
+type FetchResult = (
+    FileRef,
+    Result<(FetchOutcome, Option<Unsynced>), StageError>,
+);
 
 fn run_fetcher(
     cfg: &ReplicaConfig,
@@ -559,7 +563,7 @@ fn run_fetcher(
             rx.recv()
         };
         let Ok(file) = job else { return }; // the stager has gone
-        let result = blobs.fetch(&file, &cfg.source_root, cfg.cm_root.as_deref());
+        let result = blobs.fetch_unsynced(&file, &cfg.source_root, cfg.cm_root.as_deref());
         if done.send((file, result)).is_err() {
             return;
         }
@@ -585,6 +589,9 @@ struct Stager {
     in_flight: HashSet<BlobId>,
     retries: HashMap<BlobId, Retry>,
     errors: HashMap<BlobId, (u32, String)>,
+    /// Verified copies not yet durable: published as a group before the
+    /// next commit (see `BlobStore::publish`).
+    unsynced: HashMap<BlobId, (FileRef, Unsynced)>,
     stop: Arc<AtomicBool>,
 }
 
@@ -639,6 +646,7 @@ impl Stager {
             let entry = decode(rec.id, &rec.payload)?;
             let g = gate.get_or_insert_with(|| gate_lock.lock());
             let blobs = &self.blobs;
+            let unsynced = &self.unsynced;
             let marking = g.marking;
             let mut touched = Vec::new();
             let to_fetch = self
@@ -647,7 +655,7 @@ impl Stager {
                     if marking {
                         touched.push(*b);
                     }
-                    blobs.contains(b)
+                    unsynced.contains_key(b) || blobs.contains(b)
                 })
                 .map_err(|e| ReplicaError::BadRecord {
                     id: rec.id,
@@ -666,13 +674,17 @@ impl Stager {
     }
 
     fn submit(&mut self, f: AddedFile) {
-        if self.in_flight.insert(f.blob) {
+        self.submit_file(f.file);
+    }
+
+    fn submit_file(&mut self, file: FileRef) {
+        if self.in_flight.insert(file.sha256) {
             self.progress
                 .in_flight
                 .store(self.in_flight.len() as u64, Ordering::Relaxed);
             // The receiver lives as long as the fetch threads; a send error
             // means we are shutting down.
-            let _ = self.jobs.send(f.file);
+            let _ = self.jobs.send(file);
         }
     }
 
@@ -695,7 +707,10 @@ impl Stager {
             let Some((file, result)) = next else { break };
             self.in_flight.remove(&file.sha256);
             match result {
-                Ok(outcome) => {
+                Ok((outcome, copy)) => {
+                    if let Some(copy) = copy {
+                        self.unsynced.insert(file.sha256, (file.clone(), copy));
+                    }
                     if outcome != FetchOutcome::AlreadyPresent {
                         self.progress.files_fetched.fetch_add(1, Ordering::Relaxed);
                         self.progress
@@ -756,6 +771,38 @@ impl Stager {
         }
     }
 
+    /// Makes every unsynced copy durable and puts it in place (durability
+    /// order step 1, for the whole group). Blobs that did not make it are
+    /// missing again and fetched again.
+    fn publish_staged(&mut self) -> Result<(), String> {
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        let mut files: HashMap<BlobId, FileRef> = HashMap::new();
+        let mut batch = Vec::with_capacity(self.unsynced.len());
+        for (id, (file, copy)) in self.unsynced.drain() {
+            files.insert(id, file);
+            batch.push(copy);
+        }
+        match self.blobs.publish(batch) {
+            Ok(()) => Ok(()),
+            Err((e, failed)) => {
+                warn!(error = %e, blobs = failed.len(), "cannot make staged files durable; fetching them again");
+                for id in failed {
+                    if let Some(file) = files.remove(&id) {
+                        self.pending.unstaged(id);
+                        self.errors.insert(id, (0, e.to_string()));
+                        self.submit_file(file);
+                    }
+                }
+                Err(match &e {
+                    StageError::NoSpace { .. } => format!("disk full: {e}"),
+                    _ => e.to_string(),
+                })
+            }
+        }
+    }
+
     /// Commits the newest complete state, if it is newer than the visible.
     fn commit(&mut self) -> Result<(), String> {
         let Some(tree) = self.pending.newest_complete() else {
@@ -764,6 +811,7 @@ impl Stager {
         let id = tree.state_id;
         let span = info_span!("commit", state_id = %id);
         let _g = span.enter();
+        self.publish_staged()?;
         match self.catalog.commit(tree) {
             Ok(dropped) => {
                 debug!(dropped = dropped.len(), "committed");

@@ -9,12 +9,14 @@
 //!   [`BlobStore::open`] because after a crash they are garbage.
 //!
 //! Invariants:
-//! - A blob path only ever holds verified bytes: a fetch copies into a temp
-//!   file while counting and hashing, compares size and sha256 with the
-//!   [`FileRef`], `sync_data`s, and only then renames into place (never
-//!   replacing an existing blob) and fsyncs the fan-out directory. So a blob
-//!   that is present after a crash is complete and durable, and a fetch that
-//!   returned `Ok` has made its blob durable (durability order, step 1).
+//! - A blob path only ever holds verified, durable bytes: a fetch copies into
+//!   a temp file while counting and hashing and compares size and sha256
+//!   with the [`FileRef`]; then either [`BlobStore::fetch`] `sync_data`s it,
+//!   renames it into place (never replacing an existing blob) and fsyncs the
+//!   fan-out directory, or [`BlobStore::fetch_unsynced`] leaves it in `tmp/`
+//!   for [`BlobStore::publish`] to sync a whole group at once (`syncfs`),
+//!   rename, and `syncfs` again. So a blob present after a crash is complete,
+//!   and a blob at its path is durable (durability order, step 1).
 //! - Same content is stored once, whatever file names reference it.
 //! - [`BlobStore::staged_bytes`] is the total size of the stored blobs: scanned
 //!   on open, then kept up to date by fetch and remove.
@@ -191,6 +193,100 @@ impl BlobStore {
             self.sync_fan_out_dir(id)?;
             return Ok(FetchOutcome::AlreadyPresent);
         }
+        let (origin, temp) = self.copy_from_first_usable(file, source_root, cm_root, true)?;
+        self.install(temp, id, file.size)?;
+        Ok(origin)
+    }
+
+    /// Like [`BlobStore::fetch`], but leaves the verified copy in `tmp/`,
+    /// neither synced nor in place: the stager makes a whole group durable
+    /// with one [`BlobStore::publish`] before it commits, instead of two
+    /// fsyncs per file. `None` when the blob is already stored.
+    pub fn fetch_unsynced(
+        &self,
+        file: &FileRef,
+        source_root: &Path,
+        cm_root: Option<&Path>,
+    ) -> Result<(FetchOutcome, Option<Unsynced>), StageError> {
+        if self.contains(&file.sha256) {
+            // Blobs reach their path only through `install` or `publish`,
+            // both of which return after the blob is durable.
+            return Ok((FetchOutcome::AlreadyPresent, None));
+        }
+        let (origin, temp) = self.copy_from_first_usable(file, source_root, cm_root, false)?;
+        Ok((
+            origin,
+            Some(Unsynced {
+                temp,
+                id: file.sha256,
+                size: file.size,
+            }),
+        ))
+    }
+
+    /// Makes a group of unsynced copies durable and puts them in place, in
+    /// the durability order: one `syncfs` for the data of every temp file,
+    /// the renames, one `syncfs` for the renames. A blob is never at its
+    /// path before its bytes are durable. On error, returns the blobs that
+    /// are not durably in place (their temps are removed): fetch them again.
+    pub fn publish(&self, batch: Vec<Unsynced>) -> Result<(), (StageError, Vec<BlobId>)> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let all: Vec<BlobId> = batch.iter().map(|u| u.id).collect();
+        if let Err(e) = syncfs(&self.tmp_dir) {
+            return Err((store_error("syncing", &self.tmp_dir, e), all));
+        }
+        let mut placed = Vec::with_capacity(batch.len());
+        let mut failed = Vec::new();
+        let mut first_error = None;
+        for mut u in batch {
+            let dest = self.path(&u.id);
+            let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
+            // Ok(true): renamed into place; Ok(false): a parallel copy got
+            // there first and this temp is dropped.
+            let result =
+                ensure_dir(&fan_out).and_then(|()| match rename_no_replace(&u.temp.path, &dest) {
+                    Ok(()) => Ok(true),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                    Err(e) => Err(store_error("renaming into", &dest, e)),
+                });
+            match result {
+                Ok(true) => {
+                    u.temp.keep = true;
+                    self.staged_bytes.fetch_add(u.size, Ordering::Relaxed);
+                    placed.push((u.id, u.size));
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    failed.push(u.id);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Err(e) = syncfs(&self.root) {
+            // The renames may not survive a crash: take them out again so
+            // nothing unsynced is ever trusted as present.
+            for (id, size) in &placed {
+                if fs::remove_file(self.path(id)).is_ok() {
+                    self.subtract_staged(*size);
+                }
+            }
+            return Err((store_error("syncing", &self.root, e), all));
+        }
+        match first_error {
+            Some(e) => Err((e, failed)),
+            None => Ok(()),
+        }
+    }
+
+    fn copy_from_first_usable(
+        &self,
+        file: &FileRef,
+        source_root: &Path,
+        cm_root: Option<&Path>,
+        sync: bool,
+    ) -> Result<(FetchOutcome, TempBlob), StageError> {
         if !is_valid_source_path(&file.path) {
             // `Path::join` with an absolute path would escape the source root.
             return Err(StageError::Unavailable {
@@ -198,10 +294,9 @@ impl BlobStore {
                 detail: "not a relative source path without `..`".to_owned(),
             });
         }
-
         let mut findings = Vec::new();
         for (place, origin) in candidate_places(file, source_root, cm_root) {
-            match self.copy_verified(&place, file)? {
+            match self.copy_verified(&place, file, sync)? {
                 Ok(temp) => {
                     if origin == FetchOutcome::FromChangeManagement {
                         tracing::info!(
@@ -211,8 +306,7 @@ impl BlobStore {
                             "fetched from change management"
                         );
                     }
-                    self.install(temp, id, file.size)?;
-                    return Ok(origin);
+                    return Ok((origin, temp));
                 }
                 Err(problem) => findings.push(format!("{}: {problem}", place.display())),
             }
@@ -260,6 +354,7 @@ impl BlobStore {
         &self,
         place: &Path,
         file: &FileRef,
+        sync: bool,
     ) -> Result<Result<TempBlob, String>, StageError> {
         let mut src = match File::open(place) {
             Ok(f) => f,
@@ -289,7 +384,9 @@ impl BlobStore {
         if got != file.sha256 {
             return Ok(Err(format!("sha mismatch (content hashes to {got})")));
         }
-        temp.sync_data()?;
+        if sync {
+            temp.sync_data()?;
+        }
         Ok(Ok(temp))
     }
 
@@ -552,6 +649,38 @@ fn copy_pipelined(
     })
 }
 
+/// A verified copy waiting in `tmp/` for [`BlobStore::publish`]; dropping
+/// it removes the temp file.
+pub struct Unsynced {
+    temp: TempBlob,
+    id: BlobId,
+    size: u64,
+}
+
+impl Unsynced {
+    pub fn id(&self) -> BlobId {
+        self.id
+    }
+}
+
+impl std::fmt::Debug for Unsynced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Unsynced({:?}, {} bytes)", self.id, self.size)
+    }
+}
+
+/// Flushes every dirty page and inode of the filesystem holding `dir`.
+fn syncfs(dir: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = File::open(dir)?;
+    // SAFETY: syncfs on a valid open descriptor.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// A temp file in `blobs/tmp/`, removed on drop unless it was renamed into place.
 struct TempBlob {
     path: PathBuf,
@@ -803,6 +932,43 @@ mod tests {
 
     fn temp_count(state: &Path) -> usize {
         fs::read_dir(state.join("blobs/tmp")).unwrap().count()
+    }
+
+    #[test]
+    fn unsynced_copies_are_in_place_only_after_publish() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let (a, b) = (file_ref("d/a", b"alpha"), file_ref("d/b", b"beta"));
+        put(&fx.src, "d/a", b"alpha");
+        put(&fx.src, "d/b", b"beta");
+        let (_, ca) = store.fetch_unsynced(&a, &fx.src, None).unwrap();
+        let (origin, cb) = store.fetch_unsynced(&b, &fx.src, None).unwrap();
+        assert_eq!(origin, FetchOutcome::FromSource);
+        // Verified but not in place: nothing trusts it yet.
+        assert!(!store.contains(&a.sha256));
+        assert_eq!(temp_count(&fx.state), 2);
+        store.publish(vec![ca.unwrap(), cb.unwrap()]).unwrap();
+        assert!(store.contains(&a.sha256) && store.contains(&b.sha256));
+        assert_eq!(fs::read(store.path(&b.sha256)).unwrap(), b"beta");
+        assert_eq!(store.staged_bytes(), 9);
+        assert_eq!(temp_count(&fx.state), 0);
+        let (outcome, none) = store.fetch_unsynced(&a, &fx.src, None).unwrap();
+        assert_eq!(
+            (outcome, none.is_none()),
+            (FetchOutcome::AlreadyPresent, true)
+        );
+    }
+
+    #[test]
+    fn dropped_unsynced_copy_leaves_no_temp() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let a = file_ref("d/a", b"alpha");
+        put(&fx.src, "d/a", b"alpha");
+        let (_, copy) = store.fetch_unsynced(&a, &fx.src, None).unwrap();
+        drop(copy);
+        assert_eq!(temp_count(&fx.state), 0);
+        assert!(!store.contains(&a.sha256));
     }
 
     #[test]

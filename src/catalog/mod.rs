@@ -470,9 +470,15 @@ impl Pending {
         Ok(to_fetch)
     }
 
-    /// A blob is now durably staged.
+    /// A blob is now staged (or will be made durable before the next commit).
     pub fn staged(&mut self, blob: &BlobId) {
         self.missing.remove(blob);
+    }
+
+    /// A blob thought staged was lost before it became durable: states that
+    /// reference it wait for it again.
+    pub fn unstaged(&mut self, blob: BlobId) {
+        self.missing.entry(blob).or_insert(1);
     }
 
     /// Blobs still missing.

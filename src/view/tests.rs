@@ -476,10 +476,7 @@ fn forget_frees_old_versions() {
 fn snapshots_are_browsable_and_stable() {
     let fx = Fixture::new();
     fx.seed();
-    assert_eq!(
-        fx.list(SNAPSHOTS_DIR),
-        vec!["5", "10", "20", "30", "40"]
-    );
+    assert_eq!(fx.list(SNAPSHOTS_DIR), vec!["5", "10", "20", "30", "40"]);
     let s20 = fx.ino(".stagefs/snapshots/20");
     assert_eq!(fx.ino(".stagefs/snapshots/20"), s20);
     assert_eq!(fx.list(s20), vec!["default"]);
