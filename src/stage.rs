@@ -356,7 +356,17 @@ impl BlobStore {
         file: &FileRef,
         sync: bool,
     ) -> Result<Result<TempBlob, String>, StageError> {
-        let mut src = match File::open(place) {
+        // O_NONBLOCK: opening a FIFO (or a device) planted at a source path
+        // must not block the fetch; for regular files it changes nothing,
+        // and anything else is refused right below.
+        let opened = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(place)
+        };
+        let mut src = match opened {
             Ok(f) => f,
             Err(e) => return Ok(Err(describe_open_error(&e))),
         };
@@ -957,6 +967,19 @@ mod tests {
             (outcome, none.is_none()),
             (FetchOutcome::AlreadyPresent, true)
         );
+    }
+
+    #[test]
+    fn fifo_at_the_source_path_is_refused_without_blocking() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let f = file_ref("d/pipe", b"alpha");
+        fs::create_dir_all(fx.src.join("d")).unwrap();
+        let path = std::ffi::CString::new(fx.src.join("d/pipe").to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+        let err = store.fetch(&f, &fx.src, None).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
     }
 
     #[test]
