@@ -419,15 +419,13 @@ fn run_ingest(
                 // A line that can never be accepted: a rejection like any other.
                 let reason = format!("{file}:{line}: the line is longer than {max} bytes");
                 error!(%reason, "rejected a source line; replication stops at the last good state");
-                progress.set_ingest_stall(Some(Stall {
+                let stall = Stall {
                     state_id: None,
                     reason,
                     file: Some(file),
                     line: Some(line),
-                }));
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                };
+                stop_at_rejection(progress, stall, stop);
                 return;
             }
             Err(e) => {
@@ -472,22 +470,17 @@ fn run_ingest(
                     let payload = match serde_json::to_vec(&entry) {
                         Ok(p) => p,
                         Err(e) => {
-                            rejected = Some(Stall {
-                                state_id: Some(entry.event.id),
-                                reason: format!("cannot encode the event: {e}"),
-                                file: Some(line.file.clone()),
-                                line: Some(line.line),
-                            });
+                            let reason = format!("cannot encode the event: {e}");
+                            rejected = Some(line_stall(Some(entry.event.id), reason, line));
                             break;
                         }
                     };
                     if let Err(e) = j.append(entry.event.id, &payload) {
-                        rejected = Some(Stall {
-                            state_id: Some(entry.event.id),
-                            reason: format!("journal: {e}"),
-                            file: Some(line.file.clone()),
-                            line: Some(line.line),
-                        });
+                        rejected = Some(line_stall(
+                            Some(entry.event.id),
+                            format!("journal: {e}"),
+                            line,
+                        ));
                         break;
                     }
                     if let Some(t) = entry.event.time_ms {
@@ -533,13 +526,32 @@ fn run_ingest(
             progress.latest_time_ms.store(last_time, Ordering::Relaxed);
         }
         if let Some(stall) = rejected {
-            progress.set_ingest_stall(Some(stall));
-            // Stay stopped until restart: the operator corrects the log.
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            stop_at_rejection(progress, stall, stop);
             return;
         }
+    }
+}
+
+/// Ends ingest at a line that can never be accepted: reports it and waits
+/// for shutdown. The operator corrects the log and restarts.
+fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
+    progress.set_ingest_stall(Some(stall));
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A stall that names the source line it is about.
+fn line_stall(
+    state_id: Option<StateId>,
+    reason: String,
+    line: &crate::ingest::SourceLine,
+) -> Stall {
+    Stall {
+        state_id,
+        reason,
+        file: Some(line.file.clone()),
+        line: Some(line.line),
     }
 }
 
