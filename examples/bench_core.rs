@@ -84,7 +84,10 @@ impl Opts {
     }
 
     fn str(&self, key: &str, default: &str) -> String {
-        self.0.get(key).cloned().unwrap_or_else(|| default.to_owned())
+        self.0
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| default.to_owned())
     }
 
     /// A fresh scratch folder under `--work` (default: $TMPDIR, i.e. the
@@ -176,11 +179,20 @@ fn write_metadata_log(dir: &Path, n: u64, seed: u64) -> Res<u64> {
     let base_ms: i64 = 1_700_000_000_000;
     let emit = |out: &mut BufWriter<File>, id: &mut u64, body: String| -> io::Result<()> {
         *id += 1;
-        writeln!(out, "{{\"id\":{},\"time_ms\":{},{body}}}", *id, base_ms + *id as i64)
+        writeln!(
+            out,
+            "{{\"id\":{},\"time_ms\":{},{body}}}",
+            *id,
+            base_ms + *id as i64
+        )
     };
     let mut slots = Vec::new();
     for d in 0..DBS {
-        emit(&mut out, &mut id, format!("\"op\":\"create_database\",\"db\":\"db{d}\""))?;
+        emit(
+            &mut out,
+            &mut id,
+            format!("\"op\":\"create_database\",\"db\":\"db{d}\""),
+        )?;
         for t in 0..TABLES {
             slots.push(Slot {
                 db: format!("db{d}"),
@@ -236,7 +248,10 @@ fn write_metadata_log(dir: &Path, n: u64, seed: u64) -> Res<u64> {
         } else {
             s.exists = false;
             s.parts.clear();
-            format!("\"op\":\"drop_table\",\"db\":\"{}\",\"table\":\"{}\"", s.db, s.table)
+            format!(
+                "\"op\":\"drop_table\",\"db\":\"{}\",\"table\":\"{}\"",
+                s.db, s.table
+            )
         };
         emit(&mut out, &mut id, body)?;
     }
@@ -387,7 +402,11 @@ fn build_tree(parts: u64, files_per_part: u64) -> Tree {
 
 fn parse_shape(s: &str) -> (u64, u64) {
     let (p, f) = s.split_once('x').unwrap_or_else(|| usage());
-    let num = |t: &str| t.replace('_', "").parse::<u64>().unwrap_or_else(|_| usage());
+    let num = |t: &str| {
+        t.replace('_', "")
+            .parse::<u64>()
+            .unwrap_or_else(|_| usage())
+    };
     (num(p), num(f))
 }
 
@@ -437,7 +456,13 @@ fn time_commits(
     seed: u64,
 ) -> Res<CommitRun> {
     let tree = Arc::new(tree.clone());
-    let catalog = Catalog::new(state_dir, Arc::clone(&tree), BTreeMap::new(), Pins::default(), 16);
+    let catalog = Catalog::new(
+        state_dir,
+        Arc::clone(&tree),
+        BTreeMap::new(),
+        Pins::default(),
+        16,
+    );
     let mut pending = Pending::new(Arc::clone(&tree));
     let mut rng = Rng::new(seed);
     let (mut tp, mut tc, mut tt) = (Vec::new(), Vec::new(), Vec::new());
@@ -548,16 +573,20 @@ fn bench_commit(o: &Opts) -> Res<()> {
     let small = &results[0];
     for r in &results {
         let ((p, f), mem, disk) = r;
-        let within = |a: &Timings, b: &Timings| a.pct(0.5).as_secs_f64() <= 2.0 * b.pct(0.5).as_secs_f64();
-        let mem_ok = mem.total.pct(0.99) < Duration::from_millis(1)
-            && within(&mem.total, &small.1.total);
+        let within =
+            |a: &Timings, b: &Timings| a.pct(0.5).as_secs_f64() <= 2.0 * b.pct(0.5).as_secs_f64();
+        let mem_ok =
+            mem.total.pct(0.99) < Duration::from_millis(1) && within(&mem.total, &small.1.total);
         let target = if (p, f) == (&1, &10) {
             "< 1 ms".to_owned()
         } else {
             "< 1 ms, ≤ 2× the 10-file median".to_owned()
         };
         row(
-            &format!("2a. Commit one-file insert, in memory — {} (median / p99)", label((*p, *f))),
+            &format!(
+                "2a. Commit one-file insert, in memory — {} (median / p99)",
+                label((*p, *f))
+            ),
             &format!(
                 "{} (apply+newest_complete {}, Catalog::commit on tmpfs {})",
                 mem.total.fmt(),
@@ -578,7 +607,10 @@ fn bench_commit(o: &Opts) -> Res<()> {
             (within, _, _) => format!("**no**{}", if within { "" } else { " (not within 2×)" }),
         };
         row_text(
-            &format!("2b. Commit one-file insert, durable — {} (median / p99)", label((*p, *f))),
+            &format!(
+                "2b. Commit one-file insert, durable — {} (median / p99)",
+                label((*p, *f))
+            ),
             &format!(
                 "{} (of which Catalog::commit {})",
                 disk.total.fmt(),
@@ -651,7 +683,11 @@ fn bench_memory(o: &Opts) -> Res<()> {
     for i in 0..15u64 {
         let last = versions.last().expect("one version");
         let part = rng.below(parts as usize) as u64;
-        let e = add_files(last.state_id.0 + 1, part, vec![file_ref(part, 800_000_000 + i, 1 << 41 | i)]);
+        let e = add_files(
+            last.state_id.0 + 1,
+            part,
+            vec![file_ref(part, 800_000_000 + i, 1 << 41 | i)],
+        );
         let (next, _) = last.apply(&e)?;
         versions.push(Arc::new(next));
     }
@@ -673,13 +709,21 @@ fn bench_memory(o: &Opts) -> Res<()> {
     };
     row(
         &format!("3. RSS per file entry — {shape} files, 1 version"),
-        &format!("{:.0} B (after malloc_trim {:.0} B)", per(after), per(after_trim)),
+        &format!(
+            "{:.0} B (after malloc_trim {:.0} B)",
+            per(after),
+            per(after_trim)
+        ),
         "≤ 300 B",
         Some(per(after) <= 300.0),
     );
     row(
         &format!("3. RSS per file entry — {shape} files, 16 retained versions"),
-        &format!("{:.0} B (after malloc_trim {:.0} B)", per(after16), per(after16_trim)),
+        &format!(
+            "{:.0} B (after malloc_trim {:.0} B)",
+            per(after16),
+            per(after16_trim)
+        ),
         "≤ 300 B",
         Some(per(after16) <= 300.0),
     );
@@ -770,7 +814,10 @@ fn measure(total_mib: f64, f: impl FnOnce() -> Res<()>) -> Res<(f64, f64)> {
     let t = Instant::now();
     f()?;
     let secs = t.elapsed().as_secs_f64();
-    Ok((total_mib / secs, (cpu_seconds() - cpu) / (total_mib / 1024.0)))
+    Ok((
+        total_mib / secs,
+        (cpu_seconds() - cpu) / (total_mib / 1024.0),
+    ))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -868,8 +915,12 @@ fn bench_stage(o: &Opts) -> Res<()> {
             let r = measure(total_mib, || {
                 let workers: Vec<_> = (0..*n)
                     .map(|_| {
-                        let (store, next, refs, src) =
-                            (Arc::clone(&store), Arc::clone(&next), Arc::clone(&refs), src.clone());
+                        let (store, next, refs, src) = (
+                            Arc::clone(&store),
+                            Arc::clone(&next),
+                            Arc::clone(&refs),
+                            src.clone(),
+                        );
                         std::thread::spawn(move || -> Result<(), String> {
                             loop {
                                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -910,8 +961,16 @@ fn bench_stage(o: &Opts) -> Res<()> {
         fs::remove_dir_all(&dest)?;
     }
 
-    let m = |k: &str| results.get(k).map(|v| median(v.iter().map(|r| r.0).collect()));
-    let cpu = |k: &str| results.get(k).map_or(0.0, |v| median(v.iter().map(|r| r.1).collect()));
+    let m = |k: &str| {
+        results
+            .get(k)
+            .map(|v| median(v.iter().map(|r| r.0).collect()))
+    };
+    let cpu = |k: &str| {
+        results
+            .get(k)
+            .map_or(0.0, |v| median(v.iter().map(|r| r.1).collect()))
+    };
     let shape = format!("{count} × {mib} MiB");
     let base = m("cp_sync");
     if let Some(b) = base {
@@ -939,13 +998,19 @@ fn bench_stage(o: &Opts) -> Res<()> {
     }
     for n in &threads {
         if m(&format!("fetch{n}")).is_some() {
-            staged.push((format!("BlobStore::fetch, {n} thread(s)"), format!("fetch{n}")));
+            staged.push((
+                format!("BlobStore::fetch, {n} thread(s)"),
+                format!("fetch{n}"),
+            ));
         }
     }
     for (label, key) in &staged {
         let v = m(key).unwrap_or(0.0);
         let (figure, met) = match base {
-            Some(b) => (format!("{v:.0} MiB/s = {:.2}× cp+sync", v / b), Some(v / b >= 0.8)),
+            Some(b) => (
+                format!("{v:.0} MiB/s = {:.2}× cp+sync", v / b),
+                Some(v / b >= 0.8),
+            ),
             None => (format!("{v:.0} MiB/s"), None),
         };
         row(
