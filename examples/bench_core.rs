@@ -878,7 +878,7 @@ fn bench_stage(o: &Opts) -> Res<()> {
         warm(&src, &files)?;
         Ok(())
     };
-    let runs = o.str("runs", "cp_sync,cp,fetch,pipeline");
+    let runs = o.str("runs", "cp_sync,cp_fsync,cp,fetch,pipeline");
     let runs: Vec<&str> = runs.split(',').collect();
     let mut results: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let refs: Arc<Vec<FileRef>> = Arc::new(
@@ -900,6 +900,28 @@ fn bench_stage(o: &Opts) -> Res<()> {
                 sh("sync", &[])
             })?;
             results.entry("cp_sync".into()).or_default().push(r);
+        }
+        if runs.contains(&"cp_fsync") {
+            // Like for like with stagefs: fsync every copied file and
+            // directory (not the whole filesystem, so other processes'
+            // dirty data does not count).
+            prepare()?;
+            let r = measure(total_mib, || {
+                sh("cp", &[Path::new("-r"), &src, &dest])?;
+                let mut paths = vec![dest.clone()];
+                let mut i = 0;
+                while i < paths.len() {
+                    if paths[i].is_dir() {
+                        for e in fs::read_dir(&paths[i])? {
+                            paths.push(e?.path());
+                        }
+                    }
+                    i += 1;
+                }
+                let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+                sh("sync", &refs)
+            })?;
+            results.entry("cp_fsync".into()).or_default().push(r);
         }
         if runs.contains(&"cp") {
             // Reference only: the page cache absorbs the writes.
@@ -981,6 +1003,15 @@ fn bench_stage(o: &Opts) -> Res<()> {
             None,
         );
     }
+    let per_file = m("cp_fsync");
+    if let Some(c) = per_file {
+        row(
+            &format!("4. `cp -r` + fsync of every copied file and directory ({shape}, reference)"),
+            &format!("{c:.0} MiB/s ({:.2} CPU-s/GiB)", cpu("cp_fsync")),
+            "—",
+            None,
+        );
+    }
     if let Some(c) = m("cp") {
         row(
             &format!("4. plain `cp -r`, no sync ({shape}, reference)"),
@@ -1006,13 +1037,16 @@ fn bench_stage(o: &Opts) -> Res<()> {
     }
     for (label, key) in &staged {
         let v = m(key).unwrap_or(0.0);
-        let (figure, met) = match base {
+        let (mut figure, met) = match base {
             Some(b) => (
                 format!("{v:.0} MiB/s = {:.2}× cp+sync", v / b),
                 Some(v / b >= 0.8),
             ),
             None => (format!("{v:.0} MiB/s"), None),
         };
+        if let Some(p) = per_file {
+            figure.push_str(&format!(", {:.2}× cp+fsync per file", v / p));
+        }
         row(
             &format!("4. {label}"),
             &format!("{figure} ({:.2} CPU-s/GiB)", cpu(key)),
