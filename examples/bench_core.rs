@@ -820,6 +820,56 @@ fn measure(total_mib: f64, f: impl FnOnce() -> Res<()>) -> Res<(f64, f64)> {
     ))
 }
 
+/// The staging variant suggested for `stage.rs`: copy in the kernel
+/// (`copy_file_range`), then hash what was stored by reading the temp file
+/// back from the page cache; `sync_data`, rename, fsync the directory.
+fn stage_by_copy_file_range(f: &FileRef, src: &Path, dest: &Path, n: usize) -> Res<()> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let input = File::open(src.join(&f.path))?;
+    let tmp = dest.join(format!("tmp.{n}"));
+    let out = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&tmp)?;
+    let mut left = f.size as usize;
+    while left > 0 {
+        // SAFETY: both descriptors are open; null offsets use the file positions.
+        let done = unsafe {
+            libc::copy_file_range(
+                input.as_raw_fd(),
+                std::ptr::null_mut(),
+                out.as_raw_fd(),
+                std::ptr::null_mut(),
+                left,
+                0,
+            )
+        };
+        if done <= 0 {
+            return Err(format!("copy_file_range: {}", io::Error::last_os_error()).into());
+        }
+        left -= done as usize;
+    }
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut back = File::open(&tmp)?;
+    loop {
+        let k = back.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+    }
+    if BlobId(h.finalize().into()) != f.sha256 {
+        return Err("sha mismatch".into());
+    }
+    out.sync_data()?;
+    fs::rename(&tmp, dest.join(f.sha256.to_hex()))?;
+    File::open(dest)?.sync_all()?;
+    Ok(())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -878,7 +928,7 @@ fn bench_stage(o: &Opts) -> Res<()> {
         warm(&src, &files)?;
         Ok(())
     };
-    let runs = o.str("runs", "cp_sync,cp_fsync,cp,fetch,pipeline");
+    let runs = o.str("runs", "cp_sync,cp_fsync,cp,fetch,prototype,pipeline");
     let runs: Vec<&str> = runs.split(',').collect();
     let mut results: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let refs: Arc<Vec<FileRef>> = Arc::new(
@@ -959,6 +1009,38 @@ fn bench_stage(o: &Opts) -> Res<()> {
             })?;
             results.entry(format!("fetch{n}")).or_default().push(r);
         }
+        for n in threads.iter().filter(|_| runs.contains(&"prototype")) {
+            // Not the library: the copy_file_range variant suggested in
+            // docs/BENCHMARKS.md, to size the gain before anyone builds it.
+            prepare()?;
+            fs::create_dir_all(&dest)?;
+            let next = Arc::new(AtomicUsize::new(0));
+            let r = measure(total_mib, || {
+                let workers: Vec<_> = (0..*n)
+                    .map(|_| {
+                        let (next, refs, src, dest) = (
+                            Arc::clone(&next),
+                            Arc::clone(&refs),
+                            src.clone(),
+                            dest.clone(),
+                        );
+                        std::thread::spawn(move || -> Result<(), String> {
+                            loop {
+                                let i = next.fetch_add(1, Ordering::Relaxed);
+                                let Some(f) = refs.get(i) else { return Ok(()) };
+                                stage_by_copy_file_range(f, &src, &dest, i)
+                                    .map_err(|e| e.to_string())?;
+                            }
+                        })
+                    })
+                    .collect();
+                for w in workers {
+                    w.join().map_err(|_| "prototype thread panicked")??;
+                }
+                Ok(())
+            })?;
+            results.entry(format!("prototype{n}")).or_default().push(r);
+        }
         if runs.contains(&"pipeline") {
             // The real pipeline: Replica until visible == latest.
             prepare()?;
@@ -1032,6 +1114,16 @@ fn bench_stage(o: &Opts) -> Res<()> {
             staged.push((
                 format!("BlobStore::fetch, {n} thread(s)"),
                 format!("fetch{n}"),
+            ));
+        }
+    }
+    for n in &threads {
+        if m(&format!("prototype{n}")).is_some() {
+            staged.push((
+                format!(
+                    "prototype (not the library): copy_file_range + hash the temp, {n} thread(s)"
+                ),
+                format!("prototype{n}"),
             ));
         }
     }
