@@ -68,7 +68,7 @@ impl ReplicaConfig {
             cm_root: None,
             retain: 16,
             ring_capacity: crate::journal::DEFAULT_RING_CAPACITY,
-            fetch_threads: 8,
+            fetch_threads: 4,
             max_pending: 200_000,
             gc_interval: Duration::from_secs(2),
             poll_interval: Duration::from_millis(5),
