@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::Tree;
+use crate::catalog::{AddedFile, Tree};
 use crate::event::{peek_id, Event, StateId, MAX_LINE_BYTES};
 
 /// Where the next unread line of the source log starts.
@@ -191,22 +191,15 @@ impl SourceLog {
         let Some((name, f)) = self.open.as_mut() else {
             return Ok(0);
         };
-        let start = self.buf.len();
-        self.buf.resize(start + READ_CHUNK, 0);
+        // `take` + `read_to_end` appends without zero-filling a buffer first.
         let n = f
-            .read(&mut self.buf[start..])
+            .by_ref()
+            .take(READ_CHUNK as u64)
+            .read_to_end(&mut self.buf)
             .map_err(|source| IngestError::Read {
                 path: self.dir.join(name.as_str()),
                 source,
-            });
-        let n = match n {
-            Ok(n) => n,
-            Err(e) => {
-                self.buf.truncate(start);
-                return Err(e);
-            }
-        };
-        self.buf.truncate(start + n);
+            })?;
         if self.buf.len() > MAX_LINE_BYTES + 1 && !self.buf.contains(&b'\n') {
             return Err(IngestError::LineTooLong {
                 file: self.pos.file.clone(),
@@ -273,10 +266,18 @@ impl std::fmt::Display for Rejection {
 /// What happened to one source line.
 #[derive(Debug)]
 pub enum Verdict {
-    /// New event; the tree after it is the validator's new latest.
-    Accepted(Box<Event>),
+    /// New event, with the state after it (the validator's new latest).
+    Accepted(Box<Accepted>),
     /// Same id and content as an event already accepted.
     Duplicate,
+}
+
+/// An accepted event and what applying it gave.
+#[derive(Debug)]
+pub struct Accepted {
+    pub event: Event,
+    pub tree: Arc<Tree>,
+    pub added: Vec<AddedFile>,
 }
 
 /// Accepts or rejects source lines against the newest accepted state.
@@ -345,13 +346,17 @@ impl Validator {
                 )),
             };
         }
-        let (tree, _) = self
+        let (tree, added) = self
             .latest
             .apply(&event)
             .map_err(|e| reject(Some(event.id), e.to_string()))?;
         self.seen.push((event.id, content_hash(&event)));
         self.latest = Arc::new(tree);
-        Ok(Verdict::Accepted(Box::new(event)))
+        Ok(Verdict::Accepted(Box::new(Accepted {
+            event,
+            tree: Arc::clone(&self.latest),
+            added,
+        })))
     }
 }
 

@@ -19,7 +19,7 @@
 //! trees. Open files need no protection: a reader holds the blob's file
 //! descriptor, so unlinking it does not disturb the read.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -35,7 +35,7 @@ use tracing::{debug, error, info, info_span, warn};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Tree};
 use crate::event::{BlobId, Event, FileRef, StateId};
-use crate::ingest::{IngestError, LogPosition, SourceLog, Validator, Verdict};
+use crate::ingest::{Accepted, IngestError, LogPosition, SourceLog, Validator, Verdict};
 use crate::journal::{Journal, JournalConfig, JournalError};
 use crate::stage::{backoff, BlobStore, FetchOutcome, StageError, Unsynced};
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
@@ -102,6 +102,13 @@ pub struct JournalEntry {
     pub next: LogPosition,
 }
 
+/// [`JournalEntry`] by reference, to encode without copying the event.
+#[derive(Serialize)]
+struct JournalEntryRef<'a> {
+    event: &'a Event,
+    next: &'a LogPosition,
+}
+
 fn decode(id: StateId, payload: &[u8]) -> Result<JournalEntry, ReplicaError> {
     serde_json::from_slice(payload).map_err(|e| ReplicaError::BadRecord {
         id,
@@ -133,6 +140,46 @@ pub fn state_in_use(dir: &Path) -> bool {
     };
     // SAFETY: flock on a valid, owned descriptor; released when `f` drops.
     unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
+}
+
+/// Accepted events with the trees ingest already built for them, so the
+/// stager need not decode and apply them again. Only durable events are
+/// handed over (after the journal sync); the stager still takes its order
+/// and pace from the journal and falls back to decoding a record when its
+/// entry is not here (read from files, or dropped at the capacity bound).
+#[derive(Default)]
+struct Handoff {
+    queue: Mutex<VecDeque<Accepted>>,
+}
+
+/// Entries kept for the stager (like the journal ring, a bound on memory).
+const HANDOFF_CAPACITY: usize = 65_536;
+
+impl Handoff {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Accepted>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, batch: Vec<Accepted>) {
+        let mut q = self.lock();
+        q.extend(batch);
+        while q.len() > HANDOFF_CAPACITY {
+            q.pop_front();
+        }
+    }
+
+    /// The entry for `id`, dropping older ones the stager went past.
+    fn take(&self, id: StateId) -> Option<Accepted> {
+        let mut q = self.lock();
+        while q.front().is_some_and(|a| a.event.id < id) {
+            q.pop_front();
+        }
+        if q.front().is_some_and(|a| a.event.id == id) {
+            q.pop_front()
+        } else {
+            None
+        }
+    }
 }
 
 /// Shared between the stager and GC; see the module docs.
@@ -265,6 +312,7 @@ impl Replica {
         let journal = Arc::new(Mutex::new(journal));
         let stop = Arc::new(AtomicBool::new(false));
         let gate = Arc::new(GcGate::default());
+        let handoff = Arc::new(Handoff::default());
         let cfg = Arc::new(cfg);
 
         let mut threads = Vec::new();
@@ -282,9 +330,12 @@ impl Replica {
                 Arc::clone(&cfg),
             );
             let log = SourceLog::new(&cfg.events_dir, resume);
+            let handoff = Arc::clone(&handoff);
             threads.push(spawn(
                 "ingest",
-                Box::new(move || run_ingest(&cfg, log, validator, &journal, &progress, &stop)),
+                Box::new(move || {
+                    run_ingest(&cfg, log, validator, &journal, &handoff, &progress, &stop)
+                }),
             )?);
         }
         let (job_tx, job_rx) = mpsc::channel::<FileRef>();
@@ -312,6 +363,7 @@ impl Replica {
                 blobs: Arc::clone(&blobs),
                 progress: Arc::clone(&progress),
                 gate: Arc::clone(&gate),
+                handoff: Arc::clone(&handoff),
                 jobs: job_tx,
                 done: done_rx,
                 in_flight: HashSet::new(),
@@ -408,6 +460,7 @@ fn run_ingest(
     mut log: SourceLog,
     mut validator: Validator,
     journal: &Mutex<Journal>,
+    handoff: &Handoff,
     progress: &Progress,
     stop: &AtomicBool,
 ) {
@@ -454,6 +507,7 @@ fn run_ingest(
             continue;
         }
         let mut accepted = 0u64;
+        let mut batch = Vec::new();
         let mut rejected = None;
         let mut j = match journal.lock() {
             Ok(j) => j,
@@ -462,30 +516,28 @@ fn run_ingest(
         let mut last_time = UNKNOWN_TIME;
         for line in &lines {
             match validator.check(line) {
-                Ok(Verdict::Accepted(event)) => {
-                    let entry = JournalEntry {
-                        event: *event,
-                        next: line.next.clone(),
+                Ok(Verdict::Accepted(acc)) => {
+                    let entry = JournalEntryRef {
+                        event: &acc.event,
+                        next: &line.next,
                     };
+                    let id = acc.event.id;
                     let payload = match serde_json::to_vec(&entry) {
                         Ok(p) => p,
                         Err(e) => {
                             let reason = format!("cannot encode the event: {e}");
-                            rejected = Some(line_stall(Some(entry.event.id), reason, line));
+                            rejected = Some(line_stall(Some(id), reason, line));
                             break;
                         }
                     };
-                    if let Err(e) = j.append(entry.event.id, &payload) {
-                        rejected = Some(line_stall(
-                            Some(entry.event.id),
-                            format!("journal: {e}"),
-                            line,
-                        ));
+                    if let Err(e) = j.append(id, &payload) {
+                        rejected = Some(line_stall(Some(id), format!("journal: {e}"), line));
                         break;
                     }
-                    if let Some(t) = entry.event.time_ms {
+                    if let Some(t) = acc.event.time_ms {
                         last_time = t;
                     }
+                    batch.push(*acc);
                     accepted += 1;
                 }
                 Ok(Verdict::Duplicate) => {
@@ -516,6 +568,7 @@ fn run_ingest(
             return;
         }
         drop(j);
+        handoff.push(batch);
         progress
             .events_accepted
             .fetch_add(accepted, Ordering::Relaxed);
@@ -596,6 +649,7 @@ struct Stager {
     blobs: Arc<BlobStore>,
     progress: Arc<Progress>,
     gate: Arc<GcGate>,
+    handoff: Arc<Handoff>,
     jobs: Sender<FileRef>,
     done: Receiver<FetchResult>,
     in_flight: HashSet<BlobId>,
@@ -608,12 +662,16 @@ struct Stager {
 }
 
 const STAGER_BATCH: usize = 8192;
+/// At most one commit (one durable commit record) per this interval.
+const MIN_COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Stager {
     fn run(mut self) {
         let mut failed_commit: Option<String> = None;
         let mut last_stall_check = Instant::now();
         let mut reporter = CatchUpReporter::new();
+        let mut last_commit = Instant::now() - MIN_COMMIT_INTERVAL;
+        let mut dirty = false;
         while !self.stop.load(Ordering::Relaxed) {
             let mut changed = match self.read_events() {
                 Ok(n) => n > 0,
@@ -630,8 +688,13 @@ impl Stager {
             };
             changed |= self.collect_fetches();
             self.resubmit_due();
-            if changed || failed_commit.is_some() {
+            // Each commit writes the commit record durably; under a steady
+            // stream of events, one commit per interval covers them all.
+            dirty |= changed;
+            if (dirty && last_commit.elapsed() >= MIN_COMMIT_INTERVAL) || failed_commit.is_some() {
                 failed_commit = self.commit().err();
+                last_commit = Instant::now();
+                dirty = false;
             }
             // The stall check walks the pending states: do it when something
             // changed, else twice a second (retries, late files).
@@ -655,24 +718,33 @@ impl Stager {
                 self.follower.try_next()?
             };
             let Some(rec) = rec else { break };
-            let entry = decode(rec.id, &rec.payload)?;
+            let applied = self.handoff.take(rec.id);
             let g = gate.get_or_insert_with(|| gate_lock.lock());
             let blobs = &self.blobs;
             let unsynced = &self.unsynced;
             let marking = g.marking;
             let mut touched = Vec::new();
-            let to_fetch = self
-                .pending
-                .apply(&entry.event, |b| {
-                    if marking {
-                        touched.push(*b);
-                    }
-                    unsynced.contains_key(b) || blobs.contains(b)
-                })
-                .map_err(|e| ReplicaError::BadRecord {
-                    id: rec.id,
-                    detail: e.to_string(),
-                })?;
+            let is_staged = |b: &BlobId| {
+                if marking {
+                    touched.push(*b);
+                }
+                unsynced.contains_key(b) || blobs.contains(b)
+            };
+            let to_fetch = match applied {
+                Some(a) => {
+                    let Accepted { event, tree, added } = a;
+                    self.pending.push_applied(&event, tree, added, is_staged)
+                }
+                None => {
+                    let entry = decode(rec.id, &rec.payload)?;
+                    self.pending.apply(&entry.event, is_staged).map_err(|e| {
+                        ReplicaError::BadRecord {
+                            id: rec.id,
+                            detail: e.to_string(),
+                        }
+                    })?
+                }
+            };
             g.touched.extend(touched);
             for f in to_fetch {
                 self.submit(f);

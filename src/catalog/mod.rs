@@ -366,6 +366,10 @@ struct PendingState {
     /// `(db, table)` → `(new_db, new_table)` when the event renamed a table:
     /// files added before it now sit under the new name.
     renamed: Option<([Name; 2], [Name; 2])>,
+    /// Whether the event can stop referencing files of earlier states
+    /// (drops and overwrites); inserts and creates never do, so waiting
+    /// files need no re-check there.
+    may_unreference: bool,
 }
 
 /// A file a pending state waits for, at its path in that state.
@@ -395,7 +399,9 @@ impl PendingState {
                     file: f,
                 }),
         );
-        unresolved.retain(|u| still_references(&self.tree, u));
+        if self.may_unreference {
+            unresolved.retain(|u| still_references(&self.tree, u));
+        }
     }
 }
 
@@ -436,9 +442,22 @@ impl Pending {
     pub fn apply(
         &mut self,
         event: &Event,
-        mut is_staged: impl FnMut(&BlobId) -> bool,
+        is_staged: impl FnMut(&BlobId) -> bool,
     ) -> Result<Vec<AddedFile>, ApplyError> {
         let (tree, added) = self.latest.apply(event)?;
+        Ok(self.push_applied(event, Arc::new(tree), added, is_staged))
+    }
+
+    /// Like [`Pending::apply`] with the result of `Tree::apply` already at
+    /// hand (ingest computed it to validate the event): `tree` must be the
+    /// newest state's content after `event`.
+    pub fn push_applied(
+        &mut self,
+        event: &Event,
+        tree: Arc<Tree>,
+        added: Vec<AddedFile>,
+        mut is_staged: impl FnMut(&BlobId) -> bool,
+    ) -> Vec<AddedFile> {
         let mut to_fetch = Vec::new();
         for f in &added {
             if let Some(n) = self.missing.get_mut(&f.blob) {
@@ -448,7 +467,6 @@ impl Pending {
                 to_fetch.push(f.clone());
             }
         }
-        let tree = Arc::new(tree);
         self.latest = Arc::clone(&tree);
         let renamed = (event.op == crate::event::Op::RenameTable).then(|| {
             (
@@ -462,12 +480,18 @@ impl Pending {
                 ],
             )
         });
+        use crate::event::Op;
+        let may_unreference = matches!(
+            event.op,
+            Op::DropDatabase | Op::DropTable | Op::DropPartition | Op::ReplaceFiles
+        );
         self.states.push_back(PendingState {
             tree,
             added,
             renamed,
+            may_unreference,
         });
-        Ok(to_fetch)
+        to_fetch
     }
 
     /// A blob is now staged (or will be made durable before the next commit).
@@ -494,6 +518,9 @@ impl Pending {
     /// staged. A missing file blocks every state that still references it,
     /// and no state after it is dropped.
     pub fn newest_complete(&self) -> Option<Arc<Tree>> {
+        if self.missing.is_empty() {
+            return self.states.back().map(|s| Arc::clone(&s.tree));
+        }
         let mut unresolved = Vec::new();
         let mut best = None;
         for state in &self.states {
@@ -528,6 +555,9 @@ impl Pending {
             .is_some_and(|s| s.tree.state_id <= state)
         {
             self.states.pop_front();
+        }
+        if self.missing.is_empty() {
+            return Vec::new();
         }
         let needed: std::collections::HashSet<BlobId> = self
             .states
