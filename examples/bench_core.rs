@@ -28,6 +28,10 @@ use stagefs::durable::write_atomic;
 use stagefs::event::{BlobId, Event, FileRef, Op, StateId};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::stage::BlobStore;
+
+/// The daemon's allocator (see src/main.rs), so figures match `stagefs`.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use stagefs::workload::Rng;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
