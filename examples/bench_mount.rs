@@ -270,6 +270,13 @@ fn lag(args: &[String]) -> std::io::Result<()> {
     let seconds = opt(args, "--seconds", 10);
     let poll = Duration::from_micros(opt(args, "--poll-us", 500));
     let payload = opt(args, "--bytes", 4096) as usize;
+    // Per-event timeline: "rate k append_ms lag_ms" lines (for analysis).
+    let mut dump = args
+        .iter()
+        .position(|a| a == "--dump")
+        .and_then(|i| args.get(i + 1))
+        .map(|p| File::create(p))
+        .transpose()?;
     let mnt_c = CString::new(Path::new(mnt).as_os_str().as_bytes()).expect("no NUL");
     let name_c = CString::new("user.stagefs.visible").expect("no NUL");
     let source = PathBuf::from(source);
@@ -294,6 +301,26 @@ fn lag(args: &[String]) -> std::io::Result<()> {
     for rate in rates {
         let n = (rate * seconds) as usize;
         let first_id = id + 1;
+        // The source files exist before their events (as at a real source:
+        // files first, then the metastore commit), so the timed loop only
+        // appends lines.
+        let mut lines = Vec::with_capacity(n);
+        for k in 0..n {
+            id += 1;
+            let p = k % 100;
+            let rel = format!("lag/t/p={p}/r{rate}_{id:08}");
+            let path = source.join(&rel);
+            if k < 100 {
+                fs::create_dir_all(path.parent().expect("has a parent"))?;
+            }
+            rng.fill(&mut content);
+            fs::write(&path, &content)?;
+            let sha = hex(&Sha256::digest(&content));
+            lines.push(format!(
+                "{{\"id\":{id},\"op\":\"add_files\",\"db\":\"lag\",\"table\":\"t\",\"partition\":{{\"p\":\"{p}\"}},\"files\":[{}]}}\n",
+                file_json(&rel, payload as u64, &sha)
+            ));
+        }
         // Append time of each event, ns since `base` (+1 so 0 = not yet).
         let appended: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
         let done = Arc::new(AtomicBool::new(false));
@@ -304,6 +331,7 @@ fn lag(args: &[String]) -> std::io::Result<()> {
             let (mnt_c, name_c) = (mnt_c.clone(), name_c.clone());
             std::thread::spawn(move || {
                 let mut lags = Vec::with_capacity(n);
+                let mut timeline = Vec::with_capacity(n);
                 let mut cursor = 0usize;
                 let mut polls = 0u64;
                 let mut drain_deadline: Option<Instant> = None;
@@ -315,7 +343,9 @@ fn lag(args: &[String]) -> std::io::Result<()> {
                         let t = appended[cursor].load(Ordering::SeqCst);
                         // t == 0 cannot happen: the time is stored before
                         // the line is written.
-                        lags.push(now.saturating_sub(t.saturating_sub(1)) as f64 / 1e6);
+                        let t = t.saturating_sub(1);
+                        lags.push(now.saturating_sub(t) as f64 / 1e6);
+                        timeline.push((t as f64 / 1e6, now.saturating_sub(t) as f64 / 1e6));
                         cursor += 1;
                     }
                     if done.load(Ordering::SeqCst) {
@@ -327,7 +357,7 @@ fn lag(args: &[String]) -> std::io::Result<()> {
                     }
                     std::thread::sleep(poll);
                 }
-                (lags, polls)
+                (lags, polls, timeline)
             })
         };
         let period = Duration::from_secs_f64(1.0 / rate as f64);
@@ -341,26 +371,18 @@ fn lag(args: &[String]) -> std::io::Result<()> {
             } else {
                 behind_max = behind_max.max(now - due);
             }
-            id += 1;
-            let p = k % 100;
-            let rel = format!("lag/t/p={p}/r{rate}_{id:08}");
-            let path = source.join(&rel);
-            if k < 100 {
-                fs::create_dir_all(path.parent().expect("has a parent"))?;
-            }
-            rng.fill(&mut content);
-            fs::write(&path, &content)?;
-            let sha = hex(&Sha256::digest(&content));
-            let line = format!(
-                "{{\"id\":{id},\"op\":\"add_files\",\"db\":\"lag\",\"table\":\"t\",\"partition\":{{\"p\":\"{p}\"}},\"files\":[{}]}}\n",
-                file_json(&rel, payload as u64, &sha)
-            );
+            let line = &lines[k];
             appended[k].store(base.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
             log.write_all(line.as_bytes())?;
         }
         let wrote = start.elapsed().as_secs_f64();
         done.store(true, Ordering::SeqCst);
-        let (mut lags, polls) = poller.join().expect("poller");
+        let (mut lags, polls, timeline) = poller.join().expect("poller");
+        if let Some(f) = dump.as_mut() {
+            for (k, (at, lag)) in timeline.iter().enumerate() {
+                writeln!(f, "{rate} {k} {at:.3} {lag:.3}")?;
+            }
+        }
         let seen = lags.len();
         lags.sort_by(|a, b| a.total_cmp(b));
         println!(
