@@ -14,7 +14,7 @@
 #   SYSTEMS ["native stagefs stagefs-user bindfs mergerfs rclone"]
 #   LAG_RATES [100,1000]  LAG_SECONDS [10]  events/s and seconds per rate
 #   BENCHES ["read lag core"]  which parts to run
-#   LOAD_MAX [1.0]  LOAD_WAIT [120]  wait up to LOAD_WAIT s for the 1-min
+#   LOAD_MAX [1.0]  LOAD_WAIT [30]   wait up to LOAD_WAIT s for the 1-min
 #                   load average to drop below LOAD_MAX before timing
 # Generated data and its staged state are kept in BENCH_DIR for later runs.
 set -euo pipefail
@@ -35,7 +35,7 @@ LAG_SECONDS=${LAG_SECONDS:-10}
 BENCHES=${BENCHES:-read lag core}
 SYSTEMS=${SYSTEMS:-native stagefs stagefs-user bindfs mergerfs rclone}
 LOAD_MAX=${LOAD_MAX:-1.0}
-LOAD_WAIT=${LOAD_WAIT:-120}
+LOAD_WAIT=${LOAD_WAIT:-30}
 BENCH_DIR=${BENCH_DIR:-/var/tmp/stagefs-bench}
 
 DATA=$BENCH_DIR/data-${BIG_MIB}m-${SMALL}x${SMALL_BYTES}-${META}
