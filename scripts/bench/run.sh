@@ -283,12 +283,12 @@ warm_backing() {
     native) # the staged blob for the big file, the plain tree for the rest
         cat "$BLOB" >/dev/null
         (cd "$DATA/source" && xargs -a "$DATA/lists/small.txt" -d '\n' cat >/dev/null)
-        find "$DATA/source/bench/meta" -printf '' >/dev/null
+        find "$DATA/source/bench/meta" -printf '%s\n' >/dev/null
         ;;
     *)
         cat "$DATA/source/bench/big/data.bin" >/dev/null
         (cd "$DATA/source" && xargs -a "$DATA/lists/small.txt" -d '\n' cat >/dev/null)
-        find "$DATA/source/bench/meta" -printf '' >/dev/null
+        find "$DATA/source/bench/meta" -printf '%s\n' >/dev/null
         ;;
     esac
 }
