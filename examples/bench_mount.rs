@@ -275,7 +275,7 @@ fn lag(args: &[String]) -> std::io::Result<()> {
         .iter()
         .position(|a| a == "--dump")
         .and_then(|i| args.get(i + 1))
-        .map(|p| File::create(p))
+        .map(File::create)
         .transpose()?;
     let mnt_c = CString::new(Path::new(mnt).as_os_str().as_bytes()).expect("no NUL");
     let name_c = CString::new("user.stagefs.visible").expect("no NUL");
