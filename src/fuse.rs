@@ -6,7 +6,8 @@
 //! thread and hang later requests; it is answered `EIO`), and leaves through
 //! one error exit that logs and replies the errno.
 //!
-//! Files are served by kernel passthrough when the kernel grants it (one
+//! Files are served by kernel passthrough when the kernel grants it and
+//! `STAGEFS_NO_PASSTHROUGH` is unset (one
 //! `BackingId` per inode shared by concurrent opens, dropped at the last
 //! release), else by `pread` on the handle's descriptor with the page cache
 //! kept (contents are immutable). The status file uses direct I/O.
@@ -252,13 +253,18 @@ impl Filesystem for StagefsFs {
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS) {
             info!(?missing, "kernel lacks parallel directory operations");
         }
-        let passthrough = config
-            .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
-            .is_ok()
+        // STAGEFS_NO_PASSTHROUGH=1 serves reads in userspace (benchmarks,
+        // and a way out should a kernel's passthrough misbehave).
+        let opted_out = std::env::var_os("STAGEFS_NO_PASSTHROUGH")
+            .is_some_and(|v| !v.is_empty() && v != "0");
+        let passthrough = !opted_out
+            && config
+                .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
+                .is_ok()
             // Default depth 0 makes every open_backing fail with EPERM.
             && config.set_max_stack_depth(1).is_ok();
         self.passthrough = passthrough;
-        info!(passthrough, "FUSE session initialised");
+        info!(passthrough, opted_out, "FUSE session initialised");
         Ok(())
     }
 
