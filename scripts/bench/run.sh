@@ -2,7 +2,7 @@
 # Mount benchmarks: stagefs against native reads, bindfs, mergerfs and
 # rclone mount, side by side on the same data in one run, plus replication
 # lag (event appended -> visible through the mount). Method and figures:
-# docs/BENCHMARKS-MOUNT.md.
+# docs/BENCHMARKS.md ("Mount").
 #
 #   scripts/bench/run.sh            full run (~10-15 min on 2 cores)
 #   QUICK=1 scripts/bench/run.sh    small sizes, 3 repetitions (~2-3 min)
