@@ -160,7 +160,11 @@ fn gen(args: &[String]) -> std::io::Result<()> {
         let n = head.len().min(content.len());
         content[..n].copy_from_slice(&head.as_bytes()[..n]);
         fs::write(&path, &content)?;
-        batch.push(file_json(&rel, small_bytes as u64, &hex(&Sha256::digest(&content))));
+        batch.push(file_json(
+            &rel,
+            small_bytes as u64,
+            &hex(&Sha256::digest(&content)),
+        ));
         list.push_str(&rel);
         list.push('\n');
     }

@@ -230,11 +230,16 @@ impl StagefsFs {
             if let Some(id) = id {
                 backing.by_fh.insert(fh, (ino, Arc::clone(&id)));
                 drop(backing);
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                // Read-only content: nothing to flush on close, so the
+                // kernel can skip the FLUSH round trip.
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_NOFLUSH, &id);
                 return;
             }
         }
-        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+        );
     }
 
     fn release_backing(&self, fh: u64) {
@@ -255,8 +260,8 @@ impl Filesystem for StagefsFs {
         }
         // STAGEFS_NO_PASSTHROUGH=1 serves reads in userspace (benchmarks,
         // and a way out should a kernel's passthrough misbehave).
-        let opted_out = std::env::var_os("STAGEFS_NO_PASSTHROUGH")
-            .is_some_and(|v| !v.is_empty() && v != "0");
+        let opted_out =
+            std::env::var_os("STAGEFS_NO_PASSTHROUGH").is_some_and(|v| !v.is_empty() && v != "0");
         let passthrough = !opted_out
             && config
                 .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
