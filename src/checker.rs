@@ -1040,15 +1040,25 @@ impl DaemonProcess {
         log: &Path,
         timeout: Duration,
     ) -> io::Result<DaemonProcess> {
+        let filter = std::env::var("STAGEFS_LOG").unwrap_or_else(|_| "warn".into());
+        Self::start_with_log_filter(bin, mountpoint, args, log, &filter, timeout)
+    }
+
+    /// [`DaemonProcess::start`] with `STAGEFS_LOG=filter` for the daemon.
+    pub fn start_with_log_filter(
+        bin: &Path,
+        mountpoint: &Path,
+        args: &[&std::ffi::OsStr],
+        log: &Path,
+        filter: &str,
+        timeout: Duration,
+    ) -> io::Result<DaemonProcess> {
         let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
         let child = Command::new(bin)
             .arg("mount")
             .arg(mountpoint)
             .args(args)
-            .env(
-                "STAGEFS_LOG",
-                std::env::var("STAGEFS_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("STAGEFS_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)
@@ -1136,4 +1146,80 @@ impl Drop for DaemonProcess {
 pub fn mount_status(mount: &Path) -> io::Result<crate::status::StatusReport> {
     let text = fs::read_to_string(mount.join(".stagefs/status"))?;
     serde_json::from_str(&text).map_err(io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::WorkloadConfig;
+
+    /// The oracle's judgements on hand-made observations: a real state is
+    /// accepted, a mix of two real states and a stale state are not.
+    #[test]
+    fn oracle_accepts_real_states_and_rejects_mixes() {
+        let dir = tempfile::tempdir().unwrap();
+        let oracle = Oracle::new();
+        let mut w = Workload::new(
+            dir.path(),
+            WorkloadConfig {
+                table_churn: false,
+                tables_per_db: 1,
+                partitions: 2,
+                ..WorkloadConfig::default()
+            },
+        )
+        .unwrap();
+        let mut states = Vec::new();
+        for _ in 0..60 {
+            let id = w.step().unwrap();
+            oracle.record(&w);
+            states.push(id);
+        }
+        let key = "db0.t0";
+        let latest = w.latest();
+        let now = oracle.table_at(key, latest).unwrap();
+        assert!(oracle.held_in(key, Some(&now), latest, Some(latest)));
+        // Find two states whose partitions differ, and mix them.
+        let mut found = false;
+        'outer: for (i, a) in states.iter().enumerate() {
+            for b in &states[i + 1..] {
+                let (Some(ca), Some(cb)) = (oracle.table_at(key, *a), oracle.table_at(key, *b))
+                else {
+                    continue;
+                };
+                let pa = |c: &TableContent, p: &str| -> TableContent {
+                    c.iter()
+                        .filter(|(k, _)| k.starts_with(p))
+                        .map(|(k, v)| (k.clone(), *v))
+                        .collect()
+                };
+                let mix: TableContent = pa(&ca, "p=v0/").union(pa(&cb, "p=v1/"));
+                let v0_differs = pa(&ca, "p=v0/") != pa(&cb, "p=v0/");
+                let v1_differs = pa(&ca, "p=v1/") != pa(&cb, "p=v1/");
+                if !(v0_differs && v1_differs) {
+                    continue;
+                }
+                if oracle.held_in(key, Some(&mix), StateId(0), None) {
+                    continue; // the mix happens to be a real state
+                }
+                assert!(oracle.partitions_each_held(key, &mix, StateId(0)));
+                assert!(!oracle.honest_state_id(key, *b, &mix));
+                found = true;
+                break 'outer;
+            }
+        }
+        assert!(found, "no mix could be built");
+        // A stale state is not a state of a later window.
+        let first = states
+            .iter()
+            .find_map(|s| oracle.table_at(key, *s).map(|c| (*s, c)))
+            .unwrap();
+        assert!(oracle.honest_state_id(key, first.0, &first.1) || first.1.is_empty());
+        if *first.1 != *now {
+            assert!(!oracle.held_in(key, Some(&first.1), latest, Some(latest)));
+        }
+        // Absence: before creation yes, now no.
+        assert!(oracle.held_in(key, None, StateId(0), Some(StateId(0))));
+        assert!(!oracle.held_in(key, None, latest, Some(latest)));
+    }
 }
