@@ -8,6 +8,7 @@
 //! warehouses.
 
 pub mod catalog;
+pub mod checker;
 pub mod daemon;
 pub mod demo;
 pub mod durable;

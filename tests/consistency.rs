@@ -1,0 +1,256 @@
+//! SPEC §3 under load: 8 reader threads observe a live stagefs mount while
+//! the source keeps committing (inserts, overwrites with change management,
+//! partition drops, table drop/re-create, renames), and every observation is
+//! compared with the source's real state (`stagefs::checker`). The same
+//! readers pointed at a naive state-transfer copier see rubberbanding.
+//!
+//! `STAGEFS_LONG_TESTS=1` runs each for minutes instead of seconds.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use stagefs::checker::{
+    check_stagefs_table, run_readers, visible, CheckConfig, DaemonProcess, NaiveCopier, Oracle,
+    Target,
+};
+use stagefs::workload::{Workload, WorkloadConfig};
+
+/// The two tests share 2 cores: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn long() -> bool {
+    std::env::var("STAGEFS_LONG_TESTS").is_ok_and(|v| v == "1")
+}
+
+fn workload_config(seed: u64) -> WorkloadConfig {
+    WorkloadConfig {
+        seed,
+        databases: 2,
+        tables_per_db: 3,
+        partitions: 6,
+        max_files_per_insert: 3,
+        min_file_bytes: 64,
+        max_file_bytes: 4096,
+        events_per_log_file: 500,
+        table_churn: true,
+        start_id: 0,
+    }
+}
+
+/// The source, committing one event every `every` until stopped; records
+/// each state in the oracle right after writing it.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Workload>>,
+}
+
+impl Writer {
+    fn start(mut w: Workload, oracle: Arc<Oracle>, every: Duration) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                w.step().expect("workload step");
+                oracle.record(&w);
+                std::thread::sleep(every);
+            }
+            w
+        });
+        Writer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) -> Workload {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("writer thread")
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn start_daemon(dir: &Path, w: &Workload, retain: &str) -> DaemonProcess {
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let (state, src, ev, cm) = (
+        dir.join("state"),
+        w.source_root(),
+        w.events_dir(),
+        w.cm_root(),
+    );
+    let args: Vec<&OsStr> = vec![
+        OsStr::new("--state"),
+        state.as_os_str(),
+        OsStr::new("--source-root"),
+        src.as_os_str(),
+        OsStr::new("--events"),
+        ev.as_os_str(),
+        OsStr::new("--cm-root"),
+        cm.as_os_str(),
+        OsStr::new("--retain"),
+        OsStr::new(retain),
+    ];
+    DaemonProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_stagefs")),
+        &mnt,
+        &args,
+        &dir.join("daemon.log"),
+        Duration::from_secs(20),
+    )
+    .expect("daemon mounts")
+}
+
+#[test]
+fn zero_anomalies_under_concurrent_readers() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let oracle = Oracle::new();
+    let mut w = Workload::new(&src, workload_config(21)).unwrap();
+    for _ in 0..60 {
+        w.step().unwrap();
+    }
+    oracle.record(&w);
+    let daemon = start_daemon(dir.path(), &w, "4");
+    let mnt = dir.path().join("mnt");
+    let writer = Writer::start(w, Arc::clone(&oracle), Duration::from_millis(4));
+
+    let cfg = CheckConfig {
+        readers: 8,
+        target_observations: if long() { 1_000_000 } else { 10_000 },
+        min_duration: if long() {
+            Duration::from_secs(300)
+        } else {
+            Duration::from_secs(5)
+        },
+        max_duration: if long() {
+            Duration::from_secs(600)
+        } else {
+            Duration::from_secs(30)
+        },
+        seed: 5,
+    };
+    let stop = AtomicBool::new(false);
+    let report = run_readers(
+        &Target::Stagefs { mount: mnt.clone() },
+        &oracle,
+        &cfg,
+        &stop,
+    );
+    let w = writer.stop();
+    eprintln!("stagefs: {}", report.summary());
+    eprintln!("source wrote up to {}", w.latest());
+    assert_eq!(report.anomalies, 0, "{}", report.summary());
+    assert!(
+        report.observations >= 10_000,
+        "too few observations: {}",
+        report.summary()
+    );
+    assert!(
+        report.distinct_ids >= 50,
+        "commits did not really happen: {}",
+        report.summary()
+    );
+    assert!(
+        report.last_visible > report.first_visible,
+        "visible did not advance"
+    );
+
+    // Replication catches up with the source's latest state, and every
+    // table then equals the oracle.
+    let latest = w.latest();
+    let start = Instant::now();
+    while visible(&mnt).unwrap() < latest {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "did not reach {latest}: {}",
+            std::fs::read_to_string(mnt.join(".stagefs/status")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for key in w.expected(latest).unwrap().keys() {
+        let s = check_stagefs_table(&oracle, &mnt, key).unwrap();
+        assert!(s.is_some(), "{key} missing at the end");
+    }
+    let mut daemon = daemon;
+    assert!(
+        daemon.terminate(Duration::from_secs(10)).unwrap(),
+        "the daemon did not exit cleanly on SIGTERM: {}",
+        daemon.log()
+    );
+}
+
+#[test]
+fn naive_state_transfer_shows_rubberbanding() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let dest = dir.path().join("dest");
+    let oracle = Oracle::new();
+    let mut w = Workload::new(&src, workload_config(21)).unwrap();
+    for _ in 0..60 {
+        w.step().unwrap();
+    }
+    oracle.record(&w);
+    let copier = NaiveCopier::start(
+        &w.source_root(),
+        &w.events_dir(),
+        &w.cm_root(),
+        &dest,
+        Duration::from_millis(3),
+    );
+    let processed = Arc::clone(copier.processed());
+    let writer = Writer::start(w, Arc::clone(&oracle), Duration::from_millis(4));
+    let cfg = CheckConfig {
+        readers: 8,
+        target_observations: if long() { 1_000_000 } else { 5_000 },
+        min_duration: if long() {
+            Duration::from_secs(120)
+        } else {
+            Duration::from_secs(3)
+        },
+        max_duration: if long() {
+            Duration::from_secs(300)
+        } else {
+            Duration::from_secs(10)
+        },
+        seed: 5,
+    };
+    let stop = AtomicBool::new(false);
+    let report = run_readers(&Target::Naive { dest, processed }, &oracle, &cfg, &stop);
+    let w = writer.stop();
+    let events = copier.stop().unwrap();
+    eprintln!("naive copier: {}", report.summary());
+    eprintln!(
+        "naive copier processed {events} events; source wrote up to {}; anomaly rate {:.2}%",
+        w.latest(),
+        100.0 * report.anomaly_rate()
+    );
+    assert!(report.observations >= 1_000, "{}", report.summary());
+    assert!(
+        report.anomalies > 0,
+        "the naive copier showed no anomaly: {}",
+        report.summary()
+    );
+    assert!(
+        report.mixed_states > 0,
+        "no mix of real partition states (rubberbanding): {}",
+        report.summary()
+    );
+}
