@@ -382,10 +382,12 @@ impl BlobStore {
         advise_sequential(&src);
 
         let mut temp = self.create_temp(&file.sha256)?;
-        let copied = if file.size >= PIPELINE_MIN_BYTES {
-            copy_pipelined(&mut src, &mut temp, file.size)?
-        } else {
-            copy_sequential(&mut src, &mut temp, file.size)?
+        let copied = match copy_in_kernel(&src, &mut temp, file.size)? {
+            Some(result) => result,
+            None if file.size >= PIPELINE_MIN_BYTES => {
+                copy_pipelined(&mut src, &mut temp, file.size)?
+            }
+            None => copy_sequential(&mut src, &mut temp, file.size)?,
         };
         let got = match copied {
             Ok(digest) => digest,
@@ -407,7 +409,9 @@ impl BlobStore {
             id.to_hex(),
             std::process::id()
         ));
+        // Readable too: after an in-kernel copy the temp is hashed back.
         let file = OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .open(&path)
@@ -561,6 +565,79 @@ fn read_chunk(src: &mut File, buf: &mut [u8], copied: u64) -> Result<usize, Stri
             Err(e) => return Err(format!("read error after {copied} bytes: {e}")),
         }
     }
+}
+
+/// Copies `src` into `temp` inside the kernel (`copy_file_range`: no copy
+/// through userspace), then hashes what the temp file holds — so the bytes
+/// verified are exactly the bytes stored, read back from the page cache.
+/// `Ok(None)` when the kernel cannot copy between these files (other
+/// filesystem, not supported): the caller copies through userspace. The
+/// outer `Err` is a store failure, the inner one a source problem.
+fn copy_in_kernel(
+    src: &File,
+    temp: &mut TempBlob,
+    expected: u64,
+) -> Result<Option<Result<BlobId, String>>, StageError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let mut copied = 0u64;
+    while copied < expected {
+        let want = (expected - copied).min(1 << 30) as usize;
+        // SAFETY: two valid open descriptors; null offsets use and advance
+        // the files' own positions.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                std::ptr::null_mut(),
+                temp.file.as_raw_fd(),
+                std::ptr::null_mut(),
+                want,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL)
+                    if copied == 0 =>
+                {
+                    Ok(None)
+                }
+                Some(libc::ENOSPC | libc::EDQUOT) => Err(store_error("writing", &temp.path, e)),
+                _ => Ok(Some(Err(format!("copy error after {copied} bytes: {e}")))),
+            };
+        }
+        if n == 0 {
+            break; // the source is shorter than it said
+        }
+        copied += n as u64;
+    }
+    temp.written = copied;
+    if let Some(problem) = check_length(copied, expected, true) {
+        return Ok(Some(Err(problem)));
+    }
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; COPY_BUFFER_BYTES.min(expected as usize).max(1)];
+    let mut at = 0u64;
+    while at < copied {
+        let n = match temp.file.read_at(&mut buf, at) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(store_error("reading back", &temp.path, e)),
+        };
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    if at != copied {
+        let e = io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{at} of {copied} bytes"),
+        );
+        return Err(store_error("reading back", &temp.path, e));
+    }
+    Ok(Some(Ok(BlobId(hasher.finalize().into()))))
 }
 
 /// Copies `src` into `temp`, returning the sha256 of what was written. The
