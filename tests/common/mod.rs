@@ -361,3 +361,4 @@ pub fn os_err<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
         .raw_os_error()
         .unwrap_or(0)
 }
+pub mod daemon;
