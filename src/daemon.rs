@@ -272,6 +272,14 @@ pub fn serve(
             mount_time: SystemTime::now(),
         },
     ));
+    {
+        // Weak: the view holds the replica (for status); a strong reference
+        // back would keep both alive past shutdown.
+        let view = Arc::downgrade(&view);
+        replica.set_held_dirs(Arc::new(move || {
+            view.upgrade().map(|v| v.held_dirs()).unwrap_or_default()
+        }));
+    }
     let opts = MountOptions {
         allow_other: args.allow_other,
         threads: 2,

@@ -621,6 +621,26 @@ pub struct Mounted {
 
 /// Mounts `view` at `mountpoint` and starts serving it; returns once the
 /// mount answers requests.
+/// Every half second, asks the kernel to drop cached table entries under
+/// live database directories that no longer name what the path resolves to
+/// (lookups there are never cached, so this is about releasing old
+/// versions: an unused dentry goes and the kernel forgets the old inode; one
+/// in use — a working directory, an open handle — stays, as it must).
+fn invalidate_stale_entries(view: &View, notifier: &fuser::Notifier, ended: &Ended) {
+    while !*ended.lock() {
+        for (parent, name) in view.stale_live_tables() {
+            // ENOENT: the kernel had already dropped it.
+            if let Err(e) = notifier.inval_entry(INodeNo(parent), OsStr::new(&*name)) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    debug!(parent, name = %name, error = %e, "inval_entry failed");
+                }
+            }
+        }
+        let guard = ended.lock();
+        let _ = ended.cv.wait_timeout(guard, Duration::from_millis(500));
+    }
+}
+
 pub fn mount(
     view: Arc<View>,
     mountpoint: &Path,
@@ -653,8 +673,19 @@ pub fn mount(
         passthrough: false,
         backing: Mutex::new(Backing::default()),
     };
+    let view = Arc::clone(&fs.view);
     let session = Session::new(fs, &mountpoint, &cfg).map_err(mount_err)?;
+    let notifier = session.notifier();
     let ended = Arc::new(Ended::default());
+    {
+        // Invalidation runs here, never in a request handler (FUSER-NOTES:
+        // inval_entry from a handler can deadlock in the kernel).
+        let ended = Arc::clone(&ended);
+        std::thread::Builder::new()
+            .name("stagefs-inval".into())
+            .spawn(move || invalidate_stale_entries(&view, &notifier, &ended))
+            .map_err(FuseError::Spawn)?;
+    }
     let thread = {
         let ended = Arc::clone(&ended);
         std::thread::Builder::new()

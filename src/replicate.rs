@@ -182,6 +182,9 @@ impl Handoff {
     }
 }
 
+/// Directories readers hold (from the mount's view): GC keeps their blobs.
+pub type HeldDirs = Arc<dyn Fn() -> Vec<Arc<catalog::DirNode>> + Send + Sync>;
+
 /// Shared between the stager and GC; see the module docs.
 #[derive(Default)]
 struct GcGate {
@@ -195,6 +198,8 @@ struct GateState {
     touched: HashSet<BlobId>,
     /// The stager's pending trees, as of its last batch.
     pending: Vec<Arc<Tree>>,
+    /// What readers hold, once a mount is serving.
+    held: Option<HeldDirs>,
 }
 
 impl GcGate {
@@ -210,6 +215,7 @@ pub struct Replica {
     progress: Arc<Progress>,
     journal: Arc<Mutex<Journal>>,
     journal_stats: Arc<crate::journal::JournalStats>,
+    gate: Arc<GcGate>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     _lock: File,
@@ -395,6 +401,7 @@ impl Replica {
             progress,
             journal,
             journal_stats,
+            gate,
             stop,
             threads,
             _lock: lock,
@@ -403,6 +410,13 @@ impl Replica {
 
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
+    }
+
+    /// Tells GC what readers hold (open directories, referenced tables),
+    /// so files below them stay readable after retention lets their
+    /// version go.
+    pub fn set_held_dirs(&self, held: HeldDirs) {
+        self.gate.lock().held = Some(held);
     }
 
     pub fn blobs(&self) -> &Arc<BlobStore> {
@@ -1047,17 +1061,21 @@ fn collect_garbage(
     gate: &GcGate,
     stop: &AtomicBool,
 ) -> Result<(u64, u64), StageError> {
-    let (pending, snapshot) = {
+    let (pending, snapshot, held) = {
         let mut g = gate.lock();
         g.marking = true;
         g.touched.clear();
-        (g.pending.clone(), catalog.snapshot())
+        (g.pending.clone(), catalog.snapshot(), g.held.clone())
     };
+    let held_dirs = held.map(|h| h()).unwrap_or_default();
     let result = (|| {
         let mut live: HashSet<BlobId> = HashSet::new();
         let mut seen_dirs: HashSet<catalog::NodeId> = HashSet::new();
         for tree in snapshot.versions.values().chain(pending.iter()) {
             mark(&tree.root, &mut live, &mut seen_dirs);
+        }
+        for dir in &held_dirs {
+            mark(dir, &mut live, &mut seen_dirs);
         }
         let stored = blobs.list()?;
         let candidates: Vec<BlobId> = stored.into_iter().filter(|b| !live.contains(b)).collect();

@@ -188,6 +188,23 @@ impl Handles {
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }
+
+    /// The immutable directories open handles list.
+    pub fn open_dirs(&self) -> Vec<Arc<DirNode>> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            for handle in lock(shard).values() {
+                if let Handle::Dir(DirHandle {
+                    listing: Listing::Tree { dir, .. },
+                    ..
+                }) = &**handle
+                {
+                    out.push(Arc::clone(dir));
+                }
+            }
+        }
+        out
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

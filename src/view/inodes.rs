@@ -142,6 +142,17 @@ impl NodeTable {
         }
     }
 
+    /// Calls `f` on every entry the kernel references (GC roots, stale
+    /// entry scans). Shards are visited one at a time.
+    pub fn for_each(&self, mut f: impl FnMut(u64, &InodeEntry)) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            for (ino, entry) in shard.iter() {
+                f(*ino, entry);
+            }
+        }
+    }
+
     /// Number of inodes currently referenced by the kernel (tests, metrics).
     pub fn len(&self) -> usize {
         (0..SHARDS)

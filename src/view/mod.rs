@@ -233,6 +233,39 @@ impl View {
         }
     }
 
+    /// Directories readers hold open, whose files must stay readable even
+    /// after retention lets their version go (SPEC §3.4): garbage collection
+    /// keeps the blobs below them while the handles are open. (An open file
+    /// needs nothing: it holds its blob's descriptor.)
+    pub fn held_dirs(&self) -> Vec<Arc<DirNode>> {
+        self.handles.open_dirs()
+    }
+
+    /// Table entries under live database directories that the kernel
+    /// references but that no longer name the table the path resolves to
+    /// now (a commit or a pin moved on), as (parent inode, name). The fuse
+    /// adapter invalidates them from outside request handlers, so unused
+    /// old versions are forgotten (and their blobs collected) while a
+    /// working directory or open handle keeps its own.
+    pub fn stale_live_tables(&self) -> Vec<(u64, Name)> {
+        let snap = self.catalog.snapshot();
+        let mut out = Vec::new();
+        self.nodes.for_each(|ino, entry| {
+            let Some((db, table)) = &entry.live_table else {
+                return;
+            };
+            let current = snap
+                .table_tree(db, table)
+                .table(db, table)
+                .map(|t| t.meta.id.0);
+            if current != Some(ino) {
+                let parent = self.synthetic.ino(&SynthKey::LiveDb(Name::clone(db)));
+                out.push((parent, Name::clone(table)));
+            }
+        });
+        out
+    }
+
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
     }
