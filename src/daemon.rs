@@ -180,7 +180,52 @@ impl StatusSource for ReplicaStatus {
     }
 }
 
+/// A stagefs mount whose daemon died (`kill -9`) answers "Transport
+/// endpoint is not connected". Running the same command again should resume
+/// (SPEC §6), so such a dead mount is detached first.
+fn clear_dead_mount(path: &Path) {
+    let dead =
+        matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    if !dead || !is_stagefs_mount(path) {
+        return;
+    }
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        warn!(mountpoint = %path.display(), "detached the dead mount of a previous stagefs run");
+    }
+}
+
+/// True when `path` is mounted as a stagefs FUSE filesystem (by mountinfo,
+/// which does not touch the possibly dead mount).
+fn is_stagefs_mount(path: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(path))
+            .unwrap_or_else(|_| path.to_path_buf())
+    };
+    mounts.lines().any(|l| {
+        let mut fields = l.split(' ');
+        let at = fields.nth(4).map(unescape_mountinfo);
+        // After " - ": filesystem type, then source ("fuse stagefs", or
+        // "fuse.stagefs stagefs" where the subtype is kept).
+        let mut tail = l.split(" - ").nth(1).unwrap_or("").split(' ');
+        let (fstype, source) = (tail.next().unwrap_or(""), tail.next().unwrap_or(""));
+        at.is_some_and(|at| Path::new(&at) == abs)
+            && (fstype == "fuse" || fstype == "fuse.stagefs")
+            && source == "stagefs"
+    })
+}
+
 fn check_mountpoint(path: &Path) -> Result<(), DaemonError> {
+    clear_dead_mount(path);
     require_dir("mountpoint", path)?;
     let mut entries = std::fs::read_dir(path)
         .map_err(|e| DaemonError::Usage(format!("mountpoint {}: {e}", path.display())))?;

@@ -1028,6 +1028,9 @@ fn run_gc(
     stop: &AtomicBool,
 ) {
     let mut last: Option<Arc<catalog::Snapshot>> = None;
+    // Readers held directories at the last pass: their blobs may be free
+    // once they close, with no new commit to trigger a pass.
+    let mut held_last = false;
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
@@ -1036,11 +1039,12 @@ fn run_gc(
         }
         next = Instant::now() + cfg.gc_interval;
         let snapshot = catalog.snapshot();
-        if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
+        if !held_last && last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
             continue;
         }
         match collect_garbage(catalog, blobs, gate, stop) {
-            Ok((removed, freed)) => {
+            Ok((removed, freed, held)) => {
+                held_last = held > 0;
                 progress.gc_runs.fetch_add(1, Ordering::Relaxed);
                 progress.gc_removed.fetch_add(removed, Ordering::Relaxed);
                 progress.gc_freed_bytes.fetch_add(freed, Ordering::Relaxed);
@@ -1054,13 +1058,14 @@ fn run_gc(
     }
 }
 
-/// One mark-and-sweep pass; returns (blobs removed, bytes freed).
+/// One mark-and-sweep pass; returns (blobs removed, bytes freed,
+/// directories held by readers).
 fn collect_garbage(
     catalog: &Catalog,
     blobs: &BlobStore,
     gate: &GcGate,
     stop: &AtomicBool,
-) -> Result<(u64, u64), StageError> {
+) -> Result<(u64, u64, usize), StageError> {
     let (pending, snapshot, held) = {
         let mut g = gate.lock();
         g.marking = true;
@@ -1068,6 +1073,7 @@ fn collect_garbage(
         (g.pending.clone(), catalog.snapshot(), g.held.clone())
     };
     let held_dirs = held.map(|h| h()).unwrap_or_default();
+    let held_count = held_dirs.len();
     let result = (|| {
         let mut live: HashSet<BlobId> = HashSet::new();
         let mut seen_dirs: HashSet<catalog::NodeId> = HashSet::new();
@@ -1092,7 +1098,7 @@ fn collect_garbage(
                 }
             }
         }
-        Ok((removed, freed))
+        Ok((removed, freed, held_count))
     })();
     let mut g = gate.lock();
     g.marking = false;
