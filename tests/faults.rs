@@ -375,8 +375,18 @@ fn disk_full_stalls_keeps_serving_and_resumes_when_space_is_freed() {
     wait_for("a disk-full stall", 30, || {
         stall_reason(&s).is_some_and(|(_, r)| r.contains("disk full"))
     });
+    // Fetches already in flight when the first one hit the full disk may
+    // still complete a state or two: wait until visible settles.
+    let mut v = visible(&mnt).unwrap();
+    loop {
+        std::thread::sleep(Duration::from_millis(700));
+        let now = visible(&mnt).unwrap();
+        if now == v {
+            break;
+        }
+        v = now;
+    }
     let (id, reason) = stall_reason(&s).unwrap();
-    let v = visible(&mnt).unwrap();
     eprintln!("stalled at visible {v} on {id:?}: {reason}");
     assert!(v < StateId(last), "everything fitted: visible {v}");
     // The mount keeps serving the last state, whole and right.
@@ -387,6 +397,7 @@ fn disk_full_stalls_keeps_serving_and_resumes_when_space_is_freed() {
     assert!(!mnt.join(format!("db/t/p=a/{shown:06}_0")).exists());
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(visible(&mnt).unwrap(), v, "moved on while the disk is full");
+    assert!(stall_reason(&s).is_some_and(|(_, r)| r.contains("disk full")));
 
     // Free space: replication resumes and loses nothing.
     small.resize("64m");
