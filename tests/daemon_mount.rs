@@ -647,3 +647,58 @@ fn status_command_with_and_without_a_daemon() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     one_line(&String::from_utf8_lossy(&out.stderr));
 }
+
+/// Bad input through the real daemon: the mount keeps serving the last good
+/// state while status names the event, file, line and reason; after the line
+/// is corrected and the daemon restarted, replication continues.
+#[test]
+fn rejected_event_keeps_the_mount_serving_and_resumes_after_correction() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path());
+    let w = EventWriter::new(&args);
+    small_table(&w);
+    let f1 = w.put_file("default/blah/p=a/000000_0", b"good\n");
+    w.append(json!({"id": 3, "op": "add_files", "db": "default", "table": "blah", "partition": {"p": "a"}, "files": [f1]}));
+    // Line 4: files for a table that does not exist.
+    let f2 = w.put_file("default/blah/p=a/000001_0", b"never\n");
+    w.append(json!({"id": 4, "op": "add_files", "db": "default", "table": "nope", "partition": {"p": "a"}, "files": [f2.clone()]}));
+    w.append(json!({"id": 5, "op": "noop"}));
+    let log = args.events.join("log-000001.jsonl");
+    let mut d = Daemon::start(args);
+    let s = d.wait_status("the rejection at the last good state", |s| {
+        !s["stalled"].is_null() && s["visible"] == 3
+    });
+    assert_eq!(s["stalled"]["state_id"], 4, "{s}");
+    assert_eq!(s["stalled"]["file"], "log-000001.jsonl", "{s}");
+    assert_eq!(s["stalled"]["line"], 4, "{s}");
+    assert!(
+        s["stalled"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{s}"
+    );
+    assert_eq!(s["visible"], 3, "{s}");
+    // The mount serves the last good state, whole.
+    assert_eq!(
+        fs::read_to_string(d.join("default/blah/p=a/000000_0")).unwrap(),
+        "good\n"
+    );
+    assert_eq!(names(&d.join("default")), vec!["blah"]);
+
+    // Correct line 4, restart: 4 and 5 apply.
+    let text = fs::read_to_string(&log).unwrap();
+    let fixed: Vec<String> = text
+        .lines()
+        .map(|l| l.replace("\"nope\"", "\"blah\""))
+        .collect();
+    fs::write(&log, fixed.join("\n") + "\n").unwrap();
+    assert!(d.sigterm().success());
+    d.restart();
+    d.wait_visible(5);
+    assert!(d.status()["stalled"].is_null());
+    assert_eq!(
+        fs::read_to_string(d.join("default/blah/p=a/000001_0")).unwrap(),
+        "never\n"
+    );
+}
