@@ -264,38 +264,23 @@ impl Oracle {
 /// `fgetxattr(fd, name)` as a string.
 pub fn fgetxattr_string(file: &File, name: &str) -> io::Result<String> {
     let cname = CString::new(name).map_err(io::Error::other)?;
-    let mut buf = vec![0u8; 256];
     // SAFETY: a valid descriptor, a NUL-terminated name and a buffer of
-    // `buf.len()` writable bytes.
-    let rc = unsafe {
-        libc::fgetxattr(
-            file.as_raw_fd(),
-            cname.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(rc as usize);
-    String::from_utf8(buf).map_err(io::Error::other)
+    // `len` writable bytes.
+    xattr_string(|buf, len| unsafe { libc::fgetxattr(file.as_raw_fd(), cname.as_ptr(), buf, len) })
 }
 
 /// `getxattr(path, name)` as a string.
 pub fn getxattr_string(path: &Path, name: &str) -> io::Result<String> {
     let cpath = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
     let cname = CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: NUL-terminated strings and a buffer of `len` writable bytes.
+    xattr_string(|buf, len| unsafe { libc::getxattr(cpath.as_ptr(), cname.as_ptr(), buf, len) })
+}
+
+/// Runs one xattr read into a 256-byte buffer and decodes the value.
+fn xattr_string(read: impl FnOnce(*mut libc::c_void, usize) -> isize) -> io::Result<String> {
     let mut buf = vec![0u8; 256];
-    // SAFETY: NUL-terminated strings and a buffer of `buf.len()` bytes.
-    let rc = unsafe {
-        libc::getxattr(
-            cpath.as_ptr(),
-            cname.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    let rc = read(buf.as_mut_ptr().cast(), buf.len());
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -259,22 +259,23 @@ pub fn is_mount_point(path: &Path) -> bool {
     })
 }
 
-fn unescape_mountinfo(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+/// Decodes the octal escapes (`\040` for a space, ...) of a mountinfo path.
+pub fn unescape_mountinfo(s: &str) -> String {
     let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'\\' && i + 3 < bytes.len() {
             if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v as char);
+                out.push(v);
                 i += 4;
                 continue;
             }
         }
-        out.push(bytes[i] as char);
+        out.push(bytes[i]);
         i += 1;
     }
-    out
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `stagefs mount`: replicate and serve until SIGINT/SIGTERM or an external

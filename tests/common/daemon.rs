@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use stagefs::daemon::unescape_mountinfo;
 use stagefs::event::StateId;
 use stagefs::workload::{TableContent, Workload};
 
@@ -69,24 +70,6 @@ pub fn mounted(path: &Path) -> bool {
             .nth(4)
             .is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == path)
     })
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    let mut out = Vec::with_capacity(s.len());
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The folders and flags of one daemon.
