@@ -994,6 +994,33 @@ fn remove_all(path: &Path) -> io::Result<()> {
 // ---------------------------------------------------------------------------
 // A daemon process that is always cleaned up
 
+/// The `stagefs mount` flags (after the mountpoint) for a state folder and a
+/// source warehouse: `--state`, `--source-root`, `--events`, `--cm-root` and,
+/// when given, `--retain`.
+pub fn mount_flags(
+    state: &Path,
+    source_root: &Path,
+    events: &Path,
+    cm_root: &Path,
+    retain: Option<usize>,
+) -> Vec<std::ffi::OsString> {
+    let mut flags: Vec<std::ffi::OsString> = vec![
+        "--state".into(),
+        state.into(),
+        "--source-root".into(),
+        source_root.into(),
+        "--events".into(),
+        events.into(),
+        "--cm-root".into(),
+        cm_root.into(),
+    ];
+    if let Some(n) = retain {
+        flags.push("--retain".into());
+        flags.push(n.to_string().into());
+    }
+    flags
+}
+
 /// A `stagefs mount` child process. Dropping it sends SIGTERM, waits a
 /// little, then detaches the mount and SIGKILLs whatever is left.
 pub struct DaemonProcess {

@@ -14,8 +14,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use stagefs::checker::{
-    check_stagefs_table, run_readers, visible, CheckConfig, DaemonProcess, NaiveCopier, Oracle,
-    Target,
+    check_stagefs_table, mount_flags, run_readers, visible, CheckConfig, DaemonProcess,
+    NaiveCopier, Oracle, Target,
 };
 use stagefs::workload::{Workload, WorkloadConfig};
 
@@ -85,27 +85,17 @@ impl Drop for Writer {
     }
 }
 
-fn start_daemon(dir: &Path, w: &Workload, retain: &str) -> DaemonProcess {
+fn start_daemon(dir: &Path, w: &Workload, retain: usize) -> DaemonProcess {
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    let (state, src, ev, cm) = (
-        dir.join("state"),
-        w.source_root(),
-        w.events_dir(),
-        w.cm_root(),
+    let flags = mount_flags(
+        &dir.join("state"),
+        &w.source_root(),
+        &w.events_dir(),
+        &w.cm_root(),
+        Some(retain),
     );
-    let args: Vec<&OsStr> = vec![
-        OsStr::new("--state"),
-        state.as_os_str(),
-        OsStr::new("--source-root"),
-        src.as_os_str(),
-        OsStr::new("--events"),
-        ev.as_os_str(),
-        OsStr::new("--cm-root"),
-        cm.as_os_str(),
-        OsStr::new("--retain"),
-        OsStr::new(retain),
-    ];
+    let args: Vec<&OsStr> = flags.iter().map(|f| f.as_os_str()).collect();
     DaemonProcess::start(
         Path::new(env!("CARGO_BIN_EXE_stagefs")),
         &mnt,
@@ -127,7 +117,7 @@ fn zero_anomalies_under_concurrent_readers() {
         w.step().unwrap();
     }
     oracle.record(&w);
-    let daemon = start_daemon(dir.path(), &w, "4");
+    let daemon = start_daemon(dir.path(), &w, 4);
     let mnt = dir.path().join("mnt");
     let writer = Writer::start(w, Arc::clone(&oracle), Duration::from_millis(4));
 

@@ -17,7 +17,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use stagefs::checker::{check_stagefs_table, visible, DaemonProcess, Oracle};
+use stagefs::checker::{check_stagefs_table, mount_flags, visible, DaemonProcess, Oracle};
 use stagefs::event::StateId;
 use stagefs::workload::{Rng, Workload, WorkloadConfig};
 
@@ -35,19 +35,14 @@ impl Dirs {
 }
 
 fn start(d: &Dirs, w: &Workload) -> DaemonProcess {
-    let (state, src, ev, cm) = (d.state(), w.source_root(), w.events_dir(), w.cm_root());
-    let args: Vec<&OsStr> = vec![
-        OsStr::new("--state"),
-        state.as_os_str(),
-        OsStr::new("--source-root"),
-        src.as_os_str(),
-        OsStr::new("--events"),
-        ev.as_os_str(),
-        OsStr::new("--cm-root"),
-        cm.as_os_str(),
-        OsStr::new("--retain"),
-        OsStr::new("2"),
-    ];
+    let flags = mount_flags(
+        &d.state(),
+        &w.source_root(),
+        &w.events_dir(),
+        &w.cm_root(),
+        Some(2),
+    );
+    let args: Vec<&OsStr> = flags.iter().map(|f| f.as_os_str()).collect();
     DaemonProcess::start_with_log_filter(
         Path::new(env!("CARGO_BIN_EXE_stagefs")),
         &d.mnt(),

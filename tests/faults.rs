@@ -18,7 +18,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use stagefs::checker::{detach, getxattr_string, is_mounted, mount_status, visible, DaemonProcess};
+use stagefs::checker::{
+    detach, getxattr_string, is_mounted, mount_flags, mount_status, visible, DaemonProcess,
+};
 use stagefs::event::StateId;
 use stagefs::status::StatusReport;
 
@@ -129,21 +131,15 @@ impl Setup {
     }
 
     fn start(&self, state: &Path) -> DaemonProcess {
-        let (s, ev, cm) = (
-            self.src.root.join("source"),
-            self.src.root.join("events"),
-            self.src.root.join("cm"),
+        let root = &self.src.root;
+        let flags = mount_flags(
+            state,
+            &root.join("source"),
+            &root.join("events"),
+            &root.join("cm"),
+            None,
         );
-        let args: Vec<&OsStr> = vec![
-            OsStr::new("--state"),
-            state.as_os_str(),
-            OsStr::new("--source-root"),
-            s.as_os_str(),
-            OsStr::new("--events"),
-            ev.as_os_str(),
-            OsStr::new("--cm-root"),
-            cm.as_os_str(),
-        ];
+        let args: Vec<&OsStr> = flags.iter().map(|f| f.as_os_str()).collect();
         DaemonProcess::start(
             Path::new(env!("CARGO_BIN_EXE_stagefs")),
             &self.mnt(),
