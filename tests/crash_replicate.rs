@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use stagefs::catalog::{Node, Tree};
+use stagefs::catalog::Tree;
 use stagefs::event::StateId;
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::workload::{Rng, Workload, WorkloadConfig};
@@ -67,8 +67,7 @@ fn check_tree(tree: &Tree, w: &Workload, blobs: &stagefs::stage::BlobStore) {
             let want = expected
                 .get(&format!("{db}.{t}"))
                 .unwrap_or_else(|| panic!("{db}.{t} does not exist at {}", tree.state_id));
-            let mut got = Vec::new();
-            walk("", tnode, &mut got);
+            let got = tnode.as_dir().unwrap().files_below();
             let want: Vec<_> = want.iter().map(|(p, b)| (p.clone(), *b)).collect();
             assert_eq!(got, want, "{db}.{t} at {}", tree.state_id);
             for (_, b) in &got {
@@ -78,22 +77,6 @@ fn check_tree(tree: &Tree, w: &Workload, blobs: &stagefs::stage::BlobStore) {
         }
     }
     assert_eq!(tables, expected.len(), "table count at {}", tree.state_id);
-}
-
-fn walk(prefix: &str, node: &Node, out: &mut Vec<(String, stagefs::event::BlobId)>) {
-    match node {
-        Node::Dir(d) => {
-            for (name, child) in d.children.iter() {
-                let p = if prefix.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{prefix}/{name}")
-                };
-                walk(&p, child, out);
-            }
-        }
-        Node::File(f) => out.push((prefix.to_string(), f.blob)),
-    }
 }
 
 fn count_tmp(state: &Path) -> usize {

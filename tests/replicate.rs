@@ -2,10 +2,9 @@
 //! commits, checked against the workload's oracle.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stagefs::catalog::{Node, Tree};
+use stagefs::catalog::Tree;
 use stagefs::event::StateId;
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::workload::{write_seed_example, Workload, WorkloadConfig};
@@ -26,26 +25,15 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 fn table_files(tree: &Tree, db: &str, t: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    fn walk(prefix: &str, node: &Node, out: &mut Vec<(String, String)>) {
-        match node {
-            Node::Dir(d) => {
-                for (name, child) in d.children.iter() {
-                    let p = if prefix.is_empty() {
-                        name.to_string()
-                    } else {
-                        format!("{prefix}/{name}")
-                    };
-                    walk(&p, child, out);
-                }
-            }
-            Node::File(f) => out.push((prefix.to_string(), f.blob.to_hex())),
-        }
-    }
-    if let Some(table) = tree.table(db, t) {
-        walk("", &Node::Dir(Arc::clone(table)), &mut out);
-    }
-    out
+    tree.table(db, t)
+        .map(|table| {
+            table
+                .files_below()
+                .into_iter()
+                .map(|(p, b)| (p, b.to_hex()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[test]

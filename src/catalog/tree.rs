@@ -126,6 +126,27 @@ impl DirNode {
         self.children.get(name).and_then(Node::as_dir)
     }
 
+    /// Every file below this directory as (path relative to it, blob), in
+    /// path order: how tests and checkers compare a table with an oracle.
+    pub fn files_below(&self) -> Vec<(String, BlobId)> {
+        fn walk(prefix: &str, dir: &DirNode, out: &mut Vec<(String, BlobId)>) {
+            for (name, child) in dir.children.iter() {
+                let path = if prefix.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                match child {
+                    Node::Dir(d) => walk(&path, d, out),
+                    Node::File(f) => out.push((path, f.blob)),
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk("", self, &mut out);
+        out
+    }
+
     fn with_children(&self, meta: Meta, children: OrdMap<Name, Node>) -> Arc<DirNode> {
         Arc::new(DirNode {
             meta,
