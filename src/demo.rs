@@ -54,11 +54,21 @@ pub fn run(mountpoint: Option<PathBuf>) -> Result<(), DaemonError> {
             min_file_bytes: 64,
             max_file_bytes: 4096,
             events_per_log_file: 500,
-            table_churn: true,
+            // Tables stay put, so the paths the tour prints keep working;
+            // inserts, overwrites and partition drops keep them changing.
+            table_churn: false,
             start_id: 50,
         },
     )
     .map_err(io("starting the demo workload"))?;
+    // A first few events, so that db0's tables exist when the tour is shown.
+    while (0..3).any(|t| {
+        workload
+            .expected_table(workload.latest(), "db0", &format!("t{t}"))
+            .is_none()
+    }) {
+        workload.step().map_err(io("writing the demo warehouse"))?;
+    }
 
     let args = MountArgs {
         mountpoint: mountpoint.clone(),
