@@ -299,27 +299,6 @@ impl Catalog {
         self.published.store(Arc::new(c.snapshot()));
         Ok(true)
     }
-
-    /// Applies retention now (after unpinning) and returns what it dropped.
-    pub fn apply_retention(&self) -> Result<Vec<StateId>, CatalogError> {
-        let mut c = self.lock();
-        let dropped = retention(&c.versions, &c.pins, c.visible.state_id, c.retain);
-        if dropped.is_empty() {
-            return Ok(dropped);
-        }
-        let mut versions = c.versions.clone();
-        for s in &dropped {
-            versions.remove(s);
-        }
-        let record = CommitRecord {
-            visible: c.visible.state_id,
-            retained: versions.keys().copied().collect(),
-        };
-        self.persist(COMMIT_FILE, &record)?;
-        c.versions = versions;
-        self.published.store(Arc::new(c.snapshot()));
-        Ok(dropped)
-    }
 }
 
 impl Control {
