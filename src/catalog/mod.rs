@@ -14,7 +14,7 @@
 
 pub mod tree;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -360,7 +360,7 @@ struct Unresolved<'a> {
 impl PendingState {
     /// Carries the waiting files into this state: follows a rename, adds
     /// this event's missing files, drops those it no longer references.
-    fn carry<'a>(&'a self, unresolved: &mut Vec<Unresolved<'a>>, missing: &HashMap<BlobId, u32>) {
+    fn carry<'a>(&'a self, unresolved: &mut Vec<Unresolved<'a>>, missing: &HashSet<BlobId>) {
         if let Some((from, to)) = &self.renamed {
             for u in unresolved.iter_mut() {
                 if u.dir.len() >= 2 && u.dir[..2] == from[..] {
@@ -372,7 +372,7 @@ impl PendingState {
         unresolved.extend(
             self.added
                 .iter()
-                .filter(|f| missing.contains_key(&f.blob))
+                .filter(|f| missing.contains(&f.blob))
                 .map(|f| Unresolved {
                     dir: f.dir.clone(),
                     file: f,
@@ -388,9 +388,8 @@ impl PendingState {
 pub struct Pending {
     latest: Arc<Tree>,
     states: VecDeque<PendingState>,
-    /// Blobs referenced by pending states that are not staged yet, with how
-    /// many added-file entries wait on each.
-    missing: HashMap<BlobId, u32>,
+    /// Blobs referenced by pending states that are not staged yet.
+    missing: HashSet<BlobId>,
 }
 
 impl Pending {
@@ -399,7 +398,7 @@ impl Pending {
         Pending {
             latest,
             states: VecDeque::new(),
-            missing: HashMap::new(),
+            missing: HashSet::new(),
         }
     }
 
@@ -439,10 +438,8 @@ impl Pending {
     ) -> Vec<AddedFile> {
         let mut to_fetch = Vec::new();
         for f in &added {
-            if let Some(n) = self.missing.get_mut(&f.blob) {
-                *n += 1;
-            } else if !is_staged(&f.blob) {
-                self.missing.insert(f.blob, 1);
+            if !self.missing.contains(&f.blob) && !is_staged(&f.blob) {
+                self.missing.insert(f.blob);
                 to_fetch.push(f.clone());
             }
         }
@@ -481,16 +478,16 @@ impl Pending {
     /// A blob thought staged was lost before it became durable: states that
     /// reference it wait for it again.
     pub fn unstaged(&mut self, blob: BlobId) {
-        self.missing.entry(blob).or_insert(1);
+        self.missing.insert(blob);
     }
 
     /// Blobs still missing.
     pub fn missing(&self) -> impl Iterator<Item = &BlobId> {
-        self.missing.keys()
+        self.missing.iter()
     }
 
     pub fn is_missing(&self, blob: &BlobId) -> bool {
-        self.missing.contains_key(blob)
+        self.missing.contains(blob)
     }
 
     /// The commit rule: the newest pending state all of whose files are
@@ -538,15 +535,15 @@ impl Pending {
         if self.missing.is_empty() {
             return Vec::new();
         }
-        let needed: std::collections::HashSet<BlobId> = self
+        let needed: HashSet<BlobId> = self
             .states
             .iter()
             .flat_map(|s| s.added.iter().map(|f| f.blob))
-            .filter(|b| self.missing.contains_key(b))
+            .filter(|b| self.missing.contains(b))
             .collect();
         let abandoned: Vec<BlobId> = self
             .missing
-            .keys()
+            .iter()
             .filter(|b| !needed.contains(b))
             .copied()
             .collect();
