@@ -201,9 +201,6 @@ fn clear_dead_mount(path: &Path) {
 /// True when `path` is mounted as a stagefs FUSE filesystem (by mountinfo,
 /// which does not touch the possibly dead mount).
 fn is_stagefs_mount(path: &Path) -> bool {
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
     let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
@@ -211,17 +208,33 @@ fn is_stagefs_mount(path: &Path) -> bool {
             .map(|d| d.join(path))
             .unwrap_or_else(|_| path.to_path_buf())
     };
-    mounts.lines().any(|l| {
-        let mut fields = l.split(' ');
-        let at = fields.nth(4).map(unescape_mountinfo);
-        // After " - ": filesystem type, then source ("fuse stagefs", or
-        // "fuse.stagefs stagefs" where the subtype is kept).
-        let mut tail = l.split(" - ").nth(1).unwrap_or("").split(' ');
-        let (fstype, source) = (tail.next().unwrap_or(""), tail.next().unwrap_or(""));
-        at.is_some_and(|at| Path::new(&at) == abs)
-            && (fstype == "fuse" || fstype == "fuse.stagefs")
-            && source == "stagefs"
+    // "fuse stagefs", or "fuse.stagefs stagefs" where the subtype is kept.
+    mount_types(&abs).iter().any(|(fstype, source)| {
+        (fstype == "fuse" || fstype == "fuse.stagefs") && source == "stagefs"
     })
+}
+
+/// The filesystem type and source of every mount whose mount point is `at`
+/// (an absolute path), from /proc/self/mountinfo.
+fn mount_types(at: &Path) -> Vec<(String, String)> {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mount_point = unescape_mountinfo(l.split(' ').nth(4)?);
+            if Path::new(&mount_point) != at {
+                return None;
+            }
+            // After " - ": filesystem type, then source.
+            let mut tail = l.split(" - ").nth(1)?.split(' ');
+            Some((
+                tail.next()?.to_owned(),
+                tail.next().unwrap_or("").to_owned(),
+            ))
+        })
+        .collect()
 }
 
 fn check_mountpoint(path: &Path) -> Result<(), DaemonError> {
@@ -246,17 +259,8 @@ fn check_mountpoint(path: &Path) -> Result<(), DaemonError> {
 
 /// True when `path` is the root of a mounted filesystem.
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(canon) = path.canonicalize() else {
-        return false;
-    };
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    mounts.lines().any(|l| {
-        l.split(' ')
-            .nth(4)
-            .is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == canon)
-    })
+    path.canonicalize()
+        .is_ok_and(|canon| !mount_types(&canon).is_empty())
 }
 
 /// Decodes the octal escapes (`\040` for a space, ...) of a mountinfo path.
