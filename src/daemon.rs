@@ -176,7 +176,9 @@ impl StatusSource for ReplicaStatus {
     }
 
     fn latest(&self) -> crate::event::StateId {
-        self.0.status().latest
+        // Without rendering the whole status on every `getxattr`.
+        let visible = self.0.catalog().snapshot().visible.state_id;
+        self.0.progress().latest(visible)
     }
 }
 

@@ -985,7 +985,7 @@ impl CatchUpReporter {
         if elapsed < REPORT_EVERY {
             return;
         }
-        let latest = StateId(progress.latest.load(Ordering::Relaxed).max(visible.0));
+        let latest = progress.latest(visible);
         let bytes = progress.bytes_fetched.load(Ordering::Relaxed);
         let lag = latest.0 - visible.0;
         if let (true, Some(before)) = (lag > 0, self.visible) {

@@ -90,6 +90,13 @@ impl Progress {
         *lock(&self.stage_stall) = stall;
     }
 
+    /// The newest accepted state-id; never below `visible` (after a
+    /// restart ingest has not reported yet, but the journal held at least
+    /// the visible state).
+    pub fn latest(&self, visible: StateId) -> StateId {
+        StateId(self.latest.load(Ordering::Relaxed).max(visible.0))
+    }
+
     pub fn stalled(&self) -> Option<Stall> {
         lock(&self.ingest_stall)
             .clone()
@@ -181,7 +188,7 @@ impl StatusReport {
         journal: JournalReport,
     ) -> StatusReport {
         let visible = snapshot.visible.state_id;
-        let latest = StateId(progress.latest.load(Ordering::Relaxed).max(visible.0));
+        let latest = progress.latest(visible);
         let lag_events = latest.0 - visible.0;
         let lag_seconds = if lag_events == 0 {
             Some(0.0)
