@@ -265,8 +265,10 @@ fn missing_file_stalls_at_the_last_complete_state_until_a_later_state_drops_it()
         .event(5, "add_files", "a", &[Source::file_ref("a", "a2", &a2)]);
 
     let _d = s.start(&s.dir.path().join("state"));
-    wait_for("the stall", 20, || {
+    // The stall can be reported before state 3's commit lands: wait for both.
+    wait_for("the stall with 3 visible", 20, || {
         stall_reason(&s).is_some_and(|(_, r)| r.contains("db/t/p=b/ghost"))
+            && visible(&s.mnt()).is_ok_and(|v| v == StateId(3))
     });
     let (id, reason) = stall_reason(&s).unwrap();
     assert_eq!(id, Some(StateId(4)), "{reason}");

@@ -79,12 +79,20 @@ fn missing_file_stalls_until_it_arrives() {
     std::fs::write(&log, lines[..5].join("\n") + "\n").unwrap();
 
     let replica = Replica::start(config(state.path(), src.path())).unwrap();
-    wait_for("a stall on 30", Duration::from_secs(10), || {
-        replica
-            .status()
-            .stalled
-            .is_some_and(|s| s.state_id == Some(StateId(30)))
-    });
+    // The stall on 30 can be reported before state 20's commit lands (its
+    // file may still be in flight): wait for both, then check they hold.
+    wait_for(
+        "a stall on 30 with 20 visible",
+        Duration::from_secs(10),
+        || {
+            replica
+                .status()
+                .stalled
+                .is_some_and(|s| s.state_id == Some(StateId(30)))
+                && replica.catalog().snapshot().visible.state_id == StateId(20)
+        },
+    );
+    std::thread::sleep(Duration::from_millis(200));
     assert_eq!(replica.catalog().snapshot().visible.state_id, StateId(20));
     let reason = replica.status().stalled.unwrap().reason;
     assert!(reason.contains("000002_0"), "{reason}");
