@@ -17,6 +17,7 @@ pub mod fuse;
 pub mod ingest;
 pub mod journal;
 pub mod replicate;
+pub mod source;
 pub mod stage;
 pub mod status;
 pub mod view;
