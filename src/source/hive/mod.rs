@@ -7,6 +7,7 @@
 //! inside messages and [`uri`] for file URIs and partition names;
 //! [`checksum`] recomputes HDFS file checksums from bytes while staging.
 
+pub mod checksum;
 pub mod message;
 pub mod model;
 pub mod thrift;
