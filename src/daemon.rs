@@ -168,7 +168,8 @@ impl ReplicateArgs {
         let Some(rows) = &self.hive.rows else {
             if !self.hive.source_map.is_empty() {
                 return Err(DaemonError::Usage(
-                    "--source-map is for a Hive source: add --hive-metastore or --hive-events".into(),
+                    "--source-map is for a Hive source: add --hive-metastore or --hive-events"
+                        .into(),
                 ));
             }
             return Ok(None);

@@ -14,6 +14,7 @@ pub mod demo;
 pub mod durable;
 pub mod event;
 pub mod fuse;
+pub mod hive_writer;
 pub mod journal;
 pub mod replicate;
 pub mod source;
