@@ -2,4 +2,5 @@
 //! metastore source", ../shared/HIVE.md). [`model`] holds the rows and the
 //! decoded messages that the other parts of this module share.
 
+pub mod metastore;
 pub mod model;
