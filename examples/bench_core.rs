@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use stagefs::catalog::{Catalog, FileNode, Pending, Pins, Tree};
 use stagefs::durable::write_atomic;
-use stagefs::event::{BlobId, Event, FileRef, Op, StateId};
+use stagefs::event::{BlobId, Change, Event, FileRef, Op, StateId};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::stage::BlobStore;
 
@@ -339,33 +339,26 @@ fn blob_for(n: u64) -> BlobId {
 /// The file `000123_0` of partition `p=v<part>` of db.t.
 fn file_ref(part: u64, file: u64, blob: u64) -> FileRef {
     let name = format!("{file:06}_0");
-    FileRef {
-        path: format!("db/table/p=v{part}/{name}"),
-        size: 1,
-        sha256: blob_for(blob),
-        name,
-    }
+    FileRef::native(
+        &format!("db/table/p=v{part}/{name}"),
+        &name,
+        1,
+        blob_for(blob),
+    )
 }
 
 fn event(id: u64, op: Op) -> Event {
     Event {
         id: StateId(id),
-        op,
         time_ms: Some(1_700_000_000_000 + id as i64),
-        db: "db".into(),
-        table: "t".into(),
-        partition_keys: Vec::new(),
-        partition: None,
-        files: Vec::new(),
-        new_db: String::new(),
-        new_table: String::new(),
+        changes: vec![Change::new(op, "db", "t")],
     }
 }
 
 fn add_files(id: u64, part: u64, files: Vec<FileRef>) -> Event {
     let mut e = event(id, Op::AddFiles);
-    e.partition = Some(BTreeMap::from([("p".to_owned(), format!("v{part}"))]));
-    e.files = files;
+    e.changes[0].partition = Some(BTreeMap::from([("p".to_owned(), format!("v{part}"))]));
+    e.changes[0].files = files;
     e
 }
 
@@ -383,7 +376,7 @@ fn build_tree(parts: u64, files_per_part: u64) -> Tree {
     step(&mut tree, event(id, Op::CreateDatabase));
     id += 1;
     let mut ct = event(id, Op::CreateTable);
-    ct.partition_keys = vec!["p".into()];
+    ct.changes[0].partition_keys = vec!["p".into()];
     step(&mut tree, ct);
     let mut blob = 0;
     for p in 0..parts {
@@ -837,7 +830,7 @@ fn stage_by_copy_file_range(f: &FileRef, src: &Path, dest: &Path, n: usize) -> R
         .write(true)
         .create_new(true)
         .open(&tmp)?;
-    let mut left = f.size as usize;
+    let mut left = f.known().map_or(0, |(_, size)| size) as usize;
     while left > 0 {
         // SAFETY: both descriptors are open; null offsets use the file positions.
         let done = unsafe {
@@ -865,11 +858,11 @@ fn stage_by_copy_file_range(f: &FileRef, src: &Path, dest: &Path, n: usize) -> R
         }
         h.update(&buf[..k]);
     }
-    if BlobId(h.finalize().into()) != f.sha256 {
+    if BlobId(h.finalize().into()) != f.key() {
         return Err("sha mismatch".into());
     }
     out.sync_data()?;
-    fs::rename(&tmp, dest.join(f.sha256.to_hex()))?;
+    fs::rename(&tmp, dest.join(f.key().to_hex()))?;
     File::open(dest)?.sync_all()?;
     Ok(())
 }
@@ -938,12 +931,7 @@ fn bench_stage(o: &Opts) -> Res<()> {
     let refs: Arc<Vec<FileRef>> = Arc::new(
         files
             .iter()
-            .map(|f| FileRef {
-                path: f.rel.clone(),
-                size: f.size,
-                sha256: f.sha,
-                name: "000000_0".into(),
-            })
+            .map(|f| FileRef::native(&f.rel, "000000_0", f.size, f.sha))
             .collect(),
     );
     for rep in 0..reps {

@@ -63,7 +63,7 @@ use imbl::OrdMap;
 use sha2::{Digest, Sha256};
 
 use crate::catalog::{Node, Tree};
-use crate::event::{escape_path_name, BlobId, Event, Op, StateId};
+use crate::event::{escape_path_name, BlobId, Change, Event, Op, StateId};
 use crate::workload::{Rng, TableContent, WarehouseContent, Workload};
 
 // ---------------------------------------------------------------------------
@@ -913,6 +913,10 @@ impl Copier {
     }
 
     fn process(&self, e: &Event) -> io::Result<()> {
+        e.changes.iter().try_for_each(|c| self.process_change(c))
+    }
+
+    fn process_change(&self, e: &Change) -> io::Result<()> {
         let table_dir = self.dest.join(&e.db).join(&e.table);
         match e.op {
             Op::CreateDatabase => fs::create_dir_all(self.dest.join(&e.db)),
@@ -928,15 +932,17 @@ impl Copier {
                 }
             }
             Op::Noop => Ok(()),
-            Op::AddPartition | Op::DropPartition | Op::AddFiles | Op::ReplaceFiles => {
-                self.copy_partition(e)
-            }
+            Op::AddPartition
+            | Op::DropPartition
+            | Op::AddFiles
+            | Op::ReplaceFiles
+            | Op::TruncateTable => self.copy_partition(e),
         }
     }
 
     /// Makes `DEST/db/t/<partition>` equal to the partition's files at the
     /// source *now*.
-    fn copy_partition(&self, e: &Event) -> io::Result<()> {
+    fn copy_partition(&self, e: &Change) -> io::Result<()> {
         let levels: Vec<String> = e
             .partition
             .iter()
@@ -964,7 +970,7 @@ impl Copier {
             keep.insert(name.to_string());
             let from = self.source_root.join(&*f.source);
             let base = f.source.rsplit('/').next().unwrap_or(&f.source);
-            let cm = self.cm_root.join(format!("{base}_{}", f.blob.to_hex()));
+            let cm = self.cm_root.join(format!("{base}_{}", f.blob().to_hex()));
             let bytes = match fs::read(&from).or_else(|_| fs::read(&cm)) {
                 Ok(b) => b,
                 Err(_) => continue, // gone meanwhile: a naive copier skips it

@@ -18,6 +18,8 @@ use crate::catalog::load_durable;
 use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
 use crate::replicate::{state_in_use, Replica, ReplicaConfig, ReplicaError};
+use crate::source::hive::map::SourceMap;
+use crate::source::hive::{HiveConfig, HiveRows};
 use crate::status::StatusReport;
 use crate::view::{StatusSource, View, ViewConfig};
 
@@ -64,10 +66,34 @@ pub fn init_logging() {
 #[derive(Debug, Clone)]
 pub struct ReplicateArgs {
     pub state: PathBuf,
-    pub source_root: PathBuf,
-    pub events: PathBuf,
+    /// Native source: `--source-root` and `--events`.
+    pub source_root: Option<PathBuf>,
+    pub events: Option<PathBuf>,
     pub cm_root: Option<PathBuf>,
     pub retain: usize,
+    pub hive: HiveArgs,
+}
+
+/// The Hive source's flags; `rows` is None for the native source.
+#[derive(Debug, Clone, Default)]
+pub struct HiveArgs {
+    pub rows: Option<HiveRows>,
+    pub source_map: Vec<String>,
+    pub poll_ms: u64,
+}
+
+impl ReplicateArgs {
+    /// A native source: `--source-root`, `--events`.
+    pub fn native(state: &Path, source_root: &Path, events: &Path) -> ReplicateArgs {
+        ReplicateArgs {
+            state: state.to_owned(),
+            source_root: Some(source_root.to_owned()),
+            events: Some(events.to_owned()),
+            cm_root: None,
+            retain: 16,
+            hive: HiveArgs::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -93,9 +119,31 @@ fn require_dir(flag: &str, path: &Path) -> Result<(), DaemonError> {
 
 impl ReplicateArgs {
     fn config(&self) -> Result<ReplicaConfig, DaemonError> {
-        require_dir("--source-root", &self.source_root)?;
-        require_dir("--events", &self.events)?;
+        let hive = self.hive_config()?;
+        let (source_root, events) = match (&hive, &self.source_root, &self.events) {
+            (None, Some(root), Some(events)) => {
+                require_dir("--source-root", root)?;
+                require_dir("--events", events)?;
+                (root.clone(), events.clone())
+            }
+            (None, _, _) => {
+                return Err(DaemonError::Usage(
+                    "give --source-root and --events (native events), or --hive-metastore or --hive-events with --source-map (Hive)".into(),
+                ))
+            }
+            (Some(_), None, None) => (PathBuf::new(), PathBuf::new()),
+            (Some(_), _, _) => {
+                return Err(DaemonError::Usage(
+                    "--source-root and --events are for native events; a Hive source finds files through --source-map".into(),
+                ))
+            }
+        };
         if let Some(cm) = &self.cm_root {
+            if hive.is_some() {
+                return Err(DaemonError::Usage(
+                    "--cm-root is for native events; Hive file URIs name their change-management root (map it with --source-map)".into(),
+                ));
+            }
             require_dir("--cm-root", cm)?;
         }
         if self.state.exists() {
@@ -108,10 +156,44 @@ impl ReplicateArgs {
                 ))
             })?;
         }
-        let mut cfg = ReplicaConfig::new(&self.state, &self.source_root, &self.events);
+        let mut cfg = ReplicaConfig::new(&self.state, &source_root, &events);
         cfg.cm_root = self.cm_root.clone();
         cfg.retain = self.retain.max(1);
+        cfg.hive = hive;
         Ok(cfg)
+    }
+
+    /// The Hive source's configuration, checked; None for native events.
+    fn hive_config(&self) -> Result<Option<HiveConfig>, DaemonError> {
+        let Some(rows) = &self.hive.rows else {
+            if !self.hive.source_map.is_empty() {
+                return Err(DaemonError::Usage(
+                    "--source-map is for a Hive source: add --hive-metastore or --hive-events"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let map = SourceMap::parse(&self.hive.source_map).map_err(DaemonError::Usage)?;
+        if map.is_empty() {
+            return Err(DaemonError::Usage(
+                "a Hive source needs --source-map PREFIX=DIR to find its files".into(),
+            ));
+        }
+        for dir in map.dirs() {
+            require_dir("--source-map", dir)?;
+        }
+        if let HiveRows::Files(path) = rows {
+            if !path.exists() {
+                return Err(DaemonError::Usage(format!(
+                    "--hive-events {}: no such file or folder",
+                    path.display()
+                )));
+            }
+        }
+        let mut cfg = HiveConfig::new(rows.clone(), map);
+        cfg.poll_interval = Duration::from_millis(self.hive.poll_ms.max(1));
+        Ok(Some(cfg))
     }
 }
 

@@ -3,6 +3,12 @@
 //! overwrites, partition drops and table churn with real files), mounts it,
 //! prints what to try, and on Ctrl-C unmounts and removes its temporary
 //! folders.
+//!
+//! `--hive`: the same warehouse reaches stagefs as Hive would write it:
+//! every native event is converted (`hive_writer`) into `NOTIFICATION_LOG`
+//! rows with `gzip(json-2.0)` messages, file URIs with HDFS checksums and
+//! a change-management root, and replicated through `--hive-events` and
+//! `--source-map`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -10,13 +16,16 @@ use std::time::Instant;
 use tracing::info;
 
 use crate::daemon::{self, DaemonError, MountArgs, ReplicateArgs};
+use crate::hive_writer::{HiveWriter, LogConverter};
 use crate::replicate::{Replica, ReplicaConfig};
+use crate::source::hive::map::SourceMap;
+use crate::source::hive::{HiveConfig, HiveRows};
 use crate::workload::{write_seed_example, Workload, WorkloadConfig};
 
 /// Events the demo source produces per second after the example.
 const EVENTS_PER_SECOND: u64 = 2;
 
-pub fn run(mountpoint: Option<PathBuf>) -> Result<(), DaemonError> {
+pub fn run(mountpoint: Option<PathBuf>, hive: bool) -> Result<(), DaemonError> {
     let io = |what: &str| {
         let what = what.to_owned();
         move |e: std::io::Error| DaemonError::Io(format!("{what}: {e}"))
@@ -73,19 +82,34 @@ pub fn run(mountpoint: Option<PathBuf>) -> Result<(), DaemonError> {
     let args = MountArgs {
         mountpoint: mountpoint.clone(),
         replicate: ReplicateArgs {
-            state: state.clone(),
-            source_root: src.join("source"),
-            events: src.join("events"),
             cm_root: Some(src.join("cm")),
-            retain: 16,
+            ..ReplicateArgs::native(&state, &src.join("source"), &src.join("events"))
         },
         allow_other: false,
     };
-    let mut cfg = ReplicaConfig::new(&state, &args.replicate.source_root, &args.replicate.events);
+    let mut cfg = ReplicaConfig::new(&state, &src.join("source"), &src.join("events"));
     cfg.cm_root = args.replicate.cm_root.clone();
+    let mut converter = None;
+    if hive {
+        let rows = src.join("hive-events/rows.jsonl");
+        let writer = HiveWriter::new(
+            &rows,
+            &src.join("source"),
+            Some(&src.join("cm")),
+            &src.join("hive-cm"),
+            true,
+        )
+        .map_err(io("starting the Hive row writer"))?;
+        let map = SourceMap::parse(&writer.source_map_args()).map_err(DaemonError::Io)?;
+        let mut c = LogConverter::new(&src.join("events"), writer);
+        c.pump().map_err(io("writing Hive rows"))?;
+        cfg.cm_root = None;
+        cfg.hive = Some(HiveConfig::new(HiveRows::Files(rows.clone()), map.clone()));
+        converter = Some(c);
+    }
     daemon::install_signal_handlers();
     let replica = std::sync::Arc::new(Replica::start(cfg)?);
-    print_tour(&mountpoint, &src);
+    print_tour(&mountpoint, &src, hive);
 
     let started = Instant::now();
     let mut produced = 0u64;
@@ -93,8 +117,12 @@ pub fn run(mountpoint: Option<PathBuf>) -> Result<(), DaemonError> {
     let result = daemon::serve(&args, &replica, daemon::stop_requested, |_| {
         let due = started.elapsed().as_millis() as u64 * EVENTS_PER_SECOND / 1000;
         while produced < due && workload_error.is_none() {
-            match workload.step() {
-                Ok(_) => produced += 1,
+            let step = workload.step().and_then(|_| match converter.as_mut() {
+                Some(c) => c.pump().map(|_| ()),
+                None => Ok(()),
+            });
+            match step {
+                Ok(()) => produced += 1,
                 Err(e) => workload_error = Some(e),
             }
         }
@@ -118,7 +146,7 @@ pub fn run(mountpoint: Option<PathBuf>) -> Result<(), DaemonError> {
     result
 }
 
-fn print_tour(mnt: &std::path::Path, src: &std::path::Path) {
+fn print_tour(mnt: &std::path::Path, src: &std::path::Path, hive: bool) {
     let m = mnt.display();
     let have_attr = std::process::Command::new("getfattr")
         .arg("--version")
@@ -141,6 +169,13 @@ fn print_tour(mnt: &std::path::Path, src: &std::path::Path) {
          Press Ctrl-C to unmount and clean up.",
         src.display()
     );
+    if hive {
+        println!(
+            "\nFed through Hive notification rows (gzip(json-2.0)): {}/hive-events/rows.jsonl\n\
+             \x20 getfattr -n user.stagefs.verified {m}/default/blah/p=a/000001_0   # hdfs-md5md5crc32c",
+            src.display()
+        );
+    }
     if !have_attr {
         println!("(getfattr/setfattr come from the `attr` package: apt-get install -y attr)");
     }

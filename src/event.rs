@@ -94,6 +94,10 @@ pub enum Op {
     AddFiles,
     ReplaceFiles,
     Noop,
+    /// Empties a table: an unpartitioned table's files, or every partition
+    /// of a partitioned one (the partitions stay). Hive's `TRUNCATE TABLE`;
+    /// not part of the native format.
+    TruncateTable,
 }
 
 impl Op {
@@ -122,26 +126,110 @@ impl Op {
     }
 }
 
-/// One file an event names.
+/// How a file's content is checked when it is staged (SPEC §3 rule 2,
+/// `user.stagefs.verified`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileRef {
-    /// Relative to the source root; no `..`, not absolute.
-    pub path: String,
-    pub size: u64,
-    pub sha256: BlobId,
-    /// The file's name in the partition directory: one path component.
-    pub name: String,
+#[serde(rename_all = "snake_case")]
+pub enum Verify {
+    /// Native events: size and sha256 are known before fetching.
+    Sha256 { size: u64, sha256: BlobId },
+    /// Hive: the HDFS file checksum the URI carries (lower-case hex of
+    /// `getFileChecksum().getBytes()`), recomputed from the bytes.
+    Hdfs { checksum: String },
+    /// Hive without a checksum: staged as read, reported as unverified.
+    None,
 }
 
-/// A validated source event. Partition values are in the order of the
-/// event's `partition` object; the catalog matches them against the table's
-/// partition keys.
+impl Verify {
+    /// The `user.stagefs.verified` value of a file checked this way.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Verify::Sha256 { .. } => "sha256",
+            Verify::Hdfs { .. } => "hdfs-md5md5crc32c",
+            Verify::None => "none",
+        }
+    }
+}
+
+/// One file an event names.
+///
+/// Native files are known by content before they are fetched (`Verify::Sha256`).
+/// Hive files are not: their sha256 and size become known when the stager
+/// reads them, so they carry a `key` instead, a stable identity of this
+/// reference (derived from the event id and the file's place in the event)
+/// that the catalog resolves to a blob once the file is staged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Event {
-    pub id: StateId,
-    pub op: Op,
+pub struct FileRef {
+    /// Native: relative to the source root; no `..`, not absolute.
+    /// Hive: the absolute local path the URI maps to (`--source-map`).
+    pub path: String,
+    /// The file's name in its directory: one path component.
+    pub name: String,
+    /// Directories below the partition (or unpartitioned table) the file
+    /// sits in: Hive's `delta_…`/`base_…` (relative, no `..`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub time_ms: Option<i64>,
+    pub subdir: Option<String>,
+    pub verify: Verify,
+    /// Hive: identity of this reference until its content is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<BlobId>,
+    /// Hive: local path of the change-management copy
+    /// (`<cmroot>/<name>_<checksum>`), tried when the source does not verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cm_path: Option<String>,
+    /// Hive: the URI the source wrote (`user.stagefs.source`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+}
+
+impl FileRef {
+    /// A native file of known content.
+    pub fn native(path: &str, name: &str, size: u64, sha256: BlobId) -> FileRef {
+        FileRef {
+            path: path.to_owned(),
+            name: name.to_owned(),
+            subdir: None,
+            verify: Verify::Sha256 { size, sha256 },
+            key: None,
+            cm_path: None,
+            uri: None,
+        }
+    }
+
+    /// What identifies this file's content in the catalog before it is
+    /// staged: the sha256 when known, else the reference key.
+    pub fn key(&self) -> BlobId {
+        match (&self.verify, self.key) {
+            (Verify::Sha256 { sha256, .. }, _) => *sha256,
+            (_, Some(key)) => key,
+            // A Hive file without a key cannot be built by the adapter;
+            // the all-zero id is never a real blob.
+            (_, None) => BlobId([0; 32]),
+        }
+    }
+
+    /// The blob and size when known before fetching (native files).
+    pub fn known(&self) -> Option<(BlobId, u64)> {
+        match &self.verify {
+            Verify::Sha256 { size, sha256 } => Some((*sha256, *size)),
+            Verify::Hdfs { .. } | Verify::None => None,
+        }
+    }
+
+    /// What `user.stagefs.source` shows: the URI for Hive files, the path otherwise.
+    pub fn source_label(&self) -> &str {
+        self.uri.as_deref().unwrap_or(&self.path)
+    }
+}
+
+/// One operation of an event (SPEC §2 "Operations"). A native event is
+/// exactly one; a Hive event may be several (a `COMMIT_TXN` writing several
+/// tables, an `ADD_PARTITION` of several partitions), applied as one state.
+/// Partition values are in the order of the `partition` object; the catalog
+/// matches them against the table's partition keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    pub op: Op,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub db: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -156,6 +244,40 @@ pub struct Event {
     pub new_db: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub new_table: String,
+}
+
+impl Change {
+    /// An operation on `db`.`table` with nothing else set.
+    pub fn new(op: Op, db: &str, table: &str) -> Change {
+        Change {
+            op,
+            db: db.to_owned(),
+            table: table.to_owned(),
+            partition_keys: Vec::new(),
+            partition: None,
+            files: Vec::new(),
+            new_db: String::new(),
+            new_table: String::new(),
+        }
+    }
+}
+
+/// A validated source event: one state-id and what it changes (all or
+/// nothing). `changes` is empty for events that change no data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: StateId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<Change>,
+}
+
+impl Event {
+    /// Every file the event names, in order.
+    pub fn files(&self) -> impl Iterator<Item = &FileRef> {
+        self.changes.iter().flat_map(|c| c.files.iter())
+    }
 }
 
 /// Why a line is not a valid event. The id is included where it could be read.
@@ -222,7 +344,7 @@ pub fn peek_id(line: &[u8]) -> Option<StateId> {
 }
 
 impl Event {
-    /// Parses and validates one log line (without its newline).
+    /// Parses and validates one native log line (without its newline).
     pub fn parse_line(line: &[u8]) -> Result<Event, EventError> {
         if line.len() > MAX_LINE_BYTES {
             return Err(EventError::TooLong {
@@ -376,17 +498,23 @@ impl Event {
             return Err(EventError::Missing("partition"));
         }
 
+        let op = if op == Op::Noop { None } else { Some(op) };
         Ok(Event {
             id: StateId(id),
-            op,
             time_ms,
-            db,
-            table,
-            partition_keys,
-            partition,
-            files,
-            new_db,
-            new_table,
+            changes: op
+                .map(|op| Change {
+                    op,
+                    db,
+                    table,
+                    partition_keys,
+                    partition,
+                    files,
+                    new_db,
+                    new_table,
+                })
+                .into_iter()
+                .collect(),
         })
     }
 }
@@ -430,12 +558,7 @@ fn parse_file(index: usize, v: &serde_json::Value) -> Result<FileRef, EventError
             format!("`{name}` must be a single path component"),
         ));
     }
-    Ok(FileRef {
-        path: path.to_owned(),
-        size,
-        sha256,
-        name,
-    })
+    Ok(FileRef::native(path, &name, size, sha256))
 }
 
 /// Hive's partition path escaping: `%XX` (upper-case hex) for control
@@ -475,9 +598,12 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(e.id, StateId(20));
-        assert_eq!(e.op, Op::AddFiles);
-        assert_eq!(e.files[0].name, "000001_0");
-        assert_eq!(e.files[0].sha256.to_hex(), SHA);
+        assert_eq!(e.changes.len(), 1);
+        assert_eq!(e.changes[0].op, Op::AddFiles);
+        let f = &e.changes[0].files[0];
+        assert_eq!(f.name, "000001_0");
+        assert_eq!(f.key().to_hex(), SHA);
+        assert_eq!(f.verify.label(), "sha256");
     }
 
     #[test]

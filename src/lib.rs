@@ -1,7 +1,7 @@
 //! stagefs: the staging layer of warehouse replication.
 //!
 //! The modules follow the data flow:
-//! source log → [`ingest`] → [`journal`] → [`stage`] (blobs) → [`catalog`]
+//! source ([`source`]: native JSONL or Hive) → [`journal`] → [`stage`] (blobs) → [`catalog`]
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
 //! [`replicate`] runs the pipeline threads; [`daemon`] and [`demo`] are the
 //! commands; [`status`] reports on them; [`workload`] generates test
@@ -14,7 +14,7 @@ pub mod demo;
 pub mod durable;
 pub mod event;
 pub mod fuse;
-pub mod ingest;
+pub mod hive_writer;
 pub mod journal;
 pub mod replicate;
 pub mod source;

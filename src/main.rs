@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use stagefs::daemon::{self, MountArgs, ReplicateArgs};
+use stagefs::daemon::{self, HiveArgs, MountArgs, ReplicateArgs};
+use stagefs::source::hive::HiveRows;
 
 #[derive(Parser)]
 #[command(
@@ -24,12 +25,25 @@ struct SourceArgs {
     /// Folder that holds everything stagefs owns (journal, staged files, commits, pins).
     #[arg(long = "state", value_name = "DIR")]
     state: PathBuf,
-    /// The source warehouse's files.
+    /// The source warehouse's files (native source).
     #[arg(long = "source-root", value_name = "DIR")]
-    source_root: PathBuf,
-    /// The source notification log: *.jsonl files, read in name order.
+    source_root: Option<PathBuf>,
+    /// The source notification log: *.jsonl files, read in name order (native source).
     #[arg(long = "events", value_name = "DIR")]
-    events: PathBuf,
+    events: Option<PathBuf>,
+    /// Follow Hive's metastore database: postgresql://user@host:port/db or
+    /// mysql://user@host:port/db (password: STAGEFS_METASTORE_PASSWORD or ?password_file=).
+    #[arg(long = "hive-metastore", value_name = "URL", conflicts_with_all = ["events", "hive_events"])]
+    hive_metastore: Option<String>,
+    /// Follow Hive NOTIFICATION_LOG rows exported as JSON Lines (a file or a folder of *.jsonl).
+    #[arg(long = "hive-events", value_name = "PATH", conflicts_with = "events")]
+    hive_events: Option<PathBuf>,
+    /// Where Hive's file URIs are on this machine: PREFIX=DIR (repeatable).
+    #[arg(long = "source-map", value_name = "PREFIX=DIR")]
+    source_map: Vec<String>,
+    /// How often to poll the Hive notification log, in milliseconds.
+    #[arg(long = "hive-poll-ms", value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    hive_poll_ms: u64,
     /// Change-management root: copies named <file name>_<sha256>.
     #[arg(long = "cm-root", value_name = "DIR")]
     cm_root: Option<PathBuf>,
@@ -65,6 +79,9 @@ enum Command {
     Demo {
         /// Where to mount (default: a new folder under /tmp).
         mountpoint: Option<PathBuf>,
+        /// Feed the demo through Hive notification rows (gzip(json-2.0)) instead of native events.
+        #[arg(long)]
+        hive: bool,
     },
     /// Replicate without mounting (headless; for staging hosts and tests).
     Replicate {
@@ -91,7 +108,7 @@ fn main() -> ExitCode {
             state,
             watch,
         } => daemon::status(mountpoint, state, watch),
-        Command::Demo { mountpoint } => stagefs::demo::run(mountpoint),
+        Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source } => daemon::replicate(replicate_args(source)),
     };
     match result {
@@ -108,12 +125,22 @@ fn main() -> ExitCode {
 }
 
 fn replicate_args(s: SourceArgs) -> ReplicateArgs {
+    let hive_rows = match (s.hive_metastore, s.hive_events) {
+        (Some(url), _) => Some(HiveRows::Metastore(url)),
+        (None, Some(path)) => Some(HiveRows::Files(path)),
+        (None, None) => None,
+    };
     ReplicateArgs {
         state: s.state,
         source_root: s.source_root,
         events: s.events,
         cm_root: s.cm_root,
         retain: s.retain as usize,
+        hive: HiveArgs {
+            rows: hive_rows,
+            source_map: s.source_map,
+            poll_ms: s.hive_poll_ms,
+        },
     }
 }
 

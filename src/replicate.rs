@@ -33,11 +33,14 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, info_span, warn};
 
 use crate::catalog::tree::UNKNOWN_TIME;
-use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Tree};
+use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Resolutions, Tree};
 use crate::event::{BlobId, Event, FileRef, StateId};
-use crate::ingest::{Accepted, IngestError, LogPosition, SourceLog, Validator, Verdict};
 use crate::journal::{Journal, JournalConfig, JournalError};
-use crate::stage::{backoff, BlobStore, FetchOutcome, StageError, Unsynced};
+use crate::source::hive::{HiveConfig, HiveSource};
+use crate::source::native::{LogPosition, NativeSource, SourceLog};
+use crate::source::Rejection;
+use crate::source::{Accepted, DecodeError, Position, Source, SourceError, Validator, Verdict};
+use crate::stage::{backoff, BlobStore, FetchOutcome, Fetched, StageError, Unsynced};
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
 
 /// How to run replication.
@@ -57,6 +60,8 @@ pub struct ReplicaConfig {
     pub gc_interval: Duration,
     /// How often ingest looks for new lines when caught up.
     pub poll_interval: Duration,
+    /// Follow Hive's notification log instead of `events_dir`.
+    pub hive: Option<HiveConfig>,
 }
 
 impl ReplicaConfig {
@@ -72,6 +77,7 @@ impl ReplicaConfig {
             max_pending: 200_000,
             gc_interval: Duration::from_secs(2),
             poll_interval: Duration::from_millis(5),
+            hive: None,
         }
     }
 }
@@ -92,21 +98,25 @@ pub enum ReplicaError {
     BadRecord { id: StateId, detail: String },
     #[error("the journal ends at state {journal} but state {visible} was committed; the journal was damaged")]
     JournalBehindCommit { journal: StateId, visible: StateId },
+    #[error("this state folder follows {0}; use a new --state folder for another source")]
+    WrongSource(&'static str),
+    #[error("{0}")]
+    Source(String),
 }
 
 /// One journal record's payload: the accepted event and where the source
-/// log continues after it.
+/// continues after it.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct JournalEntry {
     pub event: Event,
-    pub next: LogPosition,
+    pub next: Position,
 }
 
 /// [`JournalEntry`] by reference, to encode without copying the event.
 #[derive(Serialize)]
 struct JournalEntryRef<'a> {
     event: &'a Event,
-    next: &'a LogPosition,
+    next: &'a Position,
 }
 
 fn decode(id: StateId, payload: &[u8]) -> Result<JournalEntry, ReplicaError> {
@@ -246,22 +256,25 @@ impl Replica {
             .copied()
             .chain(pins.states())
             .collect();
+        let resolutions = Arc::new(Resolutions::open(&cfg.state_dir)?);
         let mut tree = Arc::new(Tree::empty());
-        let mut validator = Validator::new(Arc::clone(&tree));
+        let mut validator =
+            Validator::new(Arc::clone(&tree)).with_resolutions(Arc::clone(&resolutions));
         let mut visible = (record.visible == StateId(0)).then(|| Arc::clone(&tree));
         let mut versions = std::collections::BTreeMap::new();
-        let mut resume = LogPosition::default();
+        let mut resume: Option<Position> = None;
         let mut follower = journal.follower(StateId(0));
         let started = Instant::now();
         let mut replayed = 0u64;
         while let Some(rec) = follower.try_next()? {
             let entry = decode(rec.id, &rec.payload)?;
-            let (next, _) = tree
+            let (next, added) = tree
                 .apply(&entry.event)
                 .map_err(|e| ReplicaError::BadRecord {
                     id: rec.id,
                     detail: e.to_string(),
                 })?;
+            resolutions.attach(&added);
             tree = Arc::new(next);
             validator.replayed(&entry.event, Arc::clone(&tree));
             if rec.id == record.visible {
@@ -270,7 +283,7 @@ impl Replica {
             if keep.contains(&rec.id) {
                 versions.insert(rec.id, Arc::clone(&tree));
             }
-            resume = entry.next;
+            resume = Some(entry.next);
             replayed += 1;
         }
         let visible = visible.ok_or(ReplicaError::JournalBehindCommit {
@@ -309,6 +322,9 @@ impl Replica {
             cfg.retain,
         ));
         let progress = Arc::new(Progress::default());
+        progress
+            .unverified_files
+            .store(resolutions.unverified_files(), Ordering::Relaxed);
         progress.latest.store(tree.state_id.0, Ordering::Relaxed);
         progress
             .latest_time_ms
@@ -335,14 +351,38 @@ impl Replica {
                 Arc::clone(&stop),
                 Arc::clone(&cfg),
             );
-            let log = SourceLog::new(&cfg.events_dir, resume);
             let handoff = Arc::clone(&handoff);
-            threads.push(spawn(
-                "ingest",
-                Box::new(move || {
-                    run_ingest(&cfg, log, validator, &journal, &handoff, &progress, &stop)
-                }),
-            )?);
+            let ingest: Box<dyn FnOnce() + Send> = match &cfg.hive {
+                None => {
+                    let pos = match resume {
+                        Some(Position::Log(pos)) => pos,
+                        None => LogPosition::default(),
+                        Some(Position::Hive { .. }) => {
+                            return Err(ReplicaError::WrongSource("a Hive notification log"))
+                        }
+                    };
+                    let source =
+                        NativeSource::new(SourceLog::new(&cfg.events_dir, pos), cfg.poll_interval);
+                    Box::new(move || {
+                        run_ingest(source, validator, &journal, &handoff, &progress, &stop)
+                    })
+                }
+                Some(hive) => {
+                    let after = match resume {
+                        Some(Position::Hive { hive_event_id }) => hive_event_id,
+                        None => 0,
+                        Some(Position::Log(_)) => {
+                            return Err(ReplicaError::WrongSource("a native events folder"))
+                        }
+                    };
+                    let source = HiveSource::open(hive, after)
+                        .map_err(|e| ReplicaError::Source(e.to_string()))?;
+                    Box::new(move || {
+                        run_ingest(source, validator, &journal, &handoff, &progress, &stop)
+                    })
+                }
+            };
+            threads.push(spawn("ingest", ingest)?);
         }
         let (job_tx, job_rx) = mpsc::channel::<FileRef>();
         let (done_tx, done_rx) = mpsc::channel::<FetchResult>();
@@ -362,6 +402,7 @@ impl Replica {
         drop(done_tx);
         {
             let stager = Stager {
+                resolutions: Arc::clone(&resolutions),
                 cfg: Arc::clone(&cfg),
                 pending: Pending::new(visible),
                 follower: stager_follower,
@@ -468,84 +509,118 @@ impl Drop for Replica {
 }
 
 const INGEST_BATCH: usize = 4096;
+/// Longest wait between attempts to read a source that is unavailable.
+const SOURCE_BACKOFF_CAP: Duration = Duration::from_secs(10);
 
-fn run_ingest(
-    cfg: &ReplicaConfig,
-    mut log: SourceLog,
+fn run_ingest<S: Source>(
+    mut source: S,
     mut validator: Validator,
     journal: &Mutex<Journal>,
     handoff: &Handoff,
     progress: &Progress,
     stop: &AtomicBool,
 ) {
+    // Records read but not journaled yet: kept across a retry of the first.
+    let mut backlog: VecDeque<S::Record> = VecDeque::new();
+    let mut failures = 0u32;
     let mut last_error: Option<String> = None;
-    while !stop.load(Ordering::Relaxed) {
-        let lines = match log.poll(INGEST_BATCH) {
-            Ok(lines) => lines,
-            Err(IngestError::LineTooLong { file, line, max }) => {
-                // A line that can never be accepted: a rejection like any other.
-                let reason = format!("{file}:{line}: the line is longer than {max} bytes");
-                error!(%reason, "rejected a source line; replication stops at the last good state");
-                let stall = Stall {
+    let mut report_error = |progress: &Progress, error: Option<String>, failures: &mut u32| {
+        match &error {
+            Some(msg) if last_error.as_ref() != Some(msg) => {
+                warn!(error = %msg, "the source cannot be read; retrying with backoff");
+                progress.set_ingest_stall(Some(Stall {
                     state_id: None,
-                    reason,
-                    file: Some(file),
-                    line: Some(line),
-                };
-                stop_at_rejection(progress, stall, stop);
-                return;
+                    reason: format!("{msg} (retrying)"),
+                    file: None,
+                    line: None,
+                }));
             }
-            Err(e) => {
-                // A transient read problem (or a log that shrank): report it
-                // and keep trying; nothing is lost by waiting.
-                let msg = e.to_string();
-                if last_error.as_ref() != Some(&msg) {
-                    warn!(error = %msg, "reading the source log");
-                    progress.set_ingest_stall(Some(Stall {
-                        state_id: None,
-                        reason: format!("reading the source log: {msg}"),
-                        file: None,
-                        line: None,
-                    }));
-                    last_error = Some(msg);
-                }
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
+            Some(_) => {}
+            None if last_error.is_some() => {
+                info!("the source can be read again");
+                progress.set_ingest_stall(None);
+                *failures = 0;
             }
-        };
-        if last_error.take().is_some() {
-            progress.set_ingest_stall(None);
+            None => {}
         }
-        if lines.is_empty() {
-            std::thread::sleep(cfg.poll_interval);
+        last_error = error;
+    };
+    while !stop.load(Ordering::Relaxed) {
+        if backlog.is_empty() {
+            match source.poll(INGEST_BATCH) {
+                Ok(records) => backlog.extend(records),
+                Err(SourceError::Fatal(r)) => {
+                    error!(rejection = %r, "the source cannot go on; replication stops at the last good state");
+                    progress.set_source(source.report());
+                    stop_at_rejection(progress, r.stall(), stop);
+                    return;
+                }
+                Err(SourceError::Transient(msg)) => {
+                    report_error(progress, Some(msg), &mut failures);
+                    progress.set_source(source.report());
+                    sleep_unless_stopped(source_backoff(failures), stop);
+                    failures += 1;
+                    continue;
+                }
+            }
+        }
+        if backlog.is_empty() {
+            report_error(progress, None, &mut failures);
+            progress.set_source(source.report());
+            sleep_unless_stopped(source.idle_wait(), stop);
             continue;
         }
         let mut accepted = 0u64;
         let mut batch = Vec::new();
         let mut rejected = None;
+        let mut retry = None;
         let mut j = match journal.lock() {
             Ok(j) => j,
             Err(p) => p.into_inner(),
         };
         let mut last_time = UNKNOWN_TIME;
-        for line in &lines {
-            match validator.check(line) {
+        while let Some(record) = backlog.front() {
+            let event = match source.decode(record, validator.latest()) {
+                Ok(event) => event,
+                Err(DecodeError::Retry(msg)) => {
+                    retry = Some(msg);
+                    break;
+                }
+                Err(DecodeError::Rejected(r)) => {
+                    rejected = Some(r);
+                    break;
+                }
+            };
+            let (file, line) = source.locate(record);
+            match validator.check(event, file, line) {
                 Ok(Verdict::Accepted(acc)) => {
+                    let next = source.position_after(record);
                     let entry = JournalEntryRef {
                         event: &acc.event,
-                        next: &line.next,
+                        next: &next,
                     };
                     let id = acc.event.id;
                     let payload = match serde_json::to_vec(&entry) {
                         Ok(p) => p,
                         Err(e) => {
-                            let reason = format!("cannot encode the event: {e}");
-                            rejected = Some(line_stall(Some(id), reason, line));
+                            let (file, line) = source.locate(record);
+                            rejected = Some(Rejection {
+                                state_id: Some(id),
+                                file,
+                                line,
+                                reason: format!("cannot encode the event: {e}"),
+                            });
                             break;
                         }
                     };
                     if let Err(e) = j.append(id, &payload) {
-                        rejected = Some(line_stall(Some(id), format!("journal: {e}"), line));
+                        let (file, line) = source.locate(record);
+                        rejected = Some(Rejection {
+                            state_id: Some(id),
+                            file,
+                            line,
+                            reason: format!("journal: {e}"),
+                        });
                         break;
                     }
                     if let Some(t) = acc.event.time_ms {
@@ -558,20 +633,15 @@ fn run_ingest(
                     progress.events_duplicate.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(r) => {
-                    error!(rejection = %r, "rejected a source event; replication stops at the last good state");
-                    rejected = Some(Stall {
-                        state_id: r.state_id,
-                        reason: r.to_string(),
-                        file: Some(r.file),
-                        line: Some(r.line),
-                    });
+                    rejected = Some(r);
                     break;
                 }
             }
+            backlog.pop_front();
         }
         if let Err(e) = j.sync() {
             // The appended records are not durable; they were never
-            // published. Stop: the next start re-reads these lines.
+            // published. Stop: the next start re-reads these records.
             error!(error = %e, "journal sync failed; ingest stops");
             progress.set_ingest_stall(Some(Stall {
                 state_id: None,
@@ -592,15 +662,42 @@ fn run_ingest(
         if last_time != UNKNOWN_TIME {
             progress.latest_time_ms.store(last_time, Ordering::Relaxed);
         }
-        if let Some(stall) = rejected {
-            stop_at_rejection(progress, stall, stop);
+        progress.set_source(source.report());
+        if let Some(r) = rejected {
+            error!(rejection = %r, "rejected a source event; replication stops at the last good state");
+            stop_at_rejection(progress, r.stall(), stop);
             return;
+        }
+        if let Some(msg) = retry {
+            report_error(progress, Some(msg), &mut failures);
+            sleep_unless_stopped(source_backoff(failures), stop);
+            failures += 1;
+        } else if accepted > 0 {
+            report_error(progress, None, &mut failures);
         }
     }
 }
 
-/// Ends ingest at a line that can never be accepted: reports it and waits
-/// for shutdown. The operator corrects the log and restarts.
+/// Delay before the next read of a source that failed `failures` times in
+/// a row: 200 ms doubling, capped.
+fn source_backoff(failures: u32) -> Duration {
+    let ms = 200u64.saturating_mul(1u64.checked_shl(failures).unwrap_or(u64::MAX));
+    Duration::from_millis(ms).min(SOURCE_BACKOFF_CAP)
+}
+
+fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(50)));
+    }
+}
+
+/// Ends ingest at a record that can never be accepted: reports it and waits
+/// for shutdown. The operator corrects the source and restarts.
 fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
     progress.set_ingest_stall(Some(stall));
     while !stop.load(Ordering::Relaxed) {
@@ -608,24 +705,7 @@ fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
     }
 }
 
-/// A stall that names the source line it is about.
-fn line_stall(
-    state_id: Option<StateId>,
-    reason: String,
-    line: &crate::ingest::SourceLine,
-) -> Stall {
-    Stall {
-        state_id,
-        reason,
-        file: Some(line.file.clone()),
-        line: Some(line.line),
-    }
-}
-
-type FetchResult = (
-    FileRef,
-    Result<(FetchOutcome, Option<Unsynced>), StageError>,
-);
+type FetchResult = (FileRef, Result<Fetched, StageError>);
 
 fn run_fetcher(
     cfg: &ReplicaConfig,
@@ -672,6 +752,7 @@ struct Stager {
     /// Verified copies not yet durable: published as a group before the
     /// next commit (see `BlobStore::publish`).
     unsynced: HashMap<BlobId, (FileRef, Unsynced)>,
+    resolutions: Arc<Resolutions>,
     stop: Arc<AtomicBool>,
 }
 
@@ -738,11 +819,15 @@ impl Stager {
             let unsynced = &self.unsynced;
             let marking = g.marking;
             let mut touched = Vec::new();
-            let is_staged = |b: &BlobId| {
+            let is_staged = |f: &AddedFile| {
+                // A Hive file unresolved yet has nothing stored to look for.
+                let Some((blob, _)) = f.content() else {
+                    return false;
+                };
                 if marking {
-                    touched.push(*b);
+                    touched.push(blob);
                 }
-                unsynced.contains_key(b) || blobs.contains(b)
+                unsynced.contains_key(&f.blob) || blobs.contains(&blob)
             };
             let to_fetch = match applied {
                 Some(a) => {
@@ -751,12 +836,15 @@ impl Stager {
                 }
                 None => {
                     let entry = decode(rec.id, &rec.payload)?;
-                    self.pending.apply(&entry.event, is_staged).map_err(|e| {
+                    let (tree, added) = self.pending.latest().apply(&entry.event).map_err(|e| {
                         ReplicaError::BadRecord {
                             id: rec.id,
                             detail: e.to_string(),
                         }
-                    })?
+                    })?;
+                    self.resolutions.attach(&added);
+                    self.pending
+                        .push_applied(&entry.event, Arc::new(tree), added, is_staged)
                 }
             };
             g.touched.extend(touched);
@@ -776,7 +864,7 @@ impl Stager {
     }
 
     fn submit_file(&mut self, file: FileRef) {
-        if self.in_flight.insert(file.sha256) {
+        if self.in_flight.insert(file.key()) {
             self.progress
                 .in_flight
                 .store(self.in_flight.len() as u64, Ordering::Relaxed);
@@ -803,44 +891,48 @@ impl Stager {
             };
             first = false;
             let Some((file, result)) = next else { break };
-            self.in_flight.remove(&file.sha256);
+            let key = file.key();
+            self.in_flight.remove(&key);
+            let result = result.and_then(|fetched| self.resolve(&file, fetched));
             match result {
-                Ok((outcome, copy)) => {
-                    if let Some(copy) = copy {
-                        self.unsynced.insert(file.sha256, (file.clone(), copy));
+                Ok(fetched) => {
+                    if let Some(copy) = fetched.copy {
+                        self.unsynced.insert(key, (file.clone(), copy));
                     }
-                    if outcome != FetchOutcome::AlreadyPresent {
+                    if fetched.outcome != FetchOutcome::AlreadyPresent {
                         self.progress.files_fetched.fetch_add(1, Ordering::Relaxed);
                         self.progress
                             .bytes_fetched
-                            .fetch_add(file.size, Ordering::Relaxed);
+                            .fetch_add(fetched.size, Ordering::Relaxed);
                     }
-                    if outcome == FetchOutcome::FromChangeManagement {
+                    if fetched.outcome == FetchOutcome::FromChangeManagement {
                         self.progress
                             .fetches_from_cm
                             .fetch_add(1, Ordering::Relaxed);
                     }
-                    self.errors.remove(&file.sha256);
-                    self.pending.staged(&file.sha256);
+                    self.errors.remove(&key);
+                    self.pending.staged(&key);
+                    self.progress
+                        .unverified_files
+                        .store(self.resolutions.unverified_files(), Ordering::Relaxed);
                     any = true;
                 }
                 Err(e) => {
                     self.progress.fetch_failures.fetch_add(1, Ordering::Relaxed);
-                    let attempt = self.errors.get(&file.sha256).map_or(0, |(a, _)| a + 1);
+                    let attempt = self.errors.get(&key).map_or(0, |(a, _)| a + 1);
                     if attempt == 0 {
-                        warn!(path = %file.path, error = %e, "cannot stage a file yet; retrying with backoff");
+                        warn!(path = %file.source_label(), error = %e, "cannot stage a file yet; retrying with backoff");
                     } else {
-                        debug!(path = %file.path, attempt, error = %e, "retry failed");
+                        debug!(path = %file.source_label(), attempt, error = %e, "retry failed");
                     }
                     let reason = match &e {
                         StageError::NoSpace { .. } => format!("disk full: {e}"),
                         _ => e.to_string(),
                     };
-                    self.errors.insert(file.sha256, (attempt, reason));
-                    if self.pending.is_missing(&file.sha256) {
+                    self.errors.insert(key, (attempt, reason));
+                    if self.pending.is_missing(&key) {
                         let at = Instant::now() + backoff(attempt);
-                        self.retries
-                            .insert(file.sha256, Retry { file, attempt, at });
+                        self.retries.insert(key, Retry { file, attempt, at });
                     }
                 }
             }
@@ -869,6 +961,29 @@ impl Stager {
         }
     }
 
+    /// Records what a file not known by content turned out to be (its cells
+    /// in every tree get the blob and size). A blob already stored that no
+    /// tree referenced until now is kept from GC's current pass.
+    fn resolve(&self, file: &FileRef, fetched: Fetched) -> Result<Fetched, StageError> {
+        if file.known().is_some() {
+            return Ok(fetched);
+        }
+        let unverified = matches!(file.verify, crate::event::Verify::None);
+        self.resolutions
+            .resolve(file.key(), fetched.blob, fetched.size, unverified)
+            .map_err(|detail| StageError::Unavailable {
+                path: file.source_label().to_owned(),
+                detail,
+            })?;
+        if fetched.copy.is_none() {
+            let mut g = self.gate.lock();
+            if g.marking {
+                g.touched.insert(fetched.blob);
+            }
+        }
+        Ok(fetched)
+    }
+
     /// Makes every unsynced copy durable and puts it in place (durability
     /// order step 1, for the whole group). Blobs that did not make it are
     /// missing again and fetched again.
@@ -878,9 +993,18 @@ impl Stager {
         }
         let mut files: HashMap<BlobId, FileRef> = HashMap::new();
         let mut batch = Vec::with_capacity(self.unsynced.len());
-        for (id, (file, copy)) in self.unsynced.drain() {
-            files.insert(id, file);
+        for (_, (file, copy)) in self.unsynced.drain() {
+            // `publish` reports failures by blob id.
+            files.insert(copy.id(), file);
             batch.push(copy);
+        }
+        {
+            // Blobs of files resolved at fetch time are referenced by no
+            // tree GC may have marked already: keep them from this pass.
+            let mut g = self.gate.lock();
+            if g.marking {
+                g.touched.extend(batch.iter().map(Unsynced::id));
+            }
         }
         match self.blobs.publish(batch) {
             Ok(()) => Ok(()),
@@ -888,8 +1012,9 @@ impl Stager {
                 warn!(error = %e, blobs = failed.len(), "cannot make staged files durable; fetching them again");
                 for id in failed {
                     if let Some(file) = files.remove(&id) {
-                        self.pending.unstaged(id);
-                        self.errors.insert(id, (0, e.to_string()));
+                        let key = file.key();
+                        self.pending.unstaged(key);
+                        self.errors.insert(key, (0, e.to_string()));
                         self.submit_file(file);
                     }
                 }
@@ -910,6 +1035,12 @@ impl Stager {
         let span = info_span!("commit", state_id = %id);
         let _g = span.enter();
         self.publish_staged()?;
+        // Durability order: blobs, then what the files resolved to, then
+        // the commit record.
+        if let Err(e) = self.resolutions.flush() {
+            warn!(error = %e, "cannot record resolved files; will retry");
+            return Err(e.to_string());
+        }
         match self.catalog.commit(tree) {
             Ok(dropped) => {
                 debug!(dropped = dropped.len(), "committed");
@@ -950,7 +1081,7 @@ impl Stager {
                 let (_, reason) = self.errors.get(&f.blob)?;
                 Some(Stall {
                     state_id: Some(state),
-                    reason: format!("waiting for {}: {reason} (retrying)", f.file.path),
+                    reason: format!("waiting for {}: {reason} (retrying)", f.file.source_label()),
                     file: None,
                     line: None,
                 })
@@ -1114,7 +1245,7 @@ fn mark(dir: &catalog::DirNode, live: &mut HashSet<BlobId>, seen: &mut HashSet<c
         match child {
             catalog::Node::Dir(d) => mark(d, live, seen),
             catalog::Node::File(f) => {
-                live.insert(f.blob);
+                live.insert(f.blob());
             }
         }
     }

@@ -46,7 +46,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::durable::fsync_dir;
-use crate::event::{is_valid_source_path, BlobId, FileRef};
+use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
 
 /// Read → hash → write in chunks this large: big enough that syscall and
 /// per-call hashing overhead vanish, small enough to stay in L2/L3.
@@ -185,43 +185,70 @@ impl BlobStore {
         source_root: &Path,
         cm_root: Option<&Path>,
     ) -> Result<FetchOutcome, StageError> {
-        let id = &file.sha256;
-        if self.contains(id) {
-            // A parallel fetch may have renamed this blob in without having
-            // fsynced the directory yet; syncing here keeps "Ok means
-            // durable" true for every caller. On a clean directory it is cheap.
-            self.sync_fan_out_dir(id)?;
+        if let Some((id, _)) = file.known() {
+            if self.contains(&id) {
+                // A parallel fetch may have renamed this blob in without having
+                // fsynced the directory yet; syncing here keeps "Ok means
+                // durable" true for every caller. On a clean directory it is cheap.
+                self.sync_fan_out_dir(&id)?;
+                return Ok(FetchOutcome::AlreadyPresent);
+            }
+        }
+        let copy = self.copy_from_first_usable(file, source_root, cm_root, true)?;
+        if file.known().is_none() && self.contains(&copy.blob) {
+            self.sync_fan_out_dir(&copy.blob)?;
             return Ok(FetchOutcome::AlreadyPresent);
         }
-        let (origin, temp) = self.copy_from_first_usable(file, source_root, cm_root, true)?;
-        self.install(temp, id, file.size)?;
+        let (origin, blob, size) = (copy.origin, copy.blob, copy.size);
+        self.install(copy.temp, &blob, size)?;
         Ok(origin)
     }
 
     /// Like [`BlobStore::fetch`], but leaves the verified copy in `tmp/`,
     /// neither synced nor in place: the stager makes a whole group durable
     /// with one [`BlobStore::publish`] before it commits, instead of two
-    /// fsyncs per file. `None` when the blob is already stored.
+    /// fsyncs per file. `copy` is `None` when the blob is already stored.
+    /// Returns the content's blob and size: for a file not known by
+    /// content (Hive), this is where they are learnt.
     pub fn fetch_unsynced(
         &self,
         file: &FileRef,
         source_root: &Path,
         cm_root: Option<&Path>,
-    ) -> Result<(FetchOutcome, Option<Unsynced>), StageError> {
-        if self.contains(&file.sha256) {
-            // Blobs reach their path only through `install` or `publish`,
-            // both of which return after the blob is durable.
-            return Ok((FetchOutcome::AlreadyPresent, None));
+    ) -> Result<Fetched, StageError> {
+        if let Some((blob, size)) = file.known() {
+            if self.contains(&blob) {
+                // Blobs reach their path only through `install` or `publish`,
+                // both of which return after the blob is durable.
+                return Ok(Fetched {
+                    outcome: FetchOutcome::AlreadyPresent,
+                    blob,
+                    size,
+                    copy: None,
+                });
+            }
         }
-        let (origin, temp) = self.copy_from_first_usable(file, source_root, cm_root, false)?;
-        Ok((
-            origin,
-            Some(Unsynced {
-                temp,
-                id: file.sha256,
-                size: file.size,
+        let copy = self.copy_from_first_usable(file, source_root, cm_root, false)?;
+        let (blob, size) = (copy.blob, copy.size);
+        if file.known().is_none() && self.contains(&blob) {
+            // Read to learn what it is, and it was stored already.
+            return Ok(Fetched {
+                outcome: FetchOutcome::AlreadyPresent,
+                blob,
+                size,
+                copy: None,
+            });
+        }
+        Ok(Fetched {
+            outcome: copy.origin,
+            blob,
+            size,
+            copy: Some(Unsynced {
+                temp: copy.temp,
+                id: blob,
+                size,
             }),
-        ))
+        })
     }
 
     /// Makes a group of unsynced copies durable and puts them in place, in
@@ -286,8 +313,13 @@ impl BlobStore {
         source_root: &Path,
         cm_root: Option<&Path>,
         sync: bool,
-    ) -> Result<(FetchOutcome, TempBlob), StageError> {
-        if !is_valid_source_path(&file.path) {
+    ) -> Result<Copied, StageError> {
+        let path_ok = match file.known() {
+            Some(_) => is_valid_source_path(&file.path),
+            // Hive files carry the absolute local path `--source-map` gave.
+            None => is_valid_mapped_path(&file.path),
+        };
+        if !path_ok {
             // `Path::join` with an absolute path would escape the source root.
             return Err(StageError::Unavailable {
                 path: file.path.clone(),
@@ -297,7 +329,7 @@ impl BlobStore {
         let mut findings = Vec::new();
         for (place, origin) in candidate_places(file, source_root, cm_root) {
             match self.copy_verified(&place, file, sync)? {
-                Ok(temp) => {
+                Ok((temp, blob, size)) => {
                     if origin == FetchOutcome::FromChangeManagement {
                         tracing::info!(
                             path = %file.path,
@@ -306,16 +338,27 @@ impl BlobStore {
                             "fetched from change management"
                         );
                     }
-                    return Ok((origin, temp));
+                    return Ok(Copied {
+                        origin,
+                        temp,
+                        blob,
+                        size,
+                    });
                 }
                 Err(problem) => findings.push(format!("{}: {problem}", place.display())),
             }
         }
-        if cm_root.is_none() {
-            findings.push("no change-management root configured".to_owned());
+        match (&file.verify, &file.cm_path) {
+            (Verify::Sha256 { .. }, _) if cm_root.is_none() => {
+                findings.push("no change-management root configured".to_owned())
+            }
+            (Verify::Hdfs { .. }, None) => {
+                findings.push("the file's URI names no change-management root".to_owned())
+            }
+            _ => {}
         }
         Err(StageError::Unavailable {
-            path: file.path.clone(),
+            path: file.source_label().to_owned(),
             detail: findings.join("; "),
         })
     }
@@ -347,15 +390,18 @@ impl BlobStore {
         Ok(ids)
     }
 
-    /// Copies `place` into a new temp file, hashing and counting on the way.
-    /// The outer `Err` is a store failure (ends the fetch); the inner `Err`
-    /// says why this copy is unusable (try the next place).
+    /// Copies `place` into a new temp file, hashing and counting on the way,
+    /// and checks what `file.verify` asks for: size and sha256, or the HDFS
+    /// checksum (computed in the same pass), or nothing beyond a stable
+    /// length. Returns the copy with its sha256 and size. The outer `Err` is
+    /// a store failure (ends the fetch); the inner `Err` says why this copy
+    /// is unusable (try the next place).
     fn copy_verified(
         &self,
         place: &Path,
         file: &FileRef,
         sync: bool,
-    ) -> Result<Result<TempBlob, String>, StageError> {
+    ) -> Result<Result<(TempBlob, BlobId, u64), String>, StageError> {
         // O_NONBLOCK: opening a FIFO (or a device) planted at a source path
         // must not block the fetch; for regular files it changes nothing,
         // and anything else is refused right below.
@@ -370,36 +416,54 @@ impl BlobStore {
             Ok(f) => f,
             Err(e) => return Ok(Err(describe_open_error(&e))),
         };
-        match src.metadata() {
-            Ok(m) if !m.is_file() => return Ok(Err("not a regular file".to_owned())),
+        let known = file.known();
+        let expected = match (src.metadata(), known) {
+            (Ok(m), _) if !m.is_file() => return Ok(Err("not a regular file".to_owned())),
             // Checked before copying so a wrong multi-GiB file costs nothing.
-            Ok(m) if m.len() != file.size => {
-                return Ok(Err(format!("size {} expected {}", m.len(), file.size)))
+            (Ok(m), Some((_, size))) if m.len() != size => {
+                return Ok(Err(format!("size {} expected {size}", m.len())))
             }
-            Ok(_) => {}
-            Err(e) => return Ok(Err(format!("cannot stat: {e}"))),
-        }
-        advise_sequential(&src);
-
-        let mut temp = self.create_temp(&file.sha256)?;
-        let copied = match copy_in_kernel(&src, &mut temp, file.size)? {
-            Some(result) => result,
-            None if file.size >= PIPELINE_MIN_BYTES => {
-                copy_pipelined(&mut src, &mut temp, file.size)?
-            }
-            None => copy_sequential(&mut src, &mut temp, file.size)?,
+            // A file known only by its checksum must keep the length it had
+            // when opened: growth or shrinking while reading is caught.
+            (Ok(m), _) => m.len(),
+            (Err(e), _) => return Ok(Err(format!("cannot stat: {e}"))),
         };
-        let got = match copied {
-            Ok(digest) => digest,
+        let check = match stream_check(&file.verify) {
+            Ok(check) => check,
             Err(problem) => return Ok(Err(problem)),
         };
-        if got != file.sha256 {
-            return Ok(Err(format!("sha mismatch (content hashes to {got})")));
+        let hashing = Hashing {
+            sha: Sha256::new(),
+            check,
+        };
+        advise_sequential(&src);
+
+        let mut temp = self.create_temp(&file.key())?;
+        let copied = match copy_in_kernel(&src, &mut temp, expected, hashing)? {
+            Ok(result) => result,
+            Err(hashing) if expected >= PIPELINE_MIN_BYTES => {
+                copy_pipelined(&mut src, &mut temp, expected, hashing)?
+            }
+            Err(hashing) => copy_sequential(&mut src, &mut temp, expected, hashing)?,
+        };
+        let (got, check) = match copied {
+            Ok(digests) => digests,
+            Err(problem) => return Ok(Err(problem)),
+        };
+        if let Some((sha, _)) = known {
+            if got != sha {
+                return Ok(Err(format!("sha mismatch (content hashes to {got})")));
+            }
+        }
+        if let Some(check) = check {
+            if let Err(problem) = check.verify() {
+                return Ok(Err(problem));
+            }
         }
         if sync {
             temp.sync_data()?;
         }
-        Ok(Ok(temp))
+        Ok(Ok((temp, got, expected)))
     }
 
     fn create_temp(&self, id: &BlobId) -> Result<TempBlob, StageError> {
@@ -570,14 +634,15 @@ fn read_chunk(src: &mut File, buf: &mut [u8], copied: u64) -> Result<usize, Stri
 /// Copies `src` into `temp` inside the kernel (`copy_file_range`: no copy
 /// through userspace), then hashes what the temp file holds — so the bytes
 /// verified are exactly the bytes stored, read back from the page cache.
-/// `Ok(None)` when the kernel cannot copy between these files (other
-/// filesystem, not supported): the caller copies through userspace. The
-/// outer `Err` is a store failure, the inner one a source problem.
+/// `Ok(Err(hashing))` when the kernel cannot copy between these files
+/// (other filesystem, not supported): the caller copies through userspace.
+/// The outer `Err` is a store failure, the inner one a source problem.
 fn copy_in_kernel(
     src: &File,
     temp: &mut TempBlob,
     expected: u64,
-) -> Result<Option<Result<BlobId, String>>, StageError> {
+    mut hashing: Hashing,
+) -> Result<Result<Result<Digests, String>, Hashing>, StageError> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     let mut copied = 0u64;
@@ -602,10 +667,10 @@ fn copy_in_kernel(
                 Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL)
                     if copied == 0 =>
                 {
-                    Ok(None)
+                    Ok(Err(hashing))
                 }
                 Some(libc::ENOSPC | libc::EDQUOT) => Err(store_error("writing", &temp.path, e)),
-                _ => Ok(Some(Err(format!("copy error after {copied} bytes: {e}")))),
+                _ => Ok(Ok(Err(format!("copy error after {copied} bytes: {e}")))),
             };
         }
         if n == 0 {
@@ -615,9 +680,8 @@ fn copy_in_kernel(
     }
     temp.written = copied;
     if let Some(problem) = check_length(copied, expected, true) {
-        return Ok(Some(Err(problem)));
+        return Ok(Ok(Err(problem)));
     }
-    let mut hasher = Sha256::new();
     let mut buf = vec![0u8; COPY_BUFFER_BYTES.min(expected as usize).max(1)];
     let mut at = 0u64;
     while at < copied {
@@ -627,7 +691,7 @@ fn copy_in_kernel(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(store_error("reading back", &temp.path, e)),
         };
-        hasher.update(&buf[..n]);
+        hashing.update(&buf[..n]);
         at += n as u64;
     }
     if at != copied {
@@ -637,17 +701,17 @@ fn copy_in_kernel(
         );
         return Err(store_error("reading back", &temp.path, e));
     }
-    Ok(Some(Ok(BlobId(hasher.finalize().into()))))
+    Ok(Ok(Ok(hashing.finish())))
 }
 
-/// Copies `src` into `temp`, returning the sha256 of what was written. The
+/// Copies `src` into `temp`, returning the digests of what was written. The
 /// outer `Err` is a store failure, the inner one a source problem.
 fn copy_sequential(
     src: &mut File,
     temp: &mut TempBlob,
     expected: u64,
-) -> Result<Result<BlobId, String>, StageError> {
-    let mut hasher = Sha256::new();
+    mut hashing: Hashing,
+) -> Result<Result<Digests, String>, StageError> {
     let mut buf = vec![0u8; COPY_BUFFER_BYTES.min(expected as usize + 1).max(1)];
     let mut copied = 0u64;
     loop {
@@ -660,9 +724,9 @@ fn copy_sequential(
             return Ok(Err(problem));
         }
         if n == 0 {
-            return Ok(Ok(BlobId(hasher.finalize().into())));
+            return Ok(Ok(hashing.finish()));
         }
-        hasher.update(&buf[..n]);
+        hashing.update(&buf[..n]);
         temp.write(&buf[..n])?;
     }
 }
@@ -676,19 +740,19 @@ fn copy_pipelined(
     src: &mut File,
     temp: &mut TempBlob,
     expected: u64,
-) -> Result<Result<BlobId, String>, StageError> {
+    mut hashing: Hashing,
+) -> Result<Result<Digests, String>, StageError> {
     // Capacity for every buffer, so neither side ever blocks on a send.
     let (to_hasher, filled) = mpsc::sync_channel::<(Vec<u8>, usize)>(PIPELINE_BUFFERS);
     let (to_reader, free) = mpsc::sync_channel::<Vec<u8>>(PIPELINE_BUFFERS);
     thread::scope(|scope| {
         let hasher = scope.spawn(move || {
-            let mut hasher = Sha256::new();
             for (buf, n) in filled {
-                hasher.update(&buf[..n]);
+                hashing.update(&buf[..n]);
                 // The reader may have stopped early; the buffer is then dropped.
                 let _ = to_reader.send(buf);
             }
-            BlobId(hasher.finalize().into())
+            hashing.finish()
         });
 
         let mut allocated = 0;
@@ -734,6 +798,75 @@ fn copy_pipelined(
             Ok(None) => Ok(Ok(digest)),
         }
     })
+}
+
+/// A checksum other than sha256 that a file is checked with, fed the same
+/// bytes in the same pass (Hive's HDFS file checksum).
+pub trait StreamCheck: Send {
+    fn update(&mut self, bytes: &[u8]);
+    /// `Ok` when the bytes fed match; else what was found.
+    fn verify(self: Box<Self>) -> Result<(), String>;
+}
+
+/// The hashes computed while copying: sha256 always (the blob's name),
+/// and the file's own checksum when it has one.
+struct Hashing {
+    sha: Sha256,
+    check: Option<Box<dyn StreamCheck>>,
+}
+
+/// The sha256 of the bytes copied, and the checksum still to be compared.
+type Digests = (BlobId, Option<Box<dyn StreamCheck>>);
+
+impl Hashing {
+    fn update(&mut self, bytes: &[u8]) {
+        self.sha.update(bytes);
+        if let Some(check) = self.check.as_mut() {
+            check.update(bytes);
+        }
+    }
+
+    fn finish(self) -> Digests {
+        (BlobId(self.sha.finalize().into()), self.check)
+    }
+}
+
+/// The checksum `verify` asks for beyond sha256, ready to be fed; `Err`
+/// when the expected value cannot be a checksum of that kind.
+fn stream_check(verify: &Verify) -> Result<Option<Box<dyn StreamCheck>>, String> {
+    match verify {
+        Verify::Sha256 { .. } | Verify::None => Ok(None),
+        Verify::Hdfs { checksum } => crate::source::hive::checksum_check(checksum).map(Some),
+    }
+}
+
+/// A usable copy of a file in `tmp/`, with its content's sha256 and size.
+struct Copied {
+    origin: FetchOutcome,
+    temp: TempBlob,
+    blob: BlobId,
+    size: u64,
+}
+
+/// What [`BlobStore::fetch_unsynced`] found.
+#[derive(Debug)]
+pub struct Fetched {
+    pub outcome: FetchOutcome,
+    /// The content's sha256.
+    pub blob: BlobId,
+    pub size: u64,
+    /// The copy to publish; `None` when the blob was already stored.
+    pub copy: Option<Unsynced>,
+}
+
+/// True for an absolute local path with no `.`, `..` or empty component.
+fn is_valid_mapped_path(s: &str) -> bool {
+    s.len() > 1
+        && s.starts_with('/')
+        && !s.contains('\0')
+        && s[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
 /// A verified copy waiting in `tmp/` for [`BlobStore::publish`]; dropping
@@ -831,14 +964,24 @@ impl Drop for TempBlob {
 }
 
 /// The places to look for `file`, in order, with the outcome each stands for.
+/// Native: the source root, then `<cm-root>/<name>_<sha256>`. Hive: the
+/// mapped source path, then the URI's change-management copy (only a file
+/// with a checksum has one, named after the checksum).
 fn candidate_places(
     file: &FileRef,
     source_root: &Path,
     cm_root: Option<&Path>,
 ) -> Vec<(PathBuf, FetchOutcome)> {
+    let Some((sha, _)) = file.known() else {
+        let mut places = vec![(PathBuf::from(&file.path), FetchOutcome::FromSource)];
+        if let (Verify::Hdfs { .. }, Some(cm)) = (&file.verify, &file.cm_path) {
+            places.push((PathBuf::from(cm), FetchOutcome::FromChangeManagement));
+        }
+        return places;
+    };
     let mut places = vec![(source_root.join(&file.path), FetchOutcome::FromSource)];
     if let Some(cm) = cm_root {
-        let hex = file.sha256.to_hex();
+        let hex = sha.to_hex();
         let base = file.path.rsplit('/').next().unwrap_or(&file.path);
         places.push((
             cm.join(format!("{base}_{hex}")),
@@ -999,12 +1142,8 @@ mod tests {
     }
 
     fn file_ref(path: &str, content: &[u8]) -> FileRef {
-        FileRef {
-            path: path.to_owned(),
-            size: content.len() as u64,
-            sha256: sha(content),
-            name: path.rsplit('/').next().unwrap().to_owned(),
-        }
+        let name = path.rsplit('/').next().unwrap();
+        FileRef::native(path, name, content.len() as u64, sha(content))
     }
 
     fn put(root: &Path, rel: &str, content: &[u8]) {
@@ -1014,7 +1153,7 @@ mod tests {
     }
 
     fn cm_name(f: &FileRef) -> String {
-        format!("{}_{}", f.name, f.sha256.to_hex())
+        format!("{}_{}", f.name, f.key().to_hex())
     }
 
     fn temp_count(state: &Path) -> usize {
@@ -1028,18 +1167,20 @@ mod tests {
         let (a, b) = (file_ref("d/a", b"alpha"), file_ref("d/b", b"beta"));
         put(&fx.src, "d/a", b"alpha");
         put(&fx.src, "d/b", b"beta");
-        let (_, ca) = store.fetch_unsynced(&a, &fx.src, None).unwrap();
-        let (origin, cb) = store.fetch_unsynced(&b, &fx.src, None).unwrap();
+        let ca = store.fetch_unsynced(&a, &fx.src, None).unwrap().copy;
+        let fb = store.fetch_unsynced(&b, &fx.src, None).unwrap();
+        let (origin, cb) = (fb.outcome, fb.copy);
         assert_eq!(origin, FetchOutcome::FromSource);
         // Verified but not in place: nothing trusts it yet.
-        assert!(!store.contains(&a.sha256));
+        assert!(!store.contains(&a.key()));
         assert_eq!(temp_count(&fx.state), 2);
         store.publish(vec![ca.unwrap(), cb.unwrap()]).unwrap();
-        assert!(store.contains(&a.sha256) && store.contains(&b.sha256));
-        assert_eq!(fs::read(store.path(&b.sha256)).unwrap(), b"beta");
+        assert!(store.contains(&a.key()) && store.contains(&b.key()));
+        assert_eq!(fs::read(store.path(&b.key())).unwrap(), b"beta");
         assert_eq!(store.staged_bytes(), 9);
         assert_eq!(temp_count(&fx.state), 0);
-        let (outcome, none) = store.fetch_unsynced(&a, &fx.src, None).unwrap();
+        let again = store.fetch_unsynced(&a, &fx.src, None).unwrap();
+        let (outcome, none) = (again.outcome, again.copy);
         assert_eq!(
             (outcome, none.is_none()),
             (FetchOutcome::AlreadyPresent, true)
@@ -1065,10 +1206,10 @@ mod tests {
         let store = BlobStore::open(&fx.state).unwrap();
         let a = file_ref("d/a", b"alpha");
         put(&fx.src, "d/a", b"alpha");
-        let (_, copy) = store.fetch_unsynced(&a, &fx.src, None).unwrap();
+        let copy = store.fetch_unsynced(&a, &fx.src, None).unwrap().copy;
         drop(copy);
         assert_eq!(temp_count(&fx.state), 0);
-        assert!(!store.contains(&a.sha256));
+        assert!(!store.contains(&a.key()));
     }
 
     #[test]
@@ -1094,15 +1235,15 @@ mod tests {
             FetchOutcome::AlreadyPresent
         );
 
-        let hex = a.sha256.to_hex();
+        let hex = a.key().to_hex();
         assert_eq!(
-            store.path(&a.sha256),
+            store.path(&a.key()),
             fx.state.join("blobs").join(&hex[..2]).join(&hex)
         );
-        assert_eq!(fs::read(store.path(&a.sha256)).unwrap(), content);
-        assert!(store.contains(&a.sha256));
+        assert_eq!(fs::read(store.path(&a.key())).unwrap(), content);
+        assert!(store.contains(&a.key()));
         assert_eq!(store.staged_bytes(), content.len() as u64);
-        assert_eq!(store.list().unwrap(), vec![a.sha256]);
+        assert_eq!(store.list().unwrap(), vec![a.key()]);
         assert_eq!(temp_count(&fx.state), 0);
     }
 
@@ -1117,7 +1258,7 @@ mod tests {
 
         let outcome = store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap();
         assert_eq!(outcome, FetchOutcome::FromChangeManagement);
-        assert_eq!(fs::read(store.path(&f.sha256)).unwrap(), good);
+        assert_eq!(fs::read(store.path(&f.key())).unwrap(), good);
     }
 
     #[test]
@@ -1137,7 +1278,7 @@ mod tests {
             store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap(),
             FetchOutcome::FromChangeManagement
         );
-        assert!(fs::read(store.path(&f.sha256)).unwrap() == good);
+        assert!(fs::read(store.path(&f.key())).unwrap() == good);
         assert_eq!(store.staged_bytes(), good.len() as u64);
         assert_eq!(temp_count(&fx.state), 0);
     }
@@ -1154,7 +1295,7 @@ mod tests {
             store.fetch(&f, &fx.src, Some(&fx.cm)).unwrap(),
             FetchOutcome::FromChangeManagement
         );
-        assert_eq!(fs::read(store.path(&f.sha256)).unwrap(), good);
+        assert_eq!(fs::read(store.path(&f.key())).unwrap(), good);
         assert_eq!(store.staged_bytes(), good.len() as u64);
     }
 
@@ -1164,7 +1305,7 @@ mod tests {
         let good = b"renamed file";
         let mut f = file_ref("db/t/staging-123", good);
         f.name = "000000_0".to_owned();
-        put(&fx.cm, &format!("000000_0_{}", f.sha256.to_hex()), good);
+        put(&fx.cm, &format!("000000_0_{}", f.key().to_hex()), good);
         let store = BlobStore::open(&fx.state).unwrap();
 
         assert_eq!(
@@ -1196,7 +1337,7 @@ mod tests {
         assert_eq!(err.kind_label(), "unavailable");
         assert!(err.is_retryable());
 
-        assert!(!store.contains(&f.sha256));
+        assert!(!store.contains(&f.key()));
         assert!(store.list().unwrap().is_empty());
         assert_eq!(store.staged_bytes(), 0);
         assert_eq!(temp_count(&fx.state), 0);
@@ -1215,7 +1356,7 @@ mod tests {
         };
         assert!(detail.contains("size 3 expected 5"), "{detail}");
         assert!(detail.contains("no change-management root"), "{detail}");
-        assert!(!store.contains(&f.sha256));
+        assert!(!store.contains(&f.key()));
         assert_eq!(temp_count(&fx.state), 0);
     }
 
@@ -1229,7 +1370,7 @@ mod tests {
 
         let err = store.fetch(&f, &fx.src, None).unwrap_err();
         assert!(matches!(err, StageError::Unavailable { .. }), "{err:?}");
-        assert!(!store.contains(&f.sha256));
+        assert!(!store.contains(&f.key()));
     }
 
     #[test]
@@ -1244,7 +1385,7 @@ mod tests {
         }
         let tmp = fx.state.join("blobs/tmp");
         fs::write(
-            tmp.join(format!("{}.123.0.tmp", f.sha256.to_hex())),
+            tmp.join(format!("{}.123.0.tmp", f.key().to_hex())),
             b"partial",
         )
         .unwrap();
@@ -1252,7 +1393,7 @@ mod tests {
 
         let store = BlobStore::open(&fx.state).unwrap();
         assert_eq!(temp_count(&fx.state), 0);
-        assert_eq!(store.list().unwrap(), vec![f.sha256]);
+        assert_eq!(store.list().unwrap(), vec![f.key()]);
         assert_eq!(
             store.staged_bytes(),
             content.len() as u64,
@@ -1272,15 +1413,15 @@ mod tests {
         store.fetch(&f2, &fx.src, None).unwrap();
         assert_eq!(store.staged_bytes(), (one.len() + two.len()) as u64);
 
-        assert_eq!(store.remove(&f1.sha256).unwrap(), one.len() as u64);
+        assert_eq!(store.remove(&f1.key()).unwrap(), one.len() as u64);
         assert_eq!(
-            store.remove(&f1.sha256).unwrap(),
+            store.remove(&f1.key()).unwrap(),
             0,
             "removing twice is harmless"
         );
-        assert!(!store.contains(&f1.sha256));
+        assert!(!store.contains(&f1.key()));
         assert_eq!(store.staged_bytes(), two.len() as u64);
-        assert_eq!(store.list().unwrap(), vec![f2.sha256]);
+        assert_eq!(store.list().unwrap(), vec![f2.key()]);
     }
 
     #[test]
@@ -1356,7 +1497,7 @@ mod tests {
             assert!(matches!(err, StageError::NoSpace { .. }), "{size}: {err:?}");
             assert_eq!(err.kind_label(), "disk full");
             assert!(err.is_retryable());
-            assert!(!store.contains(&f.sha256));
+            assert!(!store.contains(&f.key()));
             assert_eq!(temp_count(&state), 0);
             assert_eq!(store.staged_bytes(), 0);
         }

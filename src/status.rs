@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::Snapshot;
 use crate::event::StateId;
+use crate::source::SourceReport;
 
 /// Why replication cannot progress.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +53,10 @@ pub struct Progress {
     pub ingest_stall: Mutex<Option<Stall>>,
     /// A state that cannot complete (missing file, disk full, ...).
     pub stage_stall: Mutex<Option<Stall>>,
+    /// Files staged without a checksum to verify them with (Hive).
+    pub unverified_files: AtomicU64,
+    /// The source, as its ingest thread last reported it.
+    pub source: Mutex<SourceReport>,
 }
 
 impl Default for Progress {
@@ -73,6 +78,8 @@ impl Default for Progress {
             gc_freed_bytes: AtomicU64::new(0),
             ingest_stall: Mutex::new(None),
             stage_stall: Mutex::new(None),
+            unverified_files: AtomicU64::new(0),
+            source: Mutex::new(SourceReport::default()),
         }
     }
 }
@@ -88,6 +95,10 @@ impl Progress {
 
     pub fn set_stage_stall(&self, stall: Option<Stall>) {
         *lock(&self.stage_stall) = stall;
+    }
+
+    pub fn set_source(&self, report: SourceReport) {
+        *lock(&self.source) = report;
     }
 
     /// The newest accepted state-id; never below `visible` (after a
@@ -141,6 +152,12 @@ pub struct StatusReport {
     pub retained: Vec<StateId>,
     pub staged_bytes: u64,
     pub stalled: Option<Stall>,
+    /// What replication follows and where it is in it.
+    #[serde(default)]
+    pub source: SourceReport,
+    /// Files whose source gave no checksum: staged as read (`verified` = `none`).
+    #[serde(default)]
+    pub unverified_files: u64,
     /// False when rendered from the state folder with no daemon running.
     pub running: bool,
     pub events_accepted: u64,
@@ -170,6 +187,8 @@ impl StatusReport {
             retained: Vec::new(),
             staged_bytes: 0,
             stalled: None,
+            source: SourceReport::default(),
+            unverified_files: 0,
             running: false,
             events_accepted: 0,
             events_duplicate: 0,
@@ -189,7 +208,14 @@ impl StatusReport {
     ) -> StatusReport {
         let visible = snapshot.visible.state_id;
         let latest = progress.latest(visible);
-        let lag_events = latest.0 - visible.0;
+        let source = lock(&progress.source).clone();
+        // Events the source has that were not read yet count as lag too.
+        let newest = source
+            .newest
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(0)
+            .max(latest.0);
+        let lag_events = newest - visible.0;
         let lag_seconds = if lag_events == 0 {
             Some(0.0)
         } else {
@@ -210,6 +236,8 @@ impl StatusReport {
             retained: snapshot.versions.keys().copied().collect(),
             staged_bytes,
             stalled: progress.stalled(),
+            source,
+            unverified_files: progress.unverified_files.load(Ordering::Relaxed),
             running: true,
             events_accepted: progress.events_accepted.load(Ordering::Relaxed),
             events_duplicate: progress.events_duplicate.load(Ordering::Relaxed),

@@ -548,7 +548,7 @@ mod tests {
             for (pname, pnode) in table.children.iter() {
                 for (fname, f) in pnode.as_dir().unwrap().children.iter() {
                     if let crate::catalog::Node::File(f) = f {
-                        got.insert(format!("{pname}/{fname}"), f.blob);
+                        got.insert(format!("{pname}/{fname}"), f.blob());
                     }
                 }
             }

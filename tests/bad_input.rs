@@ -98,7 +98,7 @@ fn run_bad_line(what: &str, bad: &[u8], id: Option<u64>, reason: &str) {
     let visible = replica.catalog().snapshot().visible.clone();
     let mut staged = 0;
     visible.for_each_file(&mut |f| {
-        assert!(replica.blobs().contains(&f.blob));
+        assert!(replica.blobs().contains(&f.blob()));
         staged += 1;
     });
     assert_eq!(staged, 3, "{what}");

@@ -18,7 +18,7 @@ use proptest::prelude::*;
 use sha2::{Digest, Sha256};
 
 use stagefs::catalog::{Catalog, Node, Pending, Pins, Tree};
-use stagefs::event::{BlobId, Event, FileRef, Op, StateId};
+use stagefs::event::{BlobId, Change, Event, FileRef, Op, StateId};
 
 type Files = BTreeMap<String, u8>;
 type Parts = BTreeMap<String, Files>;
@@ -65,24 +65,31 @@ fn blob(content: u8) -> BlobId {
     BlobId(Sha256::digest([content]).into())
 }
 
-fn event(id: u64, op: Op) -> Event {
+/// The one change of a generated event (`wrap` makes it the event).
+fn event(_id: u64, op: Op) -> Change {
+    Change::new(op, "", "")
+}
+
+fn wrap(id: u64, c: Change) -> Event {
     Event {
         id: StateId(id),
-        op,
         time_ms: None,
-        db: String::new(),
-        table: String::new(),
-        partition_keys: Vec::new(),
-        partition: None,
-        files: Vec::new(),
-        new_db: String::new(),
-        new_table: String::new(),
+        changes: if c.op == Op::Noop {
+            Vec::new()
+        } else {
+            vec![c]
+        },
     }
 }
 
 /// Builds the event for an action and applies it to the model; `None` when
 /// the model says the event cannot apply.
 fn model_apply(model: &mut Model, id: u64, a: &Action) -> (Event, bool) {
+    let (c, ok) = model_change(model, id, a);
+    (wrap(id, c), ok)
+}
+
+fn model_change(model: &mut Model, id: u64, a: &Action) -> (Change, bool) {
     let db = |d: &u8| format!("d{d}");
     let tb = |t: &u8| format!("t{t}");
     match a {
@@ -163,11 +170,13 @@ fn model_apply(model: &mut Model, id: u64, a: &Action) -> (Event, bool) {
             e.table = tb(t);
             e.files = files
                 .iter()
-                .map(|(name, content)| FileRef {
-                    path: format!("src/{content}"),
-                    size: 1,
-                    sha256: blob(*content),
-                    name: format!("f{name}"),
+                .map(|(name, content)| {
+                    FileRef::native(
+                        &format!("src/{content}"),
+                        &format!("f{name}"),
+                        1,
+                        blob(*content),
+                    )
                 })
                 .collect();
             let table = model.get_mut(&e.db).and_then(|ts| ts.get_mut(&e.table));
@@ -250,7 +259,7 @@ fn files_of(node: &Node) -> Files {
         let Node::File(f) = f else {
             panic!("dir inside a leaf")
         };
-        let content = (0u8..24).find(|c| blob(*c) == f.blob).unwrap();
+        let content = (0u8..24).find(|c| blob(*c) == f.blob()).unwrap();
         out.insert(name.to_string(), content);
     }
     out
@@ -320,7 +329,7 @@ fn run_case(actions: &[Action], unavailable: &BTreeSet<u8>) -> Result<(), TestCa
                 tree.state_id
             );
             let mut all_staged = true;
-            tree.for_each_file(&mut |f| all_staged &= staged.contains(&f.blob));
+            tree.for_each_file(&mut |f| all_staged &= staged.contains(&f.blob()));
             prop_assert!(
                 all_staged,
                 "state {} references an unstaged file",
@@ -349,7 +358,7 @@ fn run_case(actions: &[Action], unavailable: &BTreeSet<u8>) -> Result<(), TestCa
                 next_id += 1 + (next_id % 3);
                 let mut m = model.clone();
                 let (e, ok) = model_apply(&mut m, next_id, a);
-                let got = pending.apply(&e, |b| staged.contains(b));
+                let got = pending.apply(&e, |f| staged.contains(&f.blob));
                 prop_assert_eq!(
                     got.is_ok(),
                     ok,

@@ -12,6 +12,7 @@
 //!   read path). Every change is made durable (commit record, pins file)
 //!   before it is published, so what a reader saw survives a crash.
 
+pub mod resolutions;
 pub mod tree;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -21,7 +22,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
-pub use tree::{AddedFile, ApplyError, DirKind, DirNode, FileNode, Meta, Name, Node, NodeId, Tree};
+pub use resolutions::Resolutions;
+pub use tree::{
+    AddedFile, ApplyError, DirKind, DirNode, FileNode, Meta, Name, Node, NodeId, Resolution, Tree,
+};
 
 use crate::durable::write_atomic;
 use crate::event::{BlobId, Event, StateId};
@@ -342,9 +346,9 @@ fn retention(
 struct PendingState {
     tree: Arc<Tree>,
     added: Vec<AddedFile>,
-    /// `(db, table)` → `(new_db, new_table)` when the event renamed a table:
-    /// files added before it now sit under the new name.
-    renamed: Option<([Name; 2], [Name; 2])>,
+    /// `(db, table)` → `(new_db, new_table)` for every table the event
+    /// renamed, in order: files added before it now sit under the new name.
+    renamed: Vec<([Name; 2], [Name; 2])>,
     /// Whether the event can stop referencing files of earlier states
     /// (drops and overwrites); inserts and creates never do, so waiting
     /// files need no re-check there.
@@ -361,7 +365,7 @@ impl PendingState {
     /// Carries the waiting files into this state: follows a rename, adds
     /// this event's missing files, drops those it no longer references.
     fn carry<'a>(&'a self, unresolved: &mut Vec<Unresolved<'a>>, missing: &HashSet<BlobId>) {
-        if let Some((from, to)) = &self.renamed {
+        for (from, to) in &self.renamed {
             for u in unresolved.iter_mut() {
                 if u.dir.len() >= 2 && u.dir[..2] == from[..] {
                     u.dir[0] = Name::clone(&to[0]);
@@ -415,12 +419,13 @@ impl Pending {
     }
 
     /// Applies an event on top of the newest state. `is_staged` says whether
-    /// a blob is already in the store; files that are not are returned, to
-    /// be fetched, and block commits until [`Pending::staged`] is called.
+    /// an added file's content is already in the store; files that are not
+    /// are returned, to be fetched, and block commits until
+    /// [`Pending::staged`] is called with their [`AddedFile::blob`] key.
     pub fn apply(
         &mut self,
         event: &Event,
-        is_staged: impl FnMut(&BlobId) -> bool,
+        is_staged: impl FnMut(&AddedFile) -> bool,
     ) -> Result<Vec<AddedFile>, ApplyError> {
         let (tree, added) = self.latest.apply(event)?;
         Ok(self.push_applied(event, Arc::new(tree), added, is_staged))
@@ -434,33 +439,41 @@ impl Pending {
         event: &Event,
         tree: Arc<Tree>,
         added: Vec<AddedFile>,
-        mut is_staged: impl FnMut(&BlobId) -> bool,
+        mut is_staged: impl FnMut(&AddedFile) -> bool,
     ) -> Vec<AddedFile> {
         let mut to_fetch = Vec::new();
         for f in &added {
-            if !self.missing.contains(&f.blob) && !is_staged(&f.blob) {
+            if !self.missing.contains(&f.blob) && !is_staged(f) {
                 self.missing.insert(f.blob);
                 to_fetch.push(f.clone());
             }
         }
         self.latest = Arc::clone(&tree);
-        let renamed = (event.op == crate::event::Op::RenameTable).then(|| {
-            (
-                [
-                    Name::from(event.db.as_str()),
-                    Name::from(event.table.as_str()),
-                ],
-                [
-                    Name::from(event.new_db.as_str()),
-                    Name::from(event.new_table.as_str()),
-                ],
+        use crate::event::Op;
+        let renamed = event
+            .changes
+            .iter()
+            .filter(|c| c.op == Op::RenameTable)
+            .map(|c| {
+                (
+                    [Name::from(c.db.as_str()), Name::from(c.table.as_str())],
+                    [
+                        Name::from(c.new_db.as_str()),
+                        Name::from(c.new_table.as_str()),
+                    ],
+                )
+            })
+            .collect();
+        let may_unreference = event.changes.iter().any(|c| {
+            matches!(
+                c.op,
+                Op::DropDatabase
+                    | Op::DropTable
+                    | Op::DropPartition
+                    | Op::ReplaceFiles
+                    | Op::TruncateTable
             )
         });
-        use crate::event::Op;
-        let may_unreference = matches!(
-            event.op,
-            Op::DropDatabase | Op::DropTable | Op::DropPartition | Op::ReplaceFiles
-        );
         self.states.push_back(PendingState {
             tree,
             added,
@@ -561,7 +574,7 @@ impl Pending {
 
 fn still_references(tree: &Tree, u: &Unresolved<'_>) -> bool {
     match tree.lookup(&u.dir, &u.file.name) {
-        Some(Node::File(node)) => node.blob == u.file.blob,
+        Some(Node::File(node)) => node.key() == u.file.blob,
         _ => false,
     }
 }

@@ -38,7 +38,7 @@ fn listing(tree: &Tree) -> Vec<String> {
                     out.push(format!("{path}/"));
                     walk(&path, d, out)
                 }
-                Node::File(f) => out.push(format!("{path}={}", &f.blob.to_hex()[..4])),
+                Node::File(f) => out.push(format!("{path}={}", &f.blob().to_hex()[..4])),
             }
         }
     }
@@ -110,13 +110,13 @@ fn missing_file_blocks_every_state_that_references_it() {
     let mut pending = Pending::new(Arc::new(Tree::empty()));
     let held_back = BlobId::from_hex(SHA2).unwrap();
     for e in &events[..5] {
-        pending.apply(e, |b| *b != held_back).unwrap();
+        pending.apply(e, |f| f.blob != held_back).unwrap();
     }
     // 30 and 40 reference the held-back file: 20 is the newest complete.
     assert_eq!(pending.newest_complete().unwrap().state_id, StateId(20));
     assert_eq!(pending.first_blocked().unwrap().0, StateId(30));
     // 50 replaces p=b without it: 50 may commit even though 30/40 never do.
-    pending.apply(&events[5], |b| *b != held_back).unwrap();
+    pending.apply(&events[5], |f| f.blob != held_back).unwrap();
     assert_eq!(pending.newest_complete().unwrap().state_id, StateId(50));
     pending.committed(StateId(50));
     assert!(!pending.is_missing(&held_back));
@@ -128,7 +128,7 @@ fn staged_file_unblocks_its_state() {
     let mut pending = Pending::new(Arc::new(Tree::empty()));
     let held_back = BlobId::from_hex(SHA2).unwrap();
     for e in &events[..5] {
-        pending.apply(e, |b| *b != held_back).unwrap();
+        pending.apply(e, |f| f.blob != held_back).unwrap();
     }
     pending.staged(&held_back);
     assert_eq!(pending.newest_complete().unwrap().state_id, StateId(40));
@@ -357,7 +357,7 @@ fn rename_keeps_a_missing_file_blocking() {
     let mut pending = Pending::new(Arc::new(Tree::empty()));
     let held_back = BlobId::from_hex(SHA1).unwrap();
     for e in &events[..3] {
-        pending.apply(e, |b| *b != held_back).unwrap();
+        pending.apply(e, |f| f.blob != held_back).unwrap();
     }
     let rename = ev(
         r#"{"id": 21, "op": "rename_table", "db": "default", "table": "blah", "new_db": "default", "new_table": "moved"}"#,

@@ -14,13 +14,22 @@
 //!
 //! [`Tree::apply`] is the single definition of what an event does; ingest
 //! uses it to reject events that cannot apply, the stager to build versions.
+//! An event's changes apply in order to one new tree with one state-id, or
+//! not at all.
+//!
+//! A file's content is either known when its event is applied (native
+//! events name size and sha256) or resolved later ([`Resolution`]): a Hive
+//! file's sha256 and size are learnt when the stager reads it. The stager
+//! resolves every file of a state before committing it, so every file of a
+//! committed tree has its content; the cell is written once and never
+//! changes afterwards, so the invariant below holds.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use imbl::OrdMap;
 
-use crate::event::{escape_path_name, BlobId, Event, FileRef, Op, StateId};
+use crate::event::{escape_path_name, BlobId, Change, Event, FileRef, Op, StateId};
 
 /// A name inside a directory.
 pub type Name = Arc<str>;
@@ -73,6 +82,9 @@ pub enum DirKind {
     Partition {
         depth: u16,
     },
+    /// A directory the source keeps files in below a partition or an
+    /// unpartitioned table (Hive's `delta_…`/`base_…`).
+    Subdir,
 }
 
 #[derive(Debug)]
@@ -85,10 +97,106 @@ pub struct DirNode {
 #[derive(Debug)]
 pub struct FileNode {
     pub meta: Meta,
-    pub size: u64,
-    pub blob: BlobId,
-    /// The source path the file came from (relative to the source root).
+    content: FileContent,
+    /// Where the file came from: the path relative to the source root, or
+    /// the source URI (Hive).
     pub source: Box<str>,
+    /// How the content was verified (`user.stagefs.verified`).
+    pub verified: &'static str,
+}
+
+#[derive(Debug)]
+enum FileContent {
+    Known { blob: BlobId, size: u64 },
+    Resolved(Arc<Resolution>),
+}
+
+/// The content of a file that is known only once it is staged: written once
+/// by the stager (after the blob and the resolution record are durable),
+/// before any tree referencing it is committed.
+#[derive(Debug)]
+pub struct Resolution {
+    /// The reference's identity ([`FileRef::key`]).
+    pub key: BlobId,
+    content: OnceLock<(BlobId, u64)>,
+}
+
+impl Resolution {
+    pub fn new(key: BlobId) -> Resolution {
+        Resolution {
+            key,
+            content: OnceLock::new(),
+        }
+    }
+
+    /// The blob and size, once resolved.
+    pub fn get(&self) -> Option<(BlobId, u64)> {
+        self.content.get().copied()
+    }
+
+    /// Records the content; a second call keeps the first value (the
+    /// content of a reference never changes once known) and returns false
+    /// when it differed.
+    pub fn set(&self, blob: BlobId, size: u64) -> bool {
+        match self.content.set((blob, size)) {
+            Ok(()) => true,
+            Err(v) => self.content.get() == Some(&v),
+        }
+    }
+}
+
+impl FileNode {
+    /// The node for `file` created at `meta`.
+    fn new(meta: Meta, file: &FileRef) -> (FileNode, Option<Arc<Resolution>>) {
+        let (content, cell) = match file.known() {
+            Some((blob, size)) => (FileContent::Known { blob, size }, None),
+            None => {
+                let cell = Arc::new(Resolution::new(file.key()));
+                (FileContent::Resolved(Arc::clone(&cell)), Some(cell))
+            }
+        };
+        let node = FileNode {
+            meta,
+            content,
+            source: file.source_label().into(),
+            verified: file.verify.label(),
+        };
+        (node, cell)
+    }
+
+    /// The staged content's id (sha256). For a file not resolved yet (only
+    /// in trees that are not committed) its reference key.
+    pub fn blob(&self) -> BlobId {
+        match &self.content {
+            FileContent::Known { blob, .. } => *blob,
+            FileContent::Resolved(r) => r.get().map_or(r.key, |(b, _)| b),
+        }
+    }
+
+    /// Exact size in bytes (0 while not resolved).
+    pub fn size(&self) -> u64 {
+        match &self.content {
+            FileContent::Known { size, .. } => *size,
+            FileContent::Resolved(r) => r.get().map_or(0, |(_, s)| s),
+        }
+    }
+
+    /// What the commit rule tracks this file by: the sha256 when it was
+    /// known from the event, else the reference key.
+    pub fn key(&self) -> BlobId {
+        match &self.content {
+            FileContent::Known { blob, .. } => *blob,
+            FileContent::Resolved(r) => r.key,
+        }
+    }
+
+    /// False only for a file whose content the stager has not learnt yet.
+    pub fn is_resolved(&self) -> bool {
+        match &self.content {
+            FileContent::Known { .. } => true,
+            FileContent::Resolved(r) => r.get().is_some(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -138,7 +246,7 @@ impl DirNode {
                 };
                 match child {
                     Node::Dir(d) => walk(&path, d, out),
-                    Node::File(f) => out.push((path, f.blob)),
+                    Node::File(f) => out.push((path, f.blob())),
                 }
             }
         }
@@ -184,6 +292,8 @@ pub enum ApplyError {
     DuplicateFile(String, String),
     #[error("id {got} does not increase past {last}")]
     NotIncreasing { last: StateId, got: StateId },
+    #[error("{0} is not a directory in {1}")]
+    NotADirectory(String, String),
 }
 
 /// A file an event added, with where it sits in the new tree, so the
@@ -192,9 +302,22 @@ pub enum ApplyError {
 pub struct AddedFile {
     pub dir: Vec<Name>,
     pub name: Name,
+    /// What the commit rule waits for: [`FileRef::key`].
     pub blob: BlobId,
-    pub size: u64,
     pub file: FileRef,
+    /// Where the stager records the content of a file not known by
+    /// content (None for native files).
+    pub resolution: Option<Arc<Resolution>>,
+}
+
+impl AddedFile {
+    /// The staged blob when it is known (native, or resolved).
+    pub fn content(&self) -> Option<(BlobId, u64)> {
+        match &self.resolution {
+            None => self.file.known(),
+            Some(r) => r.get(),
+        }
+    }
 }
 
 impl Tree {
@@ -239,138 +362,16 @@ impl Tree {
         }
         let mut added = Vec::new();
         let meta = || Meta::new(event.id, event.time_ms);
-        let root = &self.root;
-        let new_root = match event.op {
-            Op::Noop => Arc::clone(root),
-            Op::CreateDatabase => {
-                if root.child(&event.db).is_some() {
-                    return Err(ApplyError::DatabaseExists(event.db.clone()));
-                }
-                let db = Node::Dir(Arc::new(DirNode {
-                    meta: meta(),
-                    kind: DirKind::Database,
-                    children: OrdMap::new(),
-                }));
-                root.with_children(meta(), root.children.update(event.db.as_str().into(), db))
-            }
-            Op::DropDatabase => {
-                if root.child(&event.db).is_none() {
-                    return Err(ApplyError::NoDatabase(event.db.clone()));
-                }
-                root.with_children(meta(), root.children.without(event.db.as_str()))
-            }
-            Op::CreateTable => {
-                let db = root
-                    .child_dir(&event.db)
-                    .ok_or_else(|| ApplyError::NoDatabase(event.db.clone()))?;
-                if db.child(&event.table).is_some() {
-                    return Err(ApplyError::TableExists(
-                        event.db.clone(),
-                        event.table.clone(),
-                    ));
-                }
-                let keys: Arc<[Name]> = event
-                    .partition_keys
-                    .iter()
-                    .map(|k| Name::from(k.as_str()))
-                    .collect();
-                let table = Node::Dir(Arc::new(DirNode {
-                    meta: meta(),
-                    kind: DirKind::Table {
-                        partition_keys: keys,
-                    },
-                    children: OrdMap::new(),
-                }));
-                let db = db.with_children(
-                    meta(),
-                    db.children.update(event.table.as_str().into(), table),
-                );
-                root.with_children(
-                    meta(),
-                    root.children
-                        .update(event.db.as_str().into(), Node::Dir(db)),
-                )
-            }
-            Op::DropTable => {
-                let db = self.existing_table(event)?.0;
-                let db = db.with_children(meta(), db.children.without(event.table.as_str()));
-                root.with_children(
-                    meta(),
-                    root.children
-                        .update(event.db.as_str().into(), Node::Dir(db)),
-                )
-            }
-            Op::RenameTable => {
-                let (_, table) = self.existing_table(event)?;
-                let target_db = root
-                    .child_dir(&event.new_db)
-                    .ok_or_else(|| ApplyError::NoDatabase(event.new_db.clone()))?;
-                if target_db.child(&event.new_table).is_some() {
-                    return Err(ApplyError::TableExists(
-                        event.new_db.clone(),
-                        event.new_table.clone(),
-                    ));
-                }
-                // The table node moves as it is: its content did not change,
-                // so it keeps its id, state-id and kernel caches.
-                let table = Node::Dir(Arc::clone(table));
-                let mut children = root.children.clone();
-                let from = children
-                    .get(event.db.as_str())
-                    .and_then(Node::as_dir)
-                    .ok_or_else(|| ApplyError::NoDatabase(event.db.clone()))?;
-                let from = from.with_children(meta(), from.children.without(event.table.as_str()));
-                children.insert(event.db.as_str().into(), Node::Dir(from));
-                let to = children
-                    .get(event.new_db.as_str())
-                    .and_then(Node::as_dir)
-                    .ok_or_else(|| ApplyError::NoDatabase(event.new_db.clone()))?;
-                let to = to.with_children(
-                    meta(),
-                    to.children.update(event.new_table.as_str().into(), table),
-                );
-                children.insert(event.new_db.as_str().into(), Node::Dir(to));
-                root.with_children(meta(), children)
-            }
-            Op::AddPartition | Op::AddFiles | Op::ReplaceFiles | Op::DropPartition => {
-                let (db, table) = self.existing_table(event)?;
-                let part_path = partition_path(table, event)?;
-                let new_table = if event.op == Op::DropPartition {
-                    drop_partition(table, &part_path, event, &meta)?
-                } else {
-                    let mut dir: Vec<Name> =
-                        vec![event.db.as_str().into(), event.table.as_str().into()];
-                    dir.extend(part_path.iter().cloned());
-                    put_files(table, &part_path, 0, event, &meta, &dir, &mut added)?
-                };
-                let db = db.with_children(
-                    meta(),
-                    db.children
-                        .update(event.table.as_str().into(), Node::Dir(new_table)),
-                );
-                root.with_children(
-                    meta(),
-                    root.children
-                        .update(event.db.as_str().into(), Node::Dir(db)),
-                )
-            }
-        };
+        let mut root = Arc::clone(&self.root);
+        for change in &event.changes {
+            root = apply_change(&root, change, &meta, &mut added)?;
+        }
         let tree = Tree {
             state_id: event.id,
             time_ms: event.time_ms.unwrap_or(UNKNOWN_TIME),
-            root: new_root,
+            root,
         };
         Ok((tree, added))
-    }
-
-    fn existing_table(&self, event: &Event) -> Result<(&Arc<DirNode>, &Arc<DirNode>), ApplyError> {
-        let db = self
-            .database(&event.db)
-            .ok_or_else(|| ApplyError::NoDatabase(event.db.clone()))?;
-        let table = db
-            .child_dir(&event.table)
-            .ok_or_else(|| ApplyError::NoTable(event.db.clone(), event.table.clone()))?;
-        Ok((db, table))
     }
 
     /// Every file in the tree, visiting each shared directory once per call.
@@ -387,13 +388,167 @@ impl Tree {
     }
 }
 
-/// The directory names `key=value` of the event's partition, in the table's
-/// key order; empty for an unpartitioned table.
-fn partition_path(table: &DirNode, event: &Event) -> Result<Vec<Name>, ApplyError> {
-    let DirKind::Table { partition_keys } = &table.kind else {
-        return Err(ApplyError::NoTable(event.db.clone(), event.table.clone()));
+fn existing_table<'a>(
+    root: &'a DirNode,
+    c: &Change,
+) -> Result<(&'a Arc<DirNode>, &'a Arc<DirNode>), ApplyError> {
+    let db = root
+        .child_dir(&c.db)
+        .ok_or_else(|| ApplyError::NoDatabase(c.db.clone()))?;
+    let table = db
+        .child_dir(&c.table)
+        .ok_or_else(|| ApplyError::NoTable(c.db.clone(), c.table.clone()))?;
+    Ok((db, table))
+}
+
+/// `root` after one change; every node it creates carries `meta()`.
+fn apply_change(
+    root: &Arc<DirNode>,
+    c: &Change,
+    meta: &dyn Fn() -> Meta,
+    added: &mut Vec<AddedFile>,
+) -> Result<Arc<DirNode>, ApplyError> {
+    let with_db = |db: Arc<DirNode>| {
+        root.with_children(
+            meta(),
+            root.children.update(c.db.as_str().into(), Node::Dir(db)),
+        )
     };
-    let spec = event.partition.as_ref();
+    Ok(match c.op {
+        Op::Noop => Arc::clone(root),
+        Op::CreateDatabase => {
+            if root.child(&c.db).is_some() {
+                return Err(ApplyError::DatabaseExists(c.db.clone()));
+            }
+            with_db(Arc::new(DirNode {
+                meta: meta(),
+                kind: DirKind::Database,
+                children: OrdMap::new(),
+            }))
+        }
+        Op::DropDatabase => {
+            if root.child(&c.db).is_none() {
+                return Err(ApplyError::NoDatabase(c.db.clone()));
+            }
+            root.with_children(meta(), root.children.without(c.db.as_str()))
+        }
+        Op::CreateTable => {
+            let db = root
+                .child_dir(&c.db)
+                .ok_or_else(|| ApplyError::NoDatabase(c.db.clone()))?;
+            if db.child(&c.table).is_some() {
+                return Err(ApplyError::TableExists(c.db.clone(), c.table.clone()));
+            }
+            let keys: Arc<[Name]> = c
+                .partition_keys
+                .iter()
+                .map(|k| Name::from(k.as_str()))
+                .collect();
+            let table = Node::Dir(Arc::new(DirNode {
+                meta: meta(),
+                kind: DirKind::Table {
+                    partition_keys: keys,
+                },
+                children: OrdMap::new(),
+            }));
+            with_db(db.with_children(meta(), db.children.update(c.table.as_str().into(), table)))
+        }
+        Op::DropTable => {
+            let db = existing_table(root, c)?.0;
+            with_db(db.with_children(meta(), db.children.without(c.table.as_str())))
+        }
+        Op::RenameTable => {
+            let (_, table) = existing_table(root, c)?;
+            let target_db = root
+                .child_dir(&c.new_db)
+                .ok_or_else(|| ApplyError::NoDatabase(c.new_db.clone()))?;
+            if target_db.child(&c.new_table).is_some() {
+                return Err(ApplyError::TableExists(
+                    c.new_db.clone(),
+                    c.new_table.clone(),
+                ));
+            }
+            // The table node moves as it is: its content did not change,
+            // so it keeps its id, state-id and kernel caches.
+            let table = Node::Dir(Arc::clone(table));
+            let mut children = root.children.clone();
+            let from = children
+                .get(c.db.as_str())
+                .and_then(Node::as_dir)
+                .ok_or_else(|| ApplyError::NoDatabase(c.db.clone()))?;
+            let from = from.with_children(meta(), from.children.without(c.table.as_str()));
+            children.insert(c.db.as_str().into(), Node::Dir(from));
+            let to = children
+                .get(c.new_db.as_str())
+                .and_then(Node::as_dir)
+                .ok_or_else(|| ApplyError::NoDatabase(c.new_db.clone()))?;
+            let to = to.with_children(
+                meta(),
+                to.children.update(c.new_table.as_str().into(), table),
+            );
+            children.insert(c.new_db.as_str().into(), Node::Dir(to));
+            root.with_children(meta(), children)
+        }
+        Op::TruncateTable => {
+            let (db, table) = existing_table(root, c)?;
+            let DirKind::Table { partition_keys } = &table.kind else {
+                return Err(ApplyError::NoTable(c.db.clone(), c.table.clone()));
+            };
+            let table = empty_leaves(table, partition_keys.len(), meta);
+            with_db(
+                db.with_children(
+                    meta(),
+                    db.children
+                        .update(c.table.as_str().into(), Node::Dir(table)),
+                ),
+            )
+        }
+        Op::AddPartition | Op::AddFiles | Op::ReplaceFiles | Op::DropPartition => {
+            let (db, table) = existing_table(root, c)?;
+            let part_path = partition_path(table, c)?;
+            let new_table = if c.op == Op::DropPartition {
+                drop_partition(table, &part_path, c, meta)?
+            } else {
+                let mut dir: Vec<Name> = vec![c.db.as_str().into(), c.table.as_str().into()];
+                dir.extend(part_path.iter().cloned());
+                put_files(table, &part_path, 0, c, meta, &dir, added)?
+            };
+            with_db(
+                db.with_children(
+                    meta(),
+                    db.children
+                        .update(c.table.as_str().into(), Node::Dir(new_table)),
+                ),
+            )
+        }
+    })
+}
+
+/// `dir` with every directory `depth` levels below it emptied (a
+/// partitioned table's partitions), or `dir` itself emptied at depth 0.
+fn empty_leaves(dir: &Arc<DirNode>, depth: usize, meta: &dyn Fn() -> Meta) -> Arc<DirNode> {
+    if depth == 0 {
+        return dir.with_children(meta(), OrdMap::new());
+    }
+    let mut children = dir.children.clone();
+    for (name, child) in dir.children.iter() {
+        if let Node::Dir(d) = child {
+            children.insert(
+                Name::clone(name),
+                Node::Dir(empty_leaves(d, depth - 1, meta)),
+            );
+        }
+    }
+    dir.with_children(meta(), children)
+}
+
+/// The directory names `key=value` of the change's partition, in the table's
+/// key order; empty for an unpartitioned table.
+fn partition_path(table: &DirNode, c: &Change) -> Result<Vec<Name>, ApplyError> {
+    let DirKind::Table { partition_keys } = &table.kind else {
+        return Err(ApplyError::NoTable(c.db.clone(), c.table.clone()));
+    };
+    let spec = c.partition.as_ref();
     let given = spec.map_or(0, |p| p.len());
     let mismatch = || {
         let keys: Vec<&str> = partition_keys.iter().map(|k| &**k).collect();
@@ -423,7 +578,7 @@ fn put_files(
     dir: &Arc<DirNode>,
     path: &[Name],
     depth: u16,
-    event: &Event,
+    c: &Change,
     meta: &dyn Fn() -> Meta,
     full_dir: &[Name],
     added: &mut Vec<AddedFile>,
@@ -437,14 +592,15 @@ fn put_files(
                 children: OrdMap::new(),
             }),
         };
-        let child = put_files(&child, rest, depth + 1, event, meta, full_dir, added)?;
+        let child = put_files(&child, rest, depth + 1, c, meta, full_dir, added)?;
         return Ok(dir.with_children(
             meta(),
             dir.children.update(Name::clone(first), Node::Dir(child)),
         ));
     }
-    let mut children = if event.op == Op::ReplaceFiles {
-        // INSERT OVERWRITE: files only; nothing else lives in a leaf.
+    let mut children = if c.op == Op::ReplaceFiles {
+        // INSERT OVERWRITE: the partition's content (files and the
+        // subdirectories holding files) becomes exactly `files`.
         OrdMap::new()
     } else {
         dir.children.clone()
@@ -453,36 +609,98 @@ fn put_files(
         if full_dir.len() > 2 {
             full_dir[2..].join("/")
         } else {
-            format!("{}.{}", event.db, event.table)
+            format!("{}.{}", c.db, c.table)
         }
     };
-    for file in &event.files {
-        let name = Name::from(file.name.as_str());
-        if children.contains_key(&*name) {
-            return Err(ApplyError::DuplicateFile(file.name.clone(), where_()));
-        }
-        let node = FileNode {
-            meta: meta(),
-            size: file.size,
-            blob: file.sha256,
-            source: file.path.as_str().into(),
+    for file in &c.files {
+        let Some(subdir) = file.subdir.as_deref() else {
+            let name = Name::from(file.name.as_str());
+            if children.contains_key(&*name) {
+                return Err(ApplyError::DuplicateFile(file.name.clone(), where_()));
+            }
+            children.insert(
+                Name::clone(&name),
+                new_file(file, name, full_dir.to_vec(), meta, added),
+            );
+            continue;
         };
-        children.insert(Name::clone(&name), Node::File(Arc::new(node)));
-        added.push(AddedFile {
-            dir: full_dir.to_vec(),
-            name,
-            blob: file.sha256,
-            size: file.size,
-            file: file.clone(),
-        });
+        let sub: Vec<Name> = subdir.split('/').map(Name::from).collect();
+        let mut file_dir = full_dir.to_vec();
+        file_dir.extend(sub.iter().cloned());
+        let child = subdir_node(children.get(&*sub[0]), &sub[0], meta, &where_)?;
+        let child = put_file(&child, &sub[1..], file, meta, &file_dir, &where_, added)?;
+        children.insert(Name::clone(&sub[0]), Node::Dir(child));
     }
     Ok(dir.with_children(meta(), children))
+}
+
+/// The file node for `file`, recorded in `added`.
+fn new_file(
+    file: &FileRef,
+    name: Name,
+    dir: Vec<Name>,
+    meta: &dyn Fn() -> Meta,
+    added: &mut Vec<AddedFile>,
+) -> Node {
+    let (node, resolution) = FileNode::new(meta(), file);
+    added.push(AddedFile {
+        dir,
+        name,
+        blob: file.key(),
+        file: file.clone(),
+        resolution,
+    });
+    Node::File(Arc::new(node))
+}
+
+/// The existing subdirectory `name` (`existing`), or a new empty one.
+fn subdir_node(
+    existing: Option<&Node>,
+    name: &str,
+    meta: &dyn Fn() -> Meta,
+    where_: &dyn Fn() -> String,
+) -> Result<Arc<DirNode>, ApplyError> {
+    match existing {
+        Some(Node::Dir(d)) => Ok(Arc::clone(d)),
+        Some(Node::File(_)) => Err(ApplyError::NotADirectory(name.to_owned(), where_())),
+        None => Ok(Arc::new(DirNode {
+            meta: meta(),
+            kind: DirKind::Subdir,
+            children: OrdMap::new(),
+        })),
+    }
+}
+
+/// `dir` with `file` added `sub` levels below it (creating subdirectories).
+fn put_file(
+    dir: &Arc<DirNode>,
+    sub: &[Name],
+    file: &FileRef,
+    meta: &dyn Fn() -> Meta,
+    file_dir: &[Name],
+    where_: &dyn Fn() -> String,
+    added: &mut Vec<AddedFile>,
+) -> Result<Arc<DirNode>, ApplyError> {
+    if let Some((first, rest)) = sub.split_first() {
+        let child = subdir_node(dir.child(first), first, meta, where_)?;
+        let child = put_file(&child, rest, file, meta, file_dir, where_, added)?;
+        return Ok(dir.with_children(
+            meta(),
+            dir.children.update(Name::clone(first), Node::Dir(child)),
+        ));
+    }
+    let name = Name::from(file.name.as_str());
+    if dir.children.contains_key(&*name) {
+        return Err(ApplyError::DuplicateFile(file.name.clone(), where_()));
+    }
+    let node = new_file(file, Name::clone(&name), file_dir.to_vec(), meta, added);
+    Ok(dir.with_children(meta(), dir.children.update(name, node)))
 }
 
 fn drop_partition(
     table: &Arc<DirNode>,
     path: &[Name],
-    event: &Event,
+    c: &Change,
     meta: &dyn Fn() -> Meta,
 ) -> Result<Arc<DirNode>, ApplyError> {
     fn go(dir: &Arc<DirNode>, path: &[Name], meta: &dyn Fn() -> Meta) -> Option<Arc<DirNode>> {
@@ -507,7 +725,6 @@ fn drop_partition(
             "the table is not partitioned".into(),
         ));
     }
-    go(table, path, meta).ok_or_else(|| {
-        ApplyError::NoPartition(format!("{}.{}/{}", event.db, event.table, path.join("/")))
-    })
+    go(table, path, meta)
+        .ok_or_else(|| ApplyError::NoPartition(format!("{}.{}/{}", c.db, c.table, path.join("/"))))
 }

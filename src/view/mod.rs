@@ -460,8 +460,8 @@ impl View {
             Node::File(f) => Attr {
                 ino: f.meta.id.0,
                 kind: FileKind::RegularFile,
-                size: f.size,
-                blocks: f.size.div_ceil(512),
+                size: f.size(),
+                blocks: f.size().div_ceil(512),
                 perm: 0o444,
                 nlink: 1,
                 uid: self.cfg.uid,
@@ -630,7 +630,7 @@ impl View {
                 if writes {
                     return Err(ViewError::ReadOnly);
                 }
-                let path = (self.blob_path)(&f.blob);
+                let path = (self.blob_path)(&f.blob());
                 let file = File::open(&path).map_err(|source| ViewError::OpenBlob {
                     path: path.clone(),
                     source,
@@ -724,16 +724,27 @@ fn fixed_ino(r: &Resolved) -> u64 {
     }
 }
 
-/// Number of subdirectories, for `nlink`. Children of a directory are all
-/// directories or all files (partition levels vs. leaves), so the first
-/// child decides.
+/// Number of subdirectories, for `nlink`. Partition levels hold only
+/// directories; a leaf holds files and, from Hive, possibly a few
+/// subdirectories (`delta_…`) among them: those are counted, except in a
+/// leaf too large to scan per `getattr`, where the first child decides.
 fn subdir_count(d: &DirNode) -> usize {
+    const SCAN_LIMIT: usize = 4096;
     match d.kind {
         DirKind::Root | DirKind::Database => d.children.len(),
-        DirKind::Table { .. } | DirKind::Partition { .. } => match d.children.get_min() {
-            Some((_, Node::Dir(_))) => d.children.len(),
-            Some((_, Node::File(_))) | None => 0,
-        },
+        DirKind::Table { .. } | DirKind::Partition { .. } | DirKind::Subdir => {
+            if d.children.len() <= SCAN_LIMIT {
+                d.children
+                    .values()
+                    .filter(|c| matches!(c, Node::Dir(_)))
+                    .count()
+            } else {
+                match d.children.get_min() {
+                    Some((_, Node::Dir(_))) => d.children.len(),
+                    Some((_, Node::File(_))) | None => 0,
+                }
+            }
+        }
     }
 }
 

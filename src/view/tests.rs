@@ -283,8 +283,9 @@ fn xattrs_per_node_kind() {
     let f = fx.ino("default/blah/p=a/000001_0");
     assert_eq!(
         list(f),
-        "user.stagefs.state_id user.stagefs.sha256 user.stagefs.source "
+        "user.stagefs.state_id user.stagefs.sha256 user.stagefs.source user.stagefs.verified "
     );
+    assert_eq!(fx.xattr(f, xattr::VERIFIED).unwrap(), "sha256");
     assert_eq!(fx.xattr(f, xattr::STATE_ID).unwrap(), "20");
     assert_eq!(
         fx.xattr(f, xattr::SHA256).unwrap(),

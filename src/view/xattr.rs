@@ -17,6 +17,7 @@ pub const VISIBLE: &str = "user.stagefs.visible";
 pub const LATEST: &str = "user.stagefs.latest";
 pub const SHA256: &str = "user.stagefs.sha256";
 pub const SOURCE: &str = "user.stagefs.source";
+pub const VERIFIED: &str = "user.stagefs.verified";
 pub const PIN: &str = "user.stagefs.pin";
 
 impl View {
@@ -43,8 +44,9 @@ impl View {
             Resolved::Node { node, .. } => {
                 out.push((STATE_ID, node.meta().state_id.to_string()));
                 if let Node::File(f) = node {
-                    out.push((SHA256, f.blob.to_hex()));
+                    out.push((SHA256, f.blob().to_hex()));
                     out.push((SOURCE, f.source.to_string()));
+                    out.push((VERIFIED, f.verified.to_owned()));
                 }
             }
         }

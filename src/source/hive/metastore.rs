@@ -40,6 +40,9 @@ use std::time::Duration;
 
 use super::model::{NotificationRow, RowSource, RowSourceError, TxnWriteRow};
 
+/// The environment variable the metastore password is read from.
+pub const PASSWORD_ENV: &str = "STAGEFS_METASTORE_PASSWORD";
+
 /// How long connecting and each statement may take before the metastore
 /// counts as unavailable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

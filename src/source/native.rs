@@ -1,28 +1,26 @@
-//! Ingest: follows the source notification log and turns each complete line
-//! into an accepted [`Event`] or a [`Rejection`] that names where and why.
+//! The native source (SPEC §2 "Native event format"): follows the `--events`
+//! folder and turns each complete line into an [`Event`].
 //!
-//! [`SourceLog`] tails a folder of `*.jsonl` files in file-name order: files
-//! grow by appends, new files appear later, and a line counts only once it
-//! ends with a newline. [`Validator`] decides acceptance: syntax
-//! (`event::Event::parse_line`), strictly increasing ids (an identical
-//! re-delivery is ignored), and whether the event applies to the newest
-//! state (`catalog::Tree::apply`). Only accepted events reach the journal, so
-//! a corrected log line replaces a rejected one after a restart.
+//! [`SourceLog`] tails a folder of `*.jsonl` files in file-name order (or one
+//! file): files grow by appends, new files appear later, and a line counts
+//! only once it ends with a newline. The Hive `--hive-events` reader reuses
+//! it. [`NativeSource`] parses each line (`event::Event::parse_line`); a line
+//! that does not parse is rejected with its file and line.
 //!
-//! Called by the daemon's ingest thread; positions are stored in journal
-//! records so a restart resumes after the last journaled line.
+//! Called by the ingest thread through [`super::Source`]; positions are
+//! stored in journal records so a restart resumes after the last journaled
+//! line.
 
-use std::collections::hash_map::DefaultHasher;
 use std::fs::File;
-use std::hash::{Hash, Hasher};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{AddedFile, Tree};
-use crate::event::{peek_id, Event, StateId, MAX_LINE_BYTES};
+use super::{DecodeError, Position, Rejection, Source, SourceError, SourceReport};
+use crate::catalog::Tree;
+use crate::event::{peek_id, Event, MAX_LINE_BYTES};
 
 /// Where the next unread line of the source log starts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,9 +56,11 @@ pub enum IngestError {
     Shrunk { file: String, len: u64, offset: u64 },
 }
 
-/// Tails the source log folder.
+/// Tails the source log folder (or one file).
 pub struct SourceLog {
     dir: PathBuf,
+    /// Set when following one file rather than a folder of `*.jsonl`.
+    only: Option<String>,
     pos: LogPosition,
     open: Option<(String, File)>,
     buf: Vec<u8>,
@@ -75,6 +75,7 @@ impl SourceLog {
     pub fn new(dir: &Path, pos: LogPosition) -> SourceLog {
         SourceLog {
             dir: dir.to_owned(),
+            only: None,
             buf_offset: pos.offset,
             pos,
             open: None,
@@ -82,11 +83,34 @@ impl SourceLog {
         }
     }
 
+    /// Follows `path`: a folder of `*.jsonl` files, or one file.
+    pub fn follow(path: &Path, pos: LogPosition) -> SourceLog {
+        match (path.is_file(), path.parent(), path.file_name()) {
+            (true, Some(dir), Some(name)) => {
+                let mut log = SourceLog::new(dir, pos);
+                log.only = Some(name.to_string_lossy().into_owned());
+                log
+            }
+            _ => SourceLog::new(path, pos),
+        }
+    }
+
     pub fn position(&self) -> &LogPosition {
         &self.pos
     }
 
+    /// The folder or file followed, for status.
+    pub fn describe(&self) -> String {
+        match &self.only {
+            Some(name) => self.dir.join(name).display().to_string(),
+            None => self.dir.display().to_string(),
+        }
+    }
+
     fn log_files(&self) -> Result<Vec<String>, IngestError> {
+        if let Some(name) = &self.only {
+            return Ok(vec![name.clone()]);
+        }
         let rd = std::fs::read_dir(&self.dir).map_err(|source| IngestError::ListDir {
             path: self.dir.clone(),
             source,
@@ -239,124 +263,74 @@ impl SourceLog {
     }
 }
 
-/// Why a source line was not accepted: replication stops at the last good
-/// state with this in status.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Rejection {
-    /// The event id when it could be read.
-    pub state_id: Option<StateId>,
-    pub file: String,
-    pub line: u64,
-    pub reason: String,
+/// The native source: lines of `--events`, parsed as native events.
+pub struct NativeSource {
+    log: SourceLog,
+    poll_interval: Duration,
+    error: Option<String>,
 }
 
-impl std::fmt::Display for Rejection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.state_id {
-            Some(id) => write!(
-                f,
-                "event {id} at {}:{}: {}",
-                self.file, self.line, self.reason
-            ),
-            None => write!(f, "{}:{}: {}", self.file, self.line, self.reason),
+impl NativeSource {
+    pub fn new(log: SourceLog, poll_interval: Duration) -> NativeSource {
+        NativeSource {
+            log,
+            poll_interval,
+            error: None,
         }
     }
 }
 
-/// What happened to one source line.
-#[derive(Debug)]
-pub enum Verdict {
-    /// New event, with the state after it (the validator's new latest).
-    Accepted(Box<Accepted>),
-    /// Same id and content as an event already accepted.
-    Duplicate,
-}
+impl Source for NativeSource {
+    type Record = SourceLine;
 
-/// An accepted event and what applying it gave.
-#[derive(Debug)]
-pub struct Accepted {
-    pub event: Event,
-    pub tree: Arc<Tree>,
-    pub added: Vec<AddedFile>,
-}
+    fn poll(&mut self, max: usize) -> Result<Vec<SourceLine>, SourceError> {
+        let result = self.log.poll(max);
+        self.error = result.as_ref().err().map(ToString::to_string);
+        result.map_err(|e| match e {
+            // A line that can never be accepted: a rejection like any other.
+            IngestError::LineTooLong { file, line, max } => SourceError::Fatal(Rejection {
+                state_id: None,
+                file: Some(file),
+                line: Some(line),
+                reason: format!("the line is longer than {max} bytes"),
+            }),
+            // A transient read problem (or a log that shrank): report it and
+            // keep trying; nothing is lost by waiting.
+            other => SourceError::Transient(format!("reading the source log: {other}")),
+        })
+    }
 
-/// Accepts or rejects source lines against the newest accepted state.
-pub struct Validator {
-    latest: Arc<Tree>,
-    /// (id, content hash) of every accepted event, in id order, to
-    /// recognise identical re-deliveries.
-    seen: Vec<(StateId, u64)>,
-}
+    fn decode(&mut self, line: &SourceLine, _latest: &Tree) -> Result<Event, DecodeError> {
+        Event::parse_line(&line.bytes).map_err(|e| {
+            DecodeError::Rejected(Rejection {
+                state_id: peek_id(&line.bytes),
+                file: Some(line.file.clone()),
+                line: Some(line.line),
+                reason: e.to_string(),
+            })
+        })
+    }
 
-fn content_hash(event: &Event) -> u64 {
-    let mut h = DefaultHasher::new();
-    // Canonical form: re-serialised, so key order and spacing don't matter.
-    serde_json::to_vec(event).unwrap_or_default().hash(&mut h);
-    h.finish()
-}
+    fn position_after(&self, line: &SourceLine) -> Position {
+        Position::Log(line.next.clone())
+    }
 
-impl Validator {
-    pub fn new(latest: Arc<Tree>) -> Validator {
-        Validator {
-            latest,
-            seen: Vec::new(),
+    fn locate(&self, line: &SourceLine) -> (Option<String>, Option<u64>) {
+        (Some(line.file.clone()), Some(line.line))
+    }
+
+    fn report(&mut self) -> SourceReport {
+        SourceReport {
+            kind: "native".into(),
+            location: self.log.describe(),
+            position: None,
+            newest: None,
+            error: self.error.clone(),
         }
     }
 
-    /// Records an event already accepted before (journal replay at start).
-    pub fn replayed(&mut self, event: &Event, tree_after: Arc<Tree>) {
-        self.seen.push((event.id, content_hash(event)));
-        self.latest = tree_after;
-    }
-
-    pub fn latest(&self) -> &Arc<Tree> {
-        &self.latest
-    }
-
-    pub fn last_id(&self) -> StateId {
-        self.latest.state_id
-    }
-
-    pub fn check(&mut self, line: &SourceLine) -> Result<Verdict, Rejection> {
-        let reject = |state_id: Option<StateId>, reason: String| Rejection {
-            state_id,
-            file: line.file.clone(),
-            line: line.line,
-            reason,
-        };
-        let event = Event::parse_line(&line.bytes)
-            .map_err(|e| reject(peek_id(&line.bytes), e.to_string()))?;
-        let last = self.latest.state_id;
-        if event.id <= last {
-            let hash = content_hash(&event);
-            let known = self
-                .seen
-                .binary_search_by_key(&event.id, |(id, _)| *id)
-                .ok()
-                .map(|i| self.seen[i].1);
-            return match known {
-                Some(h) if h == hash => Ok(Verdict::Duplicate),
-                Some(_) => Err(reject(
-                    Some(event.id),
-                    format!("id {} was already used by a different event", event.id),
-                )),
-                None => Err(reject(
-                    Some(event.id),
-                    format!("id {} does not increase past {last}", event.id),
-                )),
-            };
-        }
-        let (tree, added) = self
-            .latest
-            .apply(&event)
-            .map_err(|e| reject(Some(event.id), e.to_string()))?;
-        self.seen.push((event.id, content_hash(&event)));
-        self.latest = Arc::new(tree);
-        Ok(Verdict::Accepted(Box::new(Accepted {
-            event,
-            tree: Arc::clone(&self.latest),
-            added,
-        })))
+    fn idle_wait(&self) -> Duration {
+        self.poll_interval
     }
 }
 
@@ -413,43 +387,5 @@ mod tests {
         let rest = again.poll(10).unwrap();
         assert_eq!(texts(&rest), vec!["a3"]);
         assert_eq!(rest[0].line, 3);
-    }
-
-    #[test]
-    fn validator_ignores_identical_redelivery_and_rejects_conflicts() {
-        let mut v = Validator::new(Arc::new(Tree::empty()));
-        let line = |text: &str, n: u64| SourceLine {
-            bytes: text.as_bytes().to_vec(),
-            file: "log.jsonl".into(),
-            line: n,
-            next: LogPosition::default(),
-        };
-        assert!(matches!(
-            v.check(&line(r#"{"id": 5, "op": "create_database", "db": "d"}"#, 1)),
-            Ok(Verdict::Accepted(_))
-        ));
-        assert!(matches!(
-            v.check(&line(
-                r#"{"op": "create_database", "id": 5,  "db": "d"}"#,
-                2
-            )),
-            Ok(Verdict::Duplicate)
-        ));
-        let r = v
-            .check(&line(r#"{"id": 5, "op": "create_database", "db": "e"}"#, 3))
-            .unwrap_err();
-        assert_eq!((r.state_id, r.line), (Some(StateId(5)), 3));
-        let r = v.check(&line(r#"{"id": 4, "op": "noop"}"#, 4)).unwrap_err();
-        assert!(r.reason.contains("does not increase"), "{r}");
-        let r = v
-            .check(&line(r#"{"id": 6, "op": "create_database", "db": "d"}"#, 5))
-            .unwrap_err();
-        assert_eq!(
-            r.to_string(),
-            "event 6 at log.jsonl:5: database `d` already exists"
-        );
-        let r = v.check(&line(r#"{"id": 7, "op": "#, 6)).unwrap_err();
-        assert!(r.reason.starts_with("malformed JSON"), "{r}");
-        assert_eq!(v.last_id(), StateId(5));
     }
 }

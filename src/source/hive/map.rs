@@ -1,0 +1,127 @@
+//! `--source-map PREFIX=DIR`: where the files that Hive names by URI are on
+//! this machine (SPEC §2 "Hive metastore source").
+//!
+//! `hdfs://nn1:8020/warehouse=/srv/warehouse` maps
+//! `hdfs://nn1:8020/warehouse/sales.db/t/000000_0` to
+//! `/srv/warehouse/sales.db/t/000000_0`. The longest prefix that matches at a
+//! path boundary wins. A URI no prefix covers, or whose rest has an empty,
+//! `.` or `..` component (it would escape its directory), is bad input.
+//! Change-management roots inside URIs are mapped the same way.
+//!
+//! Used by the Hive adapter for every file URI; pure.
+
+use std::path::{Path, PathBuf};
+
+/// The maps given on the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceMap {
+    /// (prefix without trailing `/`, local directory), longest prefix first.
+    entries: Vec<(String, PathBuf)>,
+}
+
+impl SourceMap {
+    /// Parses `PREFIX=DIR` arguments. DIR must be absolute; the split is at
+    /// the first `=/`, so a prefix may itself contain `=`.
+    pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<SourceMap, String> {
+        let mut entries = Vec::new();
+        for arg in args {
+            let arg = arg.as_ref();
+            let at = arg.find("=/").ok_or_else(|| {
+                format!("--source-map `{arg}` must be PREFIX=DIR with an absolute DIR")
+            })?;
+            let prefix = arg[..at].trim_end_matches('/');
+            if prefix.is_empty() {
+                return Err(format!("--source-map `{arg}` has an empty PREFIX"));
+            }
+            entries.push((prefix.to_owned(), PathBuf::from(&arg[at + 1..])));
+        }
+        entries.sort_by_key(|e| std::cmp::Reverse(e.0.len()));
+        Ok(SourceMap { entries })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The local directories mapped to (checked to exist at startup).
+    pub fn dirs(&self) -> impl Iterator<Item = &Path> {
+        self.entries.iter().map(|(_, d)| d.as_path())
+    }
+
+    /// The local path of `uri`, or why it has none.
+    pub fn local(&self, uri: &str) -> Result<PathBuf, String> {
+        for (prefix, dir) in &self.entries {
+            let Some(rest) = uri.strip_prefix(prefix.as_str()) else {
+                continue;
+            };
+            if !rest.is_empty() && !rest.starts_with('/') {
+                continue; // `/warehouse2` is not below `/warehouse`
+            }
+            let rest = rest.trim_start_matches('/');
+            if rest.is_empty() {
+                return Ok(dir.clone());
+            }
+            if rest.contains('\0')
+                || rest
+                    .split('/')
+                    .any(|c| c.is_empty() || c == "." || c == "..")
+            {
+                return Err(format!(
+                    "`{uri}` escapes the directory {prefix} is mapped to"
+                ));
+            }
+            return Ok(dir.join(rest));
+        }
+        Err(format!("no --source-map covers `{uri}`"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longest_prefix_at_a_path_boundary_wins() {
+        let m = SourceMap::parse(&[
+            "hdfs://nn1:8020/warehouse=/srv/wh",
+            "hdfs://nn1:8020/warehouse/big.db/=/mnt/big",
+            "hdfs://nn1:8020/user/hive/cmroot=/srv/cm",
+        ])
+        .unwrap();
+        assert_eq!(
+            m.local("hdfs://nn1:8020/warehouse/sales.db/t/000000_0")
+                .unwrap(),
+            PathBuf::from("/srv/wh/sales.db/t/000000_0")
+        );
+        assert_eq!(
+            m.local("hdfs://nn1:8020/warehouse/big.db/t/f").unwrap(),
+            PathBuf::from("/mnt/big/t/f")
+        );
+        assert_eq!(
+            m.local("hdfs://nn1:8020/user/hive/cmroot").unwrap(),
+            PathBuf::from("/srv/cm")
+        );
+        let err = m.local("hdfs://nn1:8020/warehouse2/x").unwrap_err();
+        assert!(err.contains("no --source-map covers"), "{err}");
+    }
+
+    #[test]
+    fn uris_escaping_their_directory_are_rejected() {
+        let m = SourceMap::parse(&["hdfs://nn/wh=/srv/wh"]).unwrap();
+        for uri in [
+            "hdfs://nn/wh/../etc/passwd",
+            "hdfs://nn/wh/a//b",
+            "hdfs://nn/wh/./a",
+        ] {
+            let err = m.local(uri).unwrap_err();
+            assert!(err.contains("escapes"), "{uri}: {err}");
+        }
+    }
+
+    #[test]
+    fn malformed_maps_are_refused() {
+        assert!(SourceMap::parse(&["hdfs://nn/wh"]).is_err());
+        assert!(SourceMap::parse(&["hdfs://nn/wh=relative"]).is_err());
+        assert!(SourceMap::parse(&["=/srv"]).is_err());
+    }
+}

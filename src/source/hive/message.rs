@@ -1,0 +1,600 @@
+//! Decoding one notification: a [`NotificationRow`]'s `MESSAGE` (in its
+//! `MESSAGE_FORMAT`) into a [`HiveMessage`], and a [`TxnWriteRow`] into a
+//! [`TxnWrite`].
+//!
+//! Formats (../shared/HIVE.md "MESSAGE encodings"): `json-0.2` and NULL are
+//! JSON text; `gzip(json-2.0)` and `gzip` are standard base64 of gzip of the
+//! same JSON, decompressed to at most [`MAX_DECOMPRESSED`] bytes so a gzip
+//! bomb is an error, not an exhausted machine. Any other format is an error.
+//!
+//! The JSON is read leniently where Hive varies (unknown fields ignored,
+//! booleans as `"true"`/`"false"` strings or JSON booleans, `null` for an
+//! absent value) and strictly where a wrong reading would replicate the wrong
+//! data (Thrift-JSON objects, partition values against the table's keys,
+//! file URIs). Values stay raw: names as Hive wrote them, URIs not mapped.
+//!
+//! Invariant: no input makes these functions panic; every failure is a
+//! [`DecodeError`] naming what is wrong. Called by the Hive adapter for each
+//! row it polls; does no I/O.
+
+use std::borrow::Cow;
+use std::io::Read;
+
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::Engine;
+use serde_json::{Map, Value};
+
+use super::model::{
+    FileUri, HiveMessage, HivePartition, HiveTable, NotificationRow, TxnWrite, TxnWriteRow,
+};
+use super::thrift::{self, ThriftError};
+use super::uri::{self, UriError, DEFAULT_PARTITION_NAME};
+
+/// The most a compressed message may expand to.
+pub const MAX_DECOMPRESSED: u64 = 256 << 20;
+
+/// Why a row could not be decoded. Messages name the part that is wrong;
+/// the caller adds the event id and type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("unknown MESSAGE_FORMAT {0:?} (stagefs reads json-0.2, gzip(json-2.0), gzip, and NULL for JSON)")]
+    UnknownFormat(String),
+    #[error("bad base64 in a {format} message: {reason}")]
+    BadBase64 { format: String, reason: String },
+    #[error("bad gzip in a {format} message: {reason}")]
+    BadGzip { format: String, reason: String },
+    #[error("the {format} message decompresses to more than {limit} bytes")]
+    TooLarge { format: String, limit: u64 },
+    #[error("the decompressed {format} message is not UTF-8: {reason}")]
+    BadUtf8 { format: String, reason: String },
+    #[error("bad JSON: {0}")]
+    BadJson(String),
+    #[error("bad Thrift-JSON in {field}: {source}")]
+    BadThrift { field: String, source: ThriftError },
+    #[error("missing field {0}")]
+    MissingField(String),
+    #[error("field {field}: {reason}")]
+    BadField { field: String, reason: String },
+    #[error("{field}: {source}")]
+    BadPath { field: String, source: UriError },
+}
+
+type Result<T> = std::result::Result<T, DecodeError>;
+
+/// What one `NOTIFICATION_LOG` row means.
+pub fn decode_message(row: &NotificationRow) -> Result<HiveMessage> {
+    let event_type = row.event_type.as_str();
+    let Some(message) = row.message.as_deref() else {
+        return match event_type {
+            "COMMIT_TXN" | "CREATE_DATABASE" | "DROP_DATABASE" | "CREATE_TABLE" | "DROP_TABLE"
+            | "ALTER_TABLE" | "ADD_PARTITION" | "ALTER_PARTITION" | "DROP_PARTITION" | "INSERT" => {
+                Err(DecodeError::MissingField("MESSAGE".into()))
+            }
+            _ => Ok(HiveMessage::NoData {
+                event_type: row.event_type.clone(),
+            }),
+        };
+    };
+    let text = decode_text(message, row.message_format.as_deref())?;
+    let value: Value =
+        serde_json::from_str(&text).map_err(|e| DecodeError::BadJson(e.to_string()))?;
+    let Value::Object(obj) = value else {
+        return Err(DecodeError::BadJson(
+            "the message is not a JSON object".into(),
+        ));
+    };
+    let m = Msg { obj: &obj };
+    Ok(match event_type {
+        "CREATE_DATABASE" => HiveMessage::CreateDatabase {
+            db: m.db_name(row)?,
+        },
+        "DROP_DATABASE" => HiveMessage::DropDatabase {
+            db: m.db_name(row)?,
+        },
+        "CREATE_TABLE" => HiveMessage::CreateTable {
+            table: m.table("tableObjJson")?,
+            files: m.files("files")?,
+        },
+        "DROP_TABLE" => {
+            let (db, table) = match (m.opt_str("db")?, m.opt_str("table")?) {
+                (Some(db), Some(table)) => (db.to_string(), table.to_string()),
+                _ => match m.opt_str("tableObjJson")? {
+                    Some(_) => {
+                        let t = m.table("tableObjJson")?;
+                        (t.db, t.name)
+                    }
+                    None => return Err(DecodeError::MissingField("table".into())),
+                },
+            };
+            HiveMessage::DropTable { db, table }
+        }
+        "ALTER_TABLE" => HiveMessage::AlterTable {
+            before: m.table("tableObjBeforeJson")?,
+            after: m.table("tableObjAfterJson")?,
+            is_truncate: m.bool("isTruncateOp")?,
+        },
+        "ADD_PARTITION" => m.add_partition()?,
+        "ALTER_PARTITION" => {
+            let table = m.table("tableObjJson")?;
+            let before = m.partition("partitionObjBeforeJson", &table)?;
+            let after = m.partition("partitionObjAfterJson", &table)?;
+            HiveMessage::AlterPartition {
+                table,
+                before,
+                after,
+                is_truncate: m.bool("isTruncateOp")?,
+            }
+        }
+        "DROP_PARTITION" => {
+            let table = m.table("tableObjJson")?;
+            let partitions = m.partition_specs("partitions", &table)?;
+            HiveMessage::DropPartition { table, partitions }
+        }
+        "INSERT" => {
+            let table = m.table("tableObjJson")?;
+            let partition = match m.opt_str("ptnObjJson")? {
+                Some(_) => Some(m.partition("ptnObjJson", &table)?),
+                None if table.partition_keys.is_empty() => None,
+                None => {
+                    return Err(DecodeError::BadField {
+                        field: "ptnObjJson".into(),
+                        reason: format!(
+                            "null, but {}.{} is partitioned by {:?}",
+                            table.db, table.name, table.partition_keys
+                        ),
+                    })
+                }
+            };
+            HiveMessage::Insert {
+                table,
+                partition,
+                replace: m.bool("replace")?,
+                files: m.files("files")?,
+            }
+        }
+        "COMMIT_TXN" => HiveMessage::CommitTxn {
+            txn_id: m.req_i64("txnid")?,
+        },
+        _ => HiveMessage::NoData {
+            event_type: row.event_type.clone(),
+        },
+    })
+}
+
+/// The files one `TXN_WRITE_NOTIFICATION_LOG` row names, with their table
+/// and partition. Without `WNL_PARTITION_OBJ` the partition's values come
+/// from `WNL_PARTITION` (its location is then unknown).
+pub fn decode_txn_write(row: &TxnWriteRow) -> Result<TxnWrite> {
+    let table_obj = non_empty(row.table_obj.as_deref())
+        .ok_or_else(|| DecodeError::MissingField("WNL_TABLE_OBJ".into()))?;
+    let table = thrift::table_from_json(table_obj).map_err(|source| DecodeError::BadThrift {
+        field: "WNL_TABLE_OBJ".into(),
+        source,
+    })?;
+    let partition = match (
+        non_empty(row.partition_obj.as_deref()),
+        non_empty(row.partition.as_deref()),
+    ) {
+        (Some(obj), _) => {
+            Some(
+                thrift::partition_from_json(obj).map_err(|source| DecodeError::BadThrift {
+                    field: "WNL_PARTITION_OBJ".into(),
+                    source,
+                })?,
+            )
+        }
+        (None, Some(name)) => Some(HivePartition {
+            values: uri::partition_values_in_key_order(name, &table.partition_keys).map_err(
+                |source| DecodeError::BadPath {
+                    field: "WNL_PARTITION".into(),
+                    source,
+                },
+            )?,
+            location: None,
+        }),
+        (None, None) => None,
+    };
+    match &partition {
+        Some(p) => check_partition(&table, p, "WNL_PARTITION_OBJ")?,
+        None if !table.partition_keys.is_empty() => {
+            return Err(DecodeError::BadField {
+                field: "WNL_PARTITION".into(),
+                reason: format!(
+                    "empty, but {}.{} is partitioned by {:?}",
+                    table.db, table.name, table.partition_keys
+                ),
+            })
+        }
+        None => {}
+    }
+    let files = match row.files.as_deref() {
+        Some(joined) => uri::split_files(joined).map_err(|source| DecodeError::BadPath {
+            field: "WNL_FILES".into(),
+            source,
+        })?,
+        None => Vec::new(),
+    };
+    Ok(TxnWrite {
+        table,
+        partition,
+        files,
+    })
+}
+
+/// The JSON text of a message in `format` (NULL and empty mean JSON).
+pub fn decode_text<'a>(message: &'a str, format: Option<&str>) -> Result<Cow<'a, str>> {
+    decode_text_limited(message, format, MAX_DECOMPRESSED)
+}
+
+/// [`decode_text`] with a chosen limit on the decompressed size.
+pub fn decode_text_limited<'a>(
+    message: &'a str,
+    format: Option<&str>,
+    limit: u64,
+) -> Result<Cow<'a, str>> {
+    match format.map(str::trim) {
+        None | Some("") | Some("json-0.2") => Ok(Cow::Borrowed(message)),
+        Some(f @ ("gzip(json-2.0)" | "gzip")) => gunzip_base64(message, f, limit).map(Cow::Owned),
+        Some(other) => Err(DecodeError::UnknownFormat(other.to_string())),
+    }
+}
+
+/// Standard alphabet; padding optional (Hive pads, exports may not).
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+fn gunzip_base64(message: &str, format: &str, limit: u64) -> Result<String> {
+    let trimmed = message.trim();
+    let compact: Cow<str> = if trimmed.bytes().any(|b| b.is_ascii_whitespace()) {
+        Cow::Owned(trimmed.split_ascii_whitespace().collect())
+    } else {
+        Cow::Borrowed(trimmed)
+    };
+    let compressed = BASE64
+        .decode(compact.as_bytes())
+        .map_err(|e| DecodeError::BadBase64 {
+            format: format.to_string(),
+            reason: e.to_string(),
+        })?;
+    let mut out = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit as usize));
+    flate2::read::MultiGzDecoder::new(compressed.as_slice())
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| DecodeError::BadGzip {
+            format: format.to_string(),
+            reason: e.to_string(),
+        })?;
+    if out.len() as u64 > limit {
+        return Err(DecodeError::TooLarge {
+            format: format.to_string(),
+            limit,
+        });
+    }
+    String::from_utf8(out).map_err(|e| DecodeError::BadUtf8 {
+        format: format.to_string(),
+        reason: e.utf8_error().to_string(),
+    })
+}
+
+fn non_empty(s: Option<&str>) -> Option<&str> {
+    s.filter(|s| !s.trim().is_empty())
+}
+
+/// Partition values must match the table's partition keys one for one.
+fn check_partition(table: &HiveTable, p: &HivePartition, field: &str) -> Result<()> {
+    if p.values.len() != table.partition_keys.len() {
+        return Err(DecodeError::BadField {
+            field: field.to_string(),
+            reason: format!(
+                "{} partition values {:?}, but {}.{} has {} partition keys {:?}",
+                p.values.len(),
+                p.values,
+                table.db,
+                table.name,
+                table.partition_keys.len(),
+                table.partition_keys
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Field access on a message object, with errors naming the field.
+struct Msg<'a> {
+    obj: &'a Map<String, Value>,
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn bad(field: &str, reason: String) -> DecodeError {
+    DecodeError::BadField {
+        field: field.to_string(),
+        reason,
+    }
+}
+
+fn str_of<'v>(v: &'v Value, field: &str) -> Result<Option<&'v str>> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s)),
+        other => Err(bad(
+            field,
+            format!("expected a string, found {}", kind(other)),
+        )),
+    }
+}
+
+fn array_of<'v>(v: Option<&'v Value>, field: &str) -> Result<&'v [Value]> {
+    match v {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(items)) => Ok(items),
+        Some(other) => Err(bad(
+            field,
+            format!("expected an array, found {}", kind(other)),
+        )),
+    }
+}
+
+/// File URIs of a `files` array; an element holding several URIs joined
+/// by `]` (as REPL DUMP writes them) is split.
+fn files_of(items: &[Value], field: &str) -> Result<Vec<FileUri>> {
+    let mut files = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let Some(s) = str_of(item, &at)? else {
+            return Err(bad(&at, "null instead of a file URI".into()));
+        };
+        files.extend(
+            uri::split_files(s).map_err(|source| DecodeError::BadPath { field: at, source })?,
+        );
+    }
+    Ok(files)
+}
+
+impl<'a> Msg<'a> {
+    fn opt_str(&self, field: &str) -> Result<Option<&'a str>> {
+        match self.obj.get(field) {
+            None => Ok(None),
+            Some(v) => str_of(v, field),
+        }
+    }
+
+    fn req_str(&self, field: &str) -> Result<&'a str> {
+        self.opt_str(field)?
+            .ok_or_else(|| DecodeError::MissingField(field.to_string()))
+    }
+
+    /// Hive writes `"true"`/`"false"`; newer writers real booleans; absent is false.
+    fn bool(&self, field: &str) -> Result<bool> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
+            Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
+            Some(other) => Err(bad(
+                field,
+                format!("expected \"true\" or \"false\", found {other}"),
+            )),
+        }
+    }
+
+    fn req_i64(&self, field: &str) -> Result<i64> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Err(DecodeError::MissingField(field.to_string())),
+            Some(Value::Number(n)) => n
+                .as_i64()
+                .ok_or_else(|| bad(field, format!("{n} is not a 64-bit integer"))),
+            Some(Value::String(s)) => s
+                .trim()
+                .parse()
+                .map_err(|_| bad(field, format!("{s:?} is not a 64-bit integer"))),
+            Some(other) => Err(bad(
+                field,
+                format!("expected an integer, found {}", kind(other)),
+            )),
+        }
+    }
+
+    fn table(&self, field: &str) -> Result<HiveTable> {
+        let text = self.req_str(field)?;
+        thrift::table_from_json(text).map_err(|source| DecodeError::BadThrift {
+            field: field.to_string(),
+            source,
+        })
+    }
+
+    fn partition(&self, field: &str, table: &HiveTable) -> Result<HivePartition> {
+        let text = self.req_str(field)?;
+        let p = thrift::partition_from_json(text).map_err(|source| DecodeError::BadThrift {
+            field: field.to_string(),
+            source,
+        })?;
+        check_partition(table, &p, field)?;
+        Ok(p)
+    }
+
+    fn files(&self, field: &str) -> Result<Vec<FileUri>> {
+        files_of(array_of(self.obj.get(field), field)?, field)
+    }
+
+    fn db_name(&self, row: &NotificationRow) -> Result<String> {
+        if let Some(db) = self.opt_str("db")? {
+            return Ok(db.to_string());
+        }
+        if let Some(text) = self.opt_str("dbJson")? {
+            return thrift::database_from_json(text)
+                .map(|d| d.name)
+                .map_err(|source| DecodeError::BadThrift {
+                    field: "dbJson".into(),
+                    source,
+                });
+        }
+        row.db_name
+            .clone()
+            .ok_or_else(|| DecodeError::MissingField("db".into()))
+    }
+
+    /// `partitions`: one `{key: value}` object per partition, values raw;
+    /// returned in the table's key order.
+    fn partition_specs(&self, field: &str, table: &HiveTable) -> Result<Vec<Vec<String>>> {
+        let items = array_of(self.obj.get(field), field)?;
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("{field}[{i}]");
+            let Value::Object(spec) = item else {
+                return Err(bad(
+                    &at,
+                    format!("expected an object, found {}", kind(item)),
+                ));
+            };
+            let mut pairs = Vec::with_capacity(spec.len());
+            for (k, v) in spec {
+                let Some(v) = str_of(v, &format!("{at}.{k}"))? else {
+                    return Err(bad(&format!("{at}.{k}"), "null partition value".into()));
+                };
+                pairs.push((k.clone(), v.to_string()));
+            }
+            out.push(
+                uri::order_by_keys(&table.partition_keys, pairs.into_iter())
+                    .map_err(|reason| bad(&at, reason))?,
+            );
+        }
+        Ok(out)
+    }
+
+    fn add_partition(&self) -> Result<HiveMessage> {
+        let table = self.table("tableObjJson")?;
+        let partitions: Vec<HivePartition> = match self.obj.get("partitionListJson") {
+            None | Some(Value::Null) => self
+                .partition_specs("partitions", &table)?
+                .into_iter()
+                .map(|values| HivePartition {
+                    values,
+                    location: None,
+                })
+                .collect(),
+            Some(v) => {
+                let items = array_of(Some(v), "partitionListJson")?;
+                let mut parts = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    let at = format!("partitionListJson[{i}]");
+                    let Some(text) = str_of(item, &at)? else {
+                        return Err(bad(&at, "null instead of a Partition".into()));
+                    };
+                    let p = thrift::partition_from_json(text).map_err(|source| {
+                        DecodeError::BadThrift {
+                            field: at.clone(),
+                            source,
+                        }
+                    })?;
+                    check_partition(&table, &p, &at)?;
+                    parts.push(p);
+                }
+                parts
+            }
+        };
+        let mut files: Vec<Vec<FileUri>> = vec![Vec::new(); partitions.len()];
+        let same = |a: &str, b: &str| {
+            a == b
+                || (a.is_empty() && b == DEFAULT_PARTITION_NAME)
+                || (b.is_empty() && a == DEFAULT_PARTITION_NAME)
+        };
+        for (j, entry) in array_of(self.obj.get("partitionFiles"), "partitionFiles")?
+            .iter()
+            .enumerate()
+        {
+            let at = format!("partitionFiles[{j}]");
+            let Value::Object(entry) = entry else {
+                return Err(bad(
+                    &at,
+                    format!("expected an object, found {}", kind(entry)),
+                ));
+            };
+            let name_field = format!("{at}.partitionName");
+            let Some(name) = entry
+                .get("partitionName")
+                .map(|v| str_of(v, &name_field))
+                .transpose()?
+                .flatten()
+            else {
+                return Err(DecodeError::MissingField(name_field));
+            };
+            let values = uri::partition_values_in_key_order(name, &table.partition_keys).map_err(
+                |source| DecodeError::BadPath {
+                    field: name_field.clone(),
+                    source,
+                },
+            )?;
+            let Some(i) = partitions.iter().position(|p| {
+                p.values.len() == values.len()
+                    && p.values.iter().zip(&values).all(|(a, b)| same(a, b))
+            }) else {
+                return Err(bad(
+                    &name_field,
+                    format!("{name:?} is not among the added partitions"),
+                ));
+            };
+            let files_field = format!("{at}.files");
+            files[i].extend(files_of(
+                array_of(entry.get("files"), &files_field)?,
+                &files_field,
+            )?);
+        }
+        Ok(HiveMessage::AddPartition {
+            table,
+            partitions,
+            files,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gzip_vector_from_hive_md_decodes_to_test() {
+        let text = decode_text("H4sIAAAAAAAA/ytJLS4BAAx+f9gEAAAA", Some("gzip(json-2.0)")).unwrap();
+        assert_eq!(text, "test");
+        let text = decode_text("H4sIAAAAAAAA/ytJLS4BAAx+f9gEAAAA", Some("gzip")).unwrap();
+        assert_eq!(text, "test");
+    }
+
+    #[test]
+    fn decompression_stops_at_the_limit() {
+        use flate2::write::GzEncoder;
+        use std::io::Write;
+        let mut enc = GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(&vec![b' '; 4 << 20]).unwrap();
+        let b64 = BASE64.encode(enc.finish().unwrap());
+        let e = decode_text_limited(&b64, Some("gzip"), 1 << 20).unwrap_err();
+        assert_eq!(
+            e,
+            DecodeError::TooLarge {
+                format: "gzip".into(),
+                limit: 1 << 20
+            }
+        );
+        assert!(decode_text_limited(&b64, Some("gzip"), 4 << 20).is_ok());
+    }
+
+    #[test]
+    fn unknown_format_is_an_error() {
+        assert_eq!(
+            decode_text("{}", Some("avro")).unwrap_err(),
+            DecodeError::UnknownFormat("avro".into())
+        );
+    }
+}

@@ -1,0 +1,444 @@
+//! The Hive source end to end without a mount: NOTIFICATION_LOG rows (as
+//! `--hive-events` JSON Lines, written by `hive_writer` the way Hive's
+//! listener would) → journal → staged, checksum-verified blobs → commits,
+//! checked against native replication of the same warehouse and against the
+//! workload's oracle.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stagefs::catalog::{Node, Tree};
+use stagefs::event::{BlobId, Event, FileRef, StateId};
+use stagefs::hive_writer::{hdfs_checksum, HiveWriter, LogConverter, TxnFiles};
+use stagefs::replicate::{Replica, ReplicaConfig};
+use stagefs::source::hive::map::SourceMap;
+use stagefs::source::hive::{HiveConfig, HiveRows};
+use stagefs::workload::{write_seed_example, Workload, WorkloadConfig};
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A warehouse written by native events under `root` and the same events
+/// as Hive rows in `root/hive/rows.jsonl`.
+struct HiveFixture {
+    rows: PathBuf,
+    map: Vec<String>,
+}
+
+impl HiveFixture {
+    fn writer(root: &Path, gzip: bool) -> (HiveWriter, HiveFixture) {
+        let rows = root.join("hive/rows.jsonl");
+        let writer = HiveWriter::new(
+            &rows,
+            &root.join("source"),
+            Some(&root.join("cm")),
+            &root.join("hive-cm"),
+            gzip,
+        )
+        .unwrap();
+        let map = writer.source_map_args();
+        let fx = HiveFixture { rows, map };
+        (writer, fx)
+    }
+
+    /// Converts the native log under `root/events` into rows.
+    fn convert(root: &Path, gzip: bool) -> HiveFixture {
+        let (writer, fx) = HiveFixture::writer(root, gzip);
+        let mut c = LogConverter::new(&root.join("events"), writer);
+        c.pump().unwrap();
+        fx
+    }
+
+    fn config(&self, state: &Path) -> ReplicaConfig {
+        let mut cfg = ReplicaConfig::new(state, Path::new(""), Path::new(""));
+        let mut hive = HiveConfig::new(
+            HiveRows::Files(self.rows.clone()),
+            SourceMap::parse(&self.map).unwrap(),
+        );
+        hive.poll_interval = Duration::from_millis(20);
+        cfg.hive = Some(hive);
+        cfg.gc_interval = Duration::from_millis(100);
+        cfg.retain = 10_000;
+        cfg
+    }
+}
+
+/// The native trees at every id of the log under `root/events`.
+fn native_trees(root: &Path) -> BTreeMap<StateId, Arc<Tree>> {
+    let mut names: Vec<_> = std::fs::read_dir(root.join("events"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    let mut tree = Arc::new(Tree::empty());
+    let mut out = BTreeMap::new();
+    for p in names {
+        for line in std::fs::read_to_string(p).unwrap().lines() {
+            let e = Event::parse_line(line.as_bytes()).unwrap();
+            tree = Arc::new(tree.apply(&e).unwrap().0);
+            out.insert(e.id, Arc::clone(&tree));
+        }
+    }
+    out
+}
+
+/// `db.table` → (path, sha256) of every file, for comparing states.
+fn content(tree: &Tree) -> BTreeMap<String, Vec<(String, BlobId)>> {
+    let mut out = BTreeMap::new();
+    for (db, d) in tree.root.children.iter() {
+        for (t, table) in d.as_dir().unwrap().children.iter() {
+            out.insert(format!("{db}.{t}"), table.as_dir().unwrap().files_below());
+        }
+    }
+    out
+}
+
+#[test]
+fn seed_example_through_hive_rows_gives_the_native_states() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let fx = HiveFixture::convert(src.path(), true);
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    wait_for("state 50", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+    let native = native_trees(src.path());
+    let snap = replica.catalog().snapshot();
+    for (id, tree) in &snap.versions {
+        let expected = native.range(..=*id).next_back().map(|(_, t)| content(t));
+        assert_eq!(Some(content(tree)), expected, "state {id}");
+    }
+    assert_eq!(
+        content(&snap.visible),
+        content(&native[&StateId(50)]),
+        "state 50"
+    );
+    // Every file checked with its HDFS checksum, counted as verified.
+    snap.visible.for_each_file(&mut |f| {
+        assert_eq!(f.verified, "hdfs-md5md5crc32c");
+        assert!(f.source.starts_with("hdfs://"), "{}", f.source);
+    });
+    let status = replica.status();
+    assert_eq!(status.source.kind, "hive");
+    assert_eq!(status.source.position, Some(50));
+    assert_eq!(status.unverified_files, 0);
+    assert!(status.stalled.is_none(), "{:?}", status.stalled);
+    // 000002_0 only exists in change management: fetched from there.
+    assert!(status.staging.from_change_management >= 1);
+}
+
+#[test]
+fn workload_through_hive_rows_matches_the_oracle_at_every_retained_state() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let mut workload = Workload::new(
+        src.path(),
+        WorkloadConfig {
+            seed: 7,
+            table_churn: true,
+            ..WorkloadConfig::default()
+        },
+    )
+    .unwrap();
+    let (writer, fx) = HiveFixture::writer(src.path(), true);
+    let mut converter = LogConverter::new(&src.path().join("events"), writer);
+    // Converted as the workload writes, as a listener would: every file
+    // is still at its source path when its event is written.
+    for _ in 0..150 {
+        workload.step().unwrap();
+        workload.flush().unwrap();
+        converter.pump().unwrap();
+    }
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    let latest = workload.latest();
+    wait_for("the last state", Duration::from_secs(30), || {
+        replica.catalog().snapshot().visible.state_id == latest
+    });
+    let snap = replica.catalog().snapshot();
+    assert!(snap.versions.len() > 1);
+    for (id, tree) in &snap.versions {
+        let Some(expected) = workload.expected(*id) else {
+            continue; // before the first event
+        };
+        for (key, table) in expected.iter() {
+            let (db, t) = key.split_once('.').unwrap();
+            let got: Vec<(String, BlobId)> = tree
+                .table(db, t)
+                .unwrap_or_else(|| panic!("{key} missing at {id}"))
+                .files_below();
+            let want: Vec<(String, BlobId)> = table.iter().map(|(p, b)| (p.clone(), *b)).collect();
+            assert_eq!(got, want, "{key} at state {id}");
+        }
+    }
+    assert!(replica.status().stalled.is_none());
+}
+
+/// A staged FileRef for `rel` under `root/source` holding `content`.
+fn put_file(root: &Path, rel: &str, content: &[u8]) -> FileRef {
+    let p = root.join("source").join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, content).unwrap();
+    let sha = BlobId(<sha2::Sha256 as sha2::Digest>::digest(content).into());
+    FileRef::native(
+        rel,
+        rel.rsplit('/').next().unwrap(),
+        content.len() as u64,
+        sha,
+    )
+}
+
+fn event(line: &str) -> Event {
+    Event::parse_line(line.as_bytes()).unwrap()
+}
+
+#[test]
+fn commit_txn_across_two_tables_appears_as_one_state_with_its_delta_directories() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let root = src.path();
+    let (mut w, fx) = HiveFixture::writer(root, true);
+    w.write_event(&event(
+        r#"{"id": 1, "op": "create_database", "db": "sales"}"#,
+    ))
+    .unwrap();
+    w.write_event(&event(
+        r#"{"id": 2, "op": "create_table", "db": "sales", "table": "orders", "partition_keys": ["ds"]}"#,
+    ))
+    .unwrap();
+    w.write_event(&event(
+        r#"{"id": 3, "op": "create_table", "db": "sales", "table": "totals"}"#,
+    ))
+    .unwrap();
+    let delta = "delta_0000001_0000001_0000";
+    let a = put_file(
+        root,
+        &format!("sales.db/orders/ds=2024-01-01/{delta}/bucket_00000"),
+        b"orders",
+    );
+    let b = put_file(
+        root,
+        &format!("sales.db/totals/{delta}/bucket_00000"),
+        b"totals",
+    );
+    let id = w
+        .write_txn(
+            1_700_000_000,
+            &[
+                TxnFiles {
+                    db: "sales".into(),
+                    table: "orders".into(),
+                    partition: Some(BTreeMap::from([("ds".into(), "2024-01-01".into())])),
+                    files: vec![(a, Some(delta.into()))],
+                },
+                TxnFiles {
+                    db: "sales".into(),
+                    table: "totals".into(),
+                    partition: None,
+                    files: vec![(b, Some(delta.into()))],
+                },
+            ],
+        )
+        .unwrap();
+    assert_eq!(id, 4);
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    wait_for("state 4", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(4)
+    });
+    let snap = replica.catalog().snapshot();
+    for (id, tree) in &snap.versions {
+        let orders = tree.table("sales", "orders").map(|t| t.files_below().len());
+        let totals = tree.table("sales", "totals").map(|t| t.files_below().len());
+        // Both tables' files, or neither's.
+        assert!(
+            matches!(
+                (orders, totals),
+                (Some(0), Some(0)) | (Some(1), Some(1)) | (None, _)
+            ),
+            "state {id}: orders {orders:?} totals {totals:?}"
+        );
+    }
+    let tree = &snap.visible;
+    let orders = tree.table("sales", "orders").unwrap();
+    assert_eq!(
+        orders
+            .files_below()
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect::<Vec<_>>(),
+        vec![format!("ds=2024-01-01/{delta}/bucket_00000")]
+    );
+    let totals = tree.table("sales", "totals").unwrap();
+    match totals.child(delta) {
+        Some(Node::Dir(d)) => assert!(d.child("bucket_00000").is_some()),
+        other => panic!("no {delta} directory: {other:?}"),
+    }
+}
+
+/// Rows for the seed example, replicated until the stall reports; returns
+/// the replica and the stall reason.
+fn stall_after(fx: &HiveFixture, state: &Path, visible: u64, what: &str) -> (Replica, String) {
+    let replica = Replica::start(fx.config(state)).unwrap();
+    wait_for(what, Duration::from_secs(20), || {
+        replica.status().stalled.is_some()
+            && replica.catalog().snapshot().visible.state_id == StateId(visible)
+    });
+    let reason = replica.status().stalled.unwrap().reason;
+    (replica, reason)
+}
+
+fn rows_of(fx: &HiveFixture) -> Vec<String> {
+    std::fs::read_to_string(&fx.rows)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn set_rows(fx: &HiveFixture, rows: &[String]) {
+    std::fs::write(&fx.rows, rows.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn an_id_gap_stops_at_the_last_good_state_asking_for_a_re_bootstrap() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let fx = HiveFixture::convert(src.path(), true);
+    let mut rows = rows_of(&fx);
+    // Events 21..=24 purged by the cleaner before they were replicated.
+    rows.drain(20..24);
+    set_rows(&fx, &rows);
+    let (_r, reason) = stall_after(&fx, state.path(), 20, "the gap");
+    assert!(
+        reason.contains("events 21..24 are missing from the metastore: re-bootstrap"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_repeated_id_stops_replication_as_corruption() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let fx = HiveFixture::convert(src.path(), true);
+    let mut rows = rows_of(&fx);
+    let again = rows[29].clone();
+    rows.insert(30, again);
+    set_rows(&fx, &rows);
+    let (_r, reason) = stall_after(&fx, state.path(), 30, "the repeat");
+    assert!(reason.contains("event 30 was read again"), "{reason}");
+}
+
+#[test]
+fn an_undecodable_message_stops_at_the_event_before_it() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let fx = HiveFixture::convert(src.path(), true);
+    let mut rows = rows_of(&fx);
+    let mut row: serde_json::Value = serde_json::from_str(&rows[39]).unwrap();
+    row["MESSAGE"] = "not base64 at all!".into();
+    rows[39] = row.to_string();
+    set_rows(&fx, &rows);
+    let (_r, reason) = stall_after(&fx, state.path(), 39, "the bad message");
+    assert!(
+        reason.starts_with("event 40: cannot decode the INSERT message"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn an_unmapped_uri_is_rejected_as_bad_input() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let mut fx = HiveFixture::convert(src.path(), true);
+    // Only the change-management root is mapped.
+    fx.map.retain(|m| m.contains("cmroot"));
+    let (_r, reason) = stall_after(&fx, state.path(), 19, "the unmapped URI");
+    assert!(reason.contains("no --source-map covers"), "{reason}");
+    assert!(reason.starts_with("event 20"), "{reason}");
+}
+
+#[test]
+fn a_checksum_mismatch_at_source_is_fetched_from_cm_and_at_both_stalls() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let root = src.path();
+    write_seed_example(root).unwrap();
+    let fx = HiveFixture::convert(root, true);
+    // Same size, other bytes at the source: the cm copy has the right ones.
+    // (Replaced, not rewritten in place: the cm copy is a hard link.)
+    let a = root.join("source/default/blah/p=a/000001_0");
+    std::fs::remove_file(&a).unwrap();
+    std::fs::write(&a, b"6\n").unwrap();
+    // 000003_0 wrong at the source and in cm: state 40 cannot complete.
+    let c = root.join("source/default/blah/p=a/000003_0");
+    std::fs::remove_file(&c).unwrap();
+    std::fs::write(&c, b"16\n").unwrap();
+    let cm_c = std::fs::read_dir(root.join("hive-cm"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("000003_0_")
+        })
+        .unwrap();
+    std::fs::remove_file(&cm_c).unwrap();
+    std::fs::write(&cm_c, b"17\n").unwrap();
+    let (replica, reason) = stall_after(&fx, state.path(), 39, "the bad file");
+    assert!(reason.contains("HDFS checksum mismatch"), "{reason}");
+    assert!(reason.contains("000003_0"), "{reason}");
+    let snap = replica.catalog().snapshot();
+    let files = snap.visible.table("default", "blah").unwrap().files_below();
+    let expected = BlobId(<sha2::Sha256 as sha2::Digest>::digest(b"5\n").into());
+    assert_eq!(files[0], ("p=a/000001_0".to_owned(), expected));
+    assert!(replica.status().staging.from_change_management >= 1);
+    drop(replica);
+    // The right bytes arrive in cm: replication goes on to 50.
+    std::fs::remove_file(&cm_c).unwrap();
+    std::fs::write(&cm_c, b"15\n").unwrap();
+    assert!(cm_c.to_string_lossy().ends_with(&hdfs_checksum(b"15\n")));
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    wait_for("state 50", Duration::from_secs(30), || {
+        replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+}
+
+#[test]
+fn restart_resumes_after_the_last_journaled_event() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let fx = HiveFixture::convert(src.path(), false);
+    let rows = rows_of(&fx);
+    set_rows(&fx, &rows[..30]);
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    wait_for("state 30", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(30)
+    });
+    replica.stop();
+    set_rows(&fx, &rows);
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    wait_for("state 50", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+    let status = replica.status();
+    // Only events 31..=50 were read again; nothing applied twice.
+    assert_eq!(status.events_accepted, 20);
+    assert!(status.stalled.is_none());
+    assert_eq!(
+        content(&replica.catalog().snapshot().visible),
+        content(&native_trees(src.path())[&StateId(50)])
+    );
+}
