@@ -1,20 +1,43 @@
 #!/usr/bin/env bash
 # Installs what stagefs's demo and tests need on a fresh Debian machine
-# (as root): the `attr` tools (getfattr/setfattr) and fuse3's helpers.
+# (as root): the `attr` tools (getfattr/setfattr), fuse3's helpers, and the
+# PostgreSQL and MariaDB servers and clients that the Hive metastore tests
+# start private instances of (tests/common/dbserver.rs; the machine's own
+# instances are never started or used).
 # Safe to run again: it installs only what is missing.
 set -euo pipefail
+
+have_postgres_server() {
+  compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null
+}
 
 missing=()
 command -v getfattr >/dev/null 2>&1 || missing+=(attr)
 command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
+have_postgres_server || missing+=(postgresql)
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v mariadbd >/dev/null 2>&1 || missing+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install: ${missing[*]} (needs root)" >&2
   else
     echo "setup: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
+    # The packages' post-install scripts start the distribution's own server
+    # instances; the tests never use them, so keep them from starting.
+    policy=/usr/sbin/policy-rc.d
+    created_policy=
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' >"$policy"
+      chmod +x "$policy"
+      created_policy=1
+    fi
     apt-get update -qq >/dev/null
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    status=0
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || status=$?
+    [ -n "$created_policy" ] && rm -f "$policy"
+    [ "$status" -eq 0 ] || exit "$status"
   fi
 fi
 if [ ! -e /dev/fuse ]; then

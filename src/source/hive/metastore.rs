@@ -1,10 +1,1282 @@
-//! PLACEHOLDER until the `metastore` branch is merged (it owns this file).
+//! Polling the Hive metastore database: the [`RowSource`] behind
+//! `--hive-metastore postgresql://user@host:port/db` and `mysql://…`.
+//!
+//! Owns the connection to the metastore's PostgreSQL or MySQL/MariaDB
+//! database and the three queries the Hive source needs (HIVE.md "Where the
+//! events are"):
+//! - `NOTIFICATION_LOG` rows with `EVENT_ID > after ORDER BY EVENT_ID LIMIT n`;
+//! - `TXN_WRITE_NOTIFICATION_LOG` rows of one transaction, by `WNL_ID`;
+//! - `NOTIFICATION_SEQUENCE.NEXT_EVENT_ID - 1`, the newest id, for lag.
+//!
+//! Invariants:
+//! - The password never leaves this module: not in an error, a log line,
+//!   [`RowSource::describe`] or a `Debug` impl. Error texts from the drivers
+//!   are scrubbed of it as well, in case a server ever echoes it.
+//! - No call blocks for long: connecting is bounded by
+//!   [`Timeouts::connect`], every statement by [`Timeouts::statement`]
+//!   (client side, so a hung server or a dead network cannot stall a poll).
+//! - Errors are classified for the caller: a server that cannot be reached,
+//!   went away, restarts, or times out is [`RowSourceError::Unavailable`]
+//!   (retry with backoff; the next call reconnects); a bad URL, wrong
+//!   credentials, a missing database, table or privilege is
+//!   [`RowSourceError::Fatal`]; a value that cannot be read as its column is
+//!   [`RowSourceError::BadRow`] naming the event and the column.
+//! - Rows are returned as stored, in `EVENT_ID` order; gaps and repeats are
+//!   the adapter's business, not hidden here.
+//!
+//! Dialects: PostgreSQL identifiers are Hive's quoted upper case
+//! (`"NOTIFICATION_LOG"."EVENT_ID"`). MySQL names are backticked and the
+//! tables may be lower case (`lower_case_table_names`, or a schema created
+//! that way): which spelling exists is looked up at connect time. MySQL
+//! columns are usually `latin1`; the session asks for `utf8mb4`, so the
+//! server converts what it stored, and the bytes are decoded as UTF-8.
+//!
+//! Called by the Hive adapter's polling thread through [`connect`]; tests
+//! use [`MetastoreSource::open`] to choose short timeouts.
 
-use super::model::{RowSource, RowSourceError};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
 
-pub fn connect(url: &str) -> Result<Box<dyn RowSource>, RowSourceError> {
-    Err(RowSourceError::Fatal(format!(
-        "this build has no metastore client yet: cannot follow {}",
-        url.split('@').next_back().unwrap_or("")
-    )))
+use super::model::{NotificationRow, RowSource, RowSourceError, TxnWriteRow};
+
+/// The environment variable the metastore password is read from.
+pub const PASSWORD_ENV: &str = "STAGEFS_METASTORE_PASSWORD";
+
+/// How long connecting and each statement may take before the metastore
+/// counts as unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub statement: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(5),
+            statement: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Opens the metastore named by `url` with default [`Timeouts`].
+/// `password` is what the caller read from `STAGEFS_METASTORE_PASSWORD`;
+/// a `?password_file=PATH` in the URL takes precedence over it.
+pub fn connect(url: &str, password: Option<String>) -> Result<Box<dyn RowSource>, RowSourceError> {
+    Ok(Box::new(MetastoreSource::open(
+        url,
+        password,
+        Timeouts::default(),
+    )?))
+}
+
+/// A metastore database polled for notification rows.
+///
+/// [`MetastoreSource::open`] fails only on what cannot work (a bad URL, an
+/// unreadable password file, and, when the server answers, wrong
+/// credentials or missing tables). A server that is down at open time gives
+/// a source whose calls return `Unavailable` until it is back.
+pub struct MetastoreSource {
+    target: Target,
+    password: Option<Secret>,
+    timeouts: Timeouts,
+    conn: Option<Connection>,
+}
+
+impl MetastoreSource {
+    pub fn open(
+        url: &str,
+        password: Option<String>,
+        timeouts: Timeouts,
+    ) -> Result<MetastoreSource, RowSourceError> {
+        let (target, password_file) = Target::parse(url)?;
+        let password = match password_file {
+            Some(path) => Some(read_password_file(&path)?),
+            None => password.map(Secret),
+        };
+        let mut source = MetastoreSource {
+            target,
+            password,
+            timeouts,
+            conn: None,
+        };
+        match source.connection().map(|_| ()).map_err(|e| source.scrub(e)) {
+            Ok(()) => {}
+            Err(RowSourceError::Unavailable(reason)) => {
+                tracing::warn!("will retry: {reason}");
+            }
+            Err(other) => return Err(other),
+        }
+        Ok(source)
+    }
+
+    /// Whether a connection is open now (it is reopened on the next call when not).
+    pub fn is_connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    fn connection(&mut self) -> Result<&mut Connection, RowSourceError> {
+        if self.conn.is_none() {
+            let opened = Connection::open(&self.target, self.password.as_ref(), self.timeouts)?;
+            self.conn = Some(opened);
+        }
+        match self.conn.as_mut() {
+            Some(conn) => Ok(conn),
+            None => Err(RowSourceError::Unavailable("no connection".into())),
+        }
+    }
+
+    /// Runs `call` on the connection. A connection that turns out to be
+    /// dead (the server restarted since the last call) is replaced once and
+    /// the call retried, so a poll right after a restart already succeeds;
+    /// a failure on a fresh connection is returned. An unavailable server
+    /// drops the connection: the next call opens a new one.
+    fn with_connection<T>(
+        &mut self,
+        mut call: impl FnMut(&mut Connection) -> Result<T, RowSourceError>,
+    ) -> Result<T, RowSourceError> {
+        let reused = self.conn.is_some();
+        let mut result = self.connection().and_then(&mut call);
+        if reused && matches!(result, Err(RowSourceError::Unavailable(_))) {
+            self.conn = None;
+            result = self.connection().and_then(&mut call);
+        }
+        if let Err(RowSourceError::Unavailable(_)) = &result {
+            self.conn = None;
+        }
+        result.map_err(|e| self.scrub(e))
+    }
+
+    /// Prefixes the source and removes the password from driver texts.
+    fn scrub(&self, error: RowSourceError) -> RowSourceError {
+        let clean = |text: String| {
+            let text = match &self.password {
+                Some(Secret(p)) if !p.is_empty() => text.replace(p.as_str(), "<password>"),
+                _ => text,
+            };
+            format!("{}: {text}", self.target.describe())
+        };
+        match error {
+            RowSourceError::Unavailable(reason) => RowSourceError::Unavailable(clean(reason)),
+            RowSourceError::Fatal(reason) => RowSourceError::Fatal(clean(reason)),
+            RowSourceError::BadRow { location, reason } => RowSourceError::BadRow {
+                location: clean(location),
+                reason: match &self.password {
+                    Some(Secret(p)) if !p.is_empty() => reason.replace(p.as_str(), "<password>"),
+                    _ => reason,
+                },
+            },
+        }
+    }
+}
+
+impl RowSource for MetastoreSource {
+    fn poll(&mut self, after: i64, limit: usize) -> Result<Vec<NotificationRow>, RowSourceError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with_connection(|conn| conn.poll(after, limit))
+    }
+
+    fn txn_writes(&mut self, txn_id: i64) -> Result<Vec<TxnWriteRow>, RowSourceError> {
+        self.with_connection(|conn| conn.txn_writes(txn_id))
+    }
+
+    fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
+        self.with_connection(|conn| conn.newest_event_id())
+    }
+
+    fn describe(&self) -> String {
+        self.target.describe()
+    }
+}
+
+impl fmt::Debug for MetastoreSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetastoreSource")
+            .field("target", &self.target.describe())
+            .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .field("connected", &self.conn.is_some())
+            .finish()
+    }
+}
+
+/// A password; its `Debug` never shows it.
+struct Secret(String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<password>")
+    }
+}
+
+fn read_password_file(path: &std::path::Path) -> Result<Secret, RowSourceError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        RowSourceError::Fatal(format!(
+            "cannot read the metastore password file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let password = text.strip_suffix('\n').unwrap_or(&text);
+    let password = password.strip_suffix('\r').unwrap_or(password);
+    Ok(Secret(password.to_string()))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    Postgres,
+    Mysql,
+}
+
+/// Where the metastore is: the URL without its password file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    dialect: Dialect,
+    user: String,
+    host: String,
+    port: u16,
+    database: String,
+}
+
+impl Target {
+    /// `postgresql://user@host:port/db`, `postgres://…`, `mysql://…`, with an
+    /// optional `?password_file=PATH`. Port defaults to 5432 / 3306.
+    fn parse(url: &str) -> Result<(Target, Option<PathBuf>), RowSourceError> {
+        let bad = |why: &str| {
+            RowSourceError::Fatal(format!(
+                "bad metastore URL ({why}); expected postgresql://user@host:port/db or mysql://user@host:port/db"
+            ))
+        };
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+        let (dialect, default_port) = match scheme {
+            "postgresql" | "postgres" => (Dialect::Postgres, 5432),
+            "mysql" => (Dialect::Mysql, 3306),
+            _ => return Err(bad(&format!("unknown scheme {scheme:?}"))),
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let (authority, path) = rest.split_once('/').ok_or_else(|| bad("no database"))?;
+        let database = percent_decode(path).ok_or_else(|| bad("bad %-escape in the database"))?;
+        if database.is_empty() || database.contains('/') {
+            return Err(bad("no database"));
+        }
+        let (user, host_port) = authority
+            .rsplit_once('@')
+            .ok_or_else(|| bad("no user@ before the host"))?;
+        if user.contains(':') {
+            return Err(RowSourceError::Fatal(
+                "bad metastore URL: it carries a password; put the password in \
+                 STAGEFS_METASTORE_PASSWORD or a ?password_file= instead"
+                    .into(),
+            ));
+        }
+        let user = percent_decode(user).ok_or_else(|| bad("bad %-escape in the user"))?;
+        if user.is_empty() {
+            return Err(bad("no user"));
+        }
+        let (host, port) = split_host_port(host_port).ok_or_else(|| bad("bad host:port"))?;
+        let port = match port {
+            Some(port) => port.parse::<u16>().map_err(|_| bad("bad port"))?,
+            None => default_port,
+        };
+        let mut password_file = None;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("password_file", value)) if !value.is_empty() => {
+                    let value = percent_decode(value)
+                        .ok_or_else(|| bad("bad %-escape in password_file"))?;
+                    password_file = Some(PathBuf::from(value));
+                }
+                _ => {
+                    let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+                    return Err(bad(&format!(
+                        "unknown parameter {key:?}; only password_file is understood"
+                    )));
+                }
+            }
+        }
+        Ok((
+            Target {
+                dialect,
+                user,
+                host,
+                port,
+                database,
+            },
+            password_file,
+        ))
+    }
+
+    fn describe(&self) -> String {
+        let scheme = match self.dialect {
+            Dialect::Postgres => "postgresql",
+            Dialect::Mysql => "mysql",
+        };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!(
+            "{scheme}://{}@{host}:{}/{}",
+            self.user, self.port, self.database
+        )
+    }
+}
+
+/// `host`, `host:port`, `[v6]`, `[v6]:port`.
+fn split_host_port(text: &str) -> Option<(String, Option<&str>)> {
+    if let Some(inner) = text.strip_prefix('[') {
+        let (host, after) = inner.split_once(']')?;
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':')?),
+        };
+        return (!host.is_empty()).then(|| (host.to_string(), port));
+    }
+    let (host, port) = match text.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (text, None),
+    };
+    (!host.is_empty()).then(|| (host.to_string(), port))
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// One column value as the driver returned it, before it is checked
+/// against what the column means.
+enum Cell {
+    Null,
+    Int(i64),
+    Bytes(Vec<u8>),
+    Text(String),
+    Unreadable(String),
+}
+
+/// One result row, read column by column into a model row. `key` names the
+/// row in errors (its `EVENT_ID` or `WNL_ID` once read).
+struct Cells {
+    table: &'static str,
+    columns: &'static [&'static str],
+    values: Vec<Cell>,
+    key: String,
+}
+
+impl Cells {
+    fn new(
+        table: &'static str,
+        columns: &'static [&'static str],
+        values: Vec<Cell>,
+        key: String,
+    ) -> Cells {
+        Cells {
+            table,
+            columns,
+            values,
+            key,
+        }
+    }
+
+    fn bad(&self, column: usize, reason: String) -> RowSourceError {
+        RowSourceError::BadRow {
+            location: format!(
+                "{} {}, column {}",
+                self.table,
+                self.key,
+                self.columns.get(column).copied().unwrap_or("?")
+            ),
+            reason,
+        }
+    }
+
+    fn take(&mut self, column: usize) -> Cell {
+        match self.values.get_mut(column) {
+            Some(cell) => std::mem::replace(cell, Cell::Null),
+            None => Cell::Unreadable("the column is missing from the result".into()),
+        }
+    }
+
+    fn int(&mut self, column: usize) -> Result<Option<i64>, RowSourceError> {
+        match self.take(column) {
+            Cell::Null => Ok(None),
+            Cell::Int(v) => Ok(Some(v)),
+            Cell::Text(text) => text
+                .trim()
+                .parse()
+                .map(Some)
+                .map_err(|_| self.bad(column, format!("{text:?} is not an integer"))),
+            Cell::Bytes(bytes) => std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .map(Some)
+                .ok_or_else(|| self.bad(column, "not an integer".into())),
+            Cell::Unreadable(reason) => Err(self.bad(column, reason)),
+        }
+    }
+
+    fn text(&mut self, column: usize) -> Result<Option<String>, RowSourceError> {
+        match self.take(column) {
+            Cell::Null => Ok(None),
+            Cell::Text(text) => Ok(Some(text)),
+            Cell::Int(v) => Ok(Some(v.to_string())),
+            Cell::Bytes(bytes) => String::from_utf8(bytes).map(Some).map_err(|e| {
+                self.bad(
+                    column,
+                    format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
+                )
+            }),
+            Cell::Unreadable(reason) => Err(self.bad(column, reason)),
+        }
+    }
+
+    fn required_int(&mut self, column: usize) -> Result<i64, RowSourceError> {
+        self.int(column)?
+            .ok_or_else(|| self.bad(column, "NULL in a NOT NULL column".into()))
+    }
+
+    fn required_text(&mut self, column: usize) -> Result<String, RowSourceError> {
+        self.text(column)?
+            .ok_or_else(|| self.bad(column, "NULL in a NOT NULL column".into()))
+    }
+}
+
+const LOG_TABLE: &str = "NOTIFICATION_LOG";
+const SEQUENCE_TABLE: &str = "NOTIFICATION_SEQUENCE";
+const TXN_TABLE: &str = "TXN_WRITE_NOTIFICATION_LOG";
+
+const LOG_COLUMNS: &[&str] = &[
+    "EVENT_ID",
+    "NL_ID",
+    "EVENT_TIME",
+    "EVENT_TYPE",
+    "CAT_NAME",
+    "DB_NAME",
+    "TBL_NAME",
+    "MESSAGE",
+    "MESSAGE_FORMAT",
+];
+
+const TXN_COLUMNS: &[&str] = &[
+    "WNL_ID",
+    "WNL_TXNID",
+    "WNL_WRITEID",
+    "WNL_DATABASE",
+    "WNL_TABLE",
+    "WNL_PARTITION",
+    "WNL_TABLE_OBJ",
+    "WNL_PARTITION_OBJ",
+    "WNL_FILES",
+    "WNL_EVENT_TIME",
+];
+
+/// `LOG_COLUMNS` in order, read from one result row.
+fn notification_row(values: Vec<Cell>, after: i64) -> Result<NotificationRow, RowSourceError> {
+    let mut cells = Cells::new(
+        LOG_TABLE,
+        LOG_COLUMNS,
+        values,
+        format!("row after EVENT_ID {after}"),
+    );
+    let event_id = cells.required_int(0)?;
+    cells.key = format!("EVENT_ID {event_id}");
+    Ok(NotificationRow {
+        event_id,
+        nl_id: cells.int(1)?,
+        event_time: cells.int(2)?,
+        event_type: cells.required_text(3)?,
+        cat_name: cells.text(4)?,
+        db_name: cells.text(5)?,
+        tbl_name: cells.text(6)?,
+        message: cells.text(7)?,
+        message_format: cells.text(8)?,
+    })
+}
+
+/// `TXN_COLUMNS` in order, read from one result row.
+fn txn_write_row(values: Vec<Cell>, txn_id: i64) -> Result<TxnWriteRow, RowSourceError> {
+    let mut cells = Cells::new(
+        TXN_TABLE,
+        TXN_COLUMNS,
+        values,
+        format!("row of WNL_TXNID {txn_id}"),
+    );
+    let wnl_id = cells.int(0)?;
+    if let Some(id) = wnl_id {
+        cells.key = format!("WNL_ID {id} (WNL_TXNID {txn_id})");
+    }
+    Ok(TxnWriteRow {
+        wnl_id,
+        txn_id: cells.required_int(1)?,
+        write_id: cells.int(2)?,
+        database: cells.required_text(3)?,
+        table: cells.required_text(4)?,
+        partition: cells.text(5)?,
+        table_obj: cells.text(6)?,
+        partition_obj: cells.text(7)?,
+        files: cells.text(8)?,
+        event_time: cells.int(9)?,
+    })
+}
+
+fn missing_txn_table() -> RowSourceError {
+    RowSourceError::Fatal(format!(
+        "table {TXN_TABLE} does not exist (it appears in Hive 3.2 / 4.0): \
+         the files of transactional writes cannot be read"
+    ))
+}
+
+enum Connection {
+    Postgres(Box<pg::PgConnection>),
+    Mysql(my::MysqlConnection),
+}
+
+impl Connection {
+    fn open(
+        target: &Target,
+        password: Option<&Secret>,
+        timeouts: Timeouts,
+    ) -> Result<Connection, RowSourceError> {
+        let password = password.map(|Secret(p)| p.as_str());
+        Ok(match target.dialect {
+            Dialect::Postgres => Connection::Postgres(Box::new(pg::PgConnection::open(
+                target, password, timeouts,
+            )?)),
+            Dialect::Mysql => {
+                Connection::Mysql(my::MysqlConnection::open(target, password, timeouts)?)
+            }
+        })
+    }
+
+    fn poll(&mut self, after: i64, limit: i64) -> Result<Vec<NotificationRow>, RowSourceError> {
+        match self {
+            Connection::Postgres(c) => c.poll(after, limit),
+            Connection::Mysql(c) => c.poll(after, limit),
+        }
+    }
+
+    fn txn_writes(&mut self, txn_id: i64) -> Result<Vec<TxnWriteRow>, RowSourceError> {
+        match self {
+            Connection::Postgres(c) => c.txn_writes(txn_id),
+            Connection::Mysql(c) => c.txn_writes(txn_id),
+        }
+    }
+
+    fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
+        match self {
+            Connection::Postgres(c) => c.newest_event_id(),
+            Connection::Mysql(c) => c.newest_event_id(),
+        }
+    }
+}
+
+/// `NEXT_EVENT_ID - 1`, or None when the sequence has no row yet.
+fn newest_from_next(next: Option<i64>) -> Option<i64> {
+    next.map(|n| n.saturating_sub(1))
+}
+
+mod pg {
+    //! PostgreSQL through tokio-postgres on a private current-thread
+    //! runtime: each call is `block_on(timeout(statement, query))`, which
+    //! gives a deadline the sync wrapper cannot.
+
+    use std::future::Future;
+
+    use tokio_postgres::error::SqlState;
+    use tokio_postgres::types::Type;
+    use tokio_postgres::{Client, NoTls, Row, Statement};
+
+    use super::*;
+
+    pub(super) struct PgConnection {
+        runtime: tokio::runtime::Runtime,
+        client: Client,
+        connection_task: tokio::task::JoinHandle<()>,
+        statement_timeout: Duration,
+        poll: Statement,
+        newest: Statement,
+        /// None when the table does not exist.
+        txn_writes: Option<Statement>,
+    }
+
+    impl Drop for PgConnection {
+        fn drop(&mut self) {
+            self.connection_task.abort();
+        }
+    }
+
+    fn quoted(columns: &[&str]) -> String {
+        columns
+            .iter()
+            .map(|c| format!("\"{c}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    impl PgConnection {
+        pub(super) fn open(
+            target: &Target,
+            password: Option<&str>,
+            timeouts: Timeouts,
+        ) -> Result<PgConnection, RowSourceError> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| RowSourceError::Fatal(format!("cannot start a runtime: {e}")))?;
+            let mut config = tokio_postgres::Config::new();
+            config
+                .user(&target.user)
+                .dbname(&target.database)
+                .host(&target.host)
+                .port(target.port)
+                .connect_timeout(timeouts.connect)
+                .keepalives(true)
+                .keepalives_idle(Duration::from_secs(30))
+                .application_name("stagefs")
+                // The server gives up too, instead of finishing a query
+                // nobody waits for any more.
+                .options(format!(
+                    "-c statement_timeout={}",
+                    timeouts.statement.as_millis()
+                ));
+            if let Some(password) = password {
+                config.password(password);
+            }
+            let deadline = timeouts.connect + timeouts.statement;
+            let (client, connection) = block_on(&runtime, deadline, "connecting", async {
+                config.connect(NoTls).await
+            })?;
+            let connection_task = runtime.spawn(async move {
+                // An error here (the server went away) shows on the next
+                // query as a closed connection.
+                let _ = connection.await;
+            });
+            let prepare = |sql: String| {
+                block_on(
+                    &runtime,
+                    timeouts.statement,
+                    "preparing a query",
+                    client.prepare(&sql),
+                )
+            };
+            let poll = prepare(format!(
+                "SELECT {} FROM \"{LOG_TABLE}\" WHERE \"EVENT_ID\" > $1 ORDER BY \"EVENT_ID\" LIMIT $2",
+                quoted(LOG_COLUMNS)
+            ))?;
+            let newest = prepare(format!(
+                "SELECT MAX(\"NEXT_EVENT_ID\") FROM \"{SEQUENCE_TABLE}\""
+            ))?;
+            let txn_writes = match prepare(format!(
+                "SELECT {} FROM \"{TXN_TABLE}\" WHERE \"WNL_TXNID\" = $1 ORDER BY \"WNL_ID\"",
+                quoted(TXN_COLUMNS)
+            )) {
+                Ok(statement) => Some(statement),
+                Err(RowSourceError::Fatal(reason)) if reason.contains("does not exist") => {
+                    tracing::warn!("{TXN_TABLE} is missing: {reason}");
+                    None
+                }
+                Err(other) => return Err(other),
+            };
+            let mut conn = PgConnection {
+                runtime,
+                client,
+                connection_task,
+                statement_timeout: timeouts.statement,
+                poll,
+                newest,
+                txn_writes,
+            };
+            // Privileges are checked when a statement runs, not when it is
+            // prepared: run each once so that a missing grant is reported now.
+            conn.poll(i64::MAX, 0)?;
+            conn.newest_event_id()?;
+            if conn.txn_writes.is_some() {
+                conn.txn_writes(i64::MIN)?;
+            }
+            Ok(conn)
+        }
+
+        fn run<T>(
+            &self,
+            what: &str,
+            future: impl Future<Output = Result<T, tokio_postgres::Error>>,
+        ) -> Result<T, RowSourceError> {
+            block_on(&self.runtime, self.statement_timeout, what, future)
+        }
+
+        pub(super) fn poll(
+            &mut self,
+            after: i64,
+            limit: i64,
+        ) -> Result<Vec<NotificationRow>, RowSourceError> {
+            let rows = self.run(
+                "reading NOTIFICATION_LOG",
+                self.client.query(&self.poll, &[&after, &limit]),
+            );
+            match rows {
+                Ok(rows) => rows
+                    .iter()
+                    .map(|row| notification_row(cells(row), after))
+                    .collect(),
+                Err(RowSourceError::BadRow { location, reason }) if location.is_empty() => {
+                    Err(self.locate_bad_row(after, limit, reason))
+                }
+                Err(other) => Err(other),
+            }
+        }
+
+        /// The server could not send a row of the batch (class 22: text
+        /// not valid in the client encoding). Its ids are still readable:
+        /// fetch the rows one by one to name the first bad one.
+        fn locate_bad_row(&mut self, after: i64, limit: i64, reason: String) -> RowSourceError {
+            let ids = self.run(
+                "reading NOTIFICATION_LOG ids",
+                self.client.query(
+                    &format!(
+                        "SELECT \"EVENT_ID\" FROM \"{LOG_TABLE}\" WHERE \"EVENT_ID\" > $1 ORDER BY \"EVENT_ID\" LIMIT $2"
+                    ),
+                    &[&after, &limit],
+                ),
+            );
+            let mut location = format!("{LOG_TABLE} a row after EVENT_ID {after}");
+            if let Ok(ids) = ids {
+                for row in ids {
+                    let Ok(id) = row.try_get::<_, i64>(0) else {
+                        break;
+                    };
+                    let one = self.run(
+                        "reading NOTIFICATION_LOG",
+                        self.client
+                            .query(&self.poll, &[&(id.saturating_sub(1)), &1i64]),
+                    );
+                    if let Err(RowSourceError::BadRow { .. }) = one {
+                        location = format!("{LOG_TABLE} EVENT_ID {id}");
+                        break;
+                    }
+                }
+            }
+            RowSourceError::BadRow { location, reason }
+        }
+
+        pub(super) fn txn_writes(
+            &mut self,
+            txn_id: i64,
+        ) -> Result<Vec<TxnWriteRow>, RowSourceError> {
+            let statement = self.txn_writes.as_ref().ok_or_else(missing_txn_table)?;
+            let rows = self
+                .run(
+                    "reading TXN_WRITE_NOTIFICATION_LOG",
+                    self.client.query(statement, &[&txn_id]),
+                )
+                .map_err(|e| match e {
+                    RowSourceError::BadRow { location, reason } if location.is_empty() => {
+                        RowSourceError::BadRow {
+                            location: format!("{TXN_TABLE} a row of WNL_TXNID {txn_id}"),
+                            reason,
+                        }
+                    }
+                    other => other,
+                })?;
+            rows.iter()
+                .map(|row| txn_write_row(cells(row), txn_id))
+                .collect()
+        }
+
+        pub(super) fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
+            let rows = self.run(
+                "reading NOTIFICATION_SEQUENCE",
+                self.client.query(&self.newest, &[]),
+            )?;
+            let next = match rows.first() {
+                Some(row) => {
+                    let mut cells =
+                        Cells::new(SEQUENCE_TABLE, &["NEXT_EVENT_ID"], cells(row), "row".into());
+                    cells.int(0)?
+                }
+                None => None,
+            };
+            Ok(newest_from_next(next))
+        }
+    }
+
+    fn block_on<T>(
+        runtime: &tokio::runtime::Runtime,
+        deadline: Duration,
+        what: &str,
+        future: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, RowSourceError> {
+        match runtime.block_on(async { tokio::time::timeout(deadline, future).await }) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(classify(what, &e)),
+            Err(_) => Err(RowSourceError::Unavailable(format!(
+                "{what}: no answer within {} ms",
+                deadline.as_millis()
+            ))),
+        }
+    }
+
+    fn cells(row: &Row) -> Vec<Cell> {
+        (0..row.len())
+            .map(|i| {
+                let type_ = row.columns()[i].type_();
+                let read = if *type_ == Type::INT8 {
+                    row.try_get::<_, Option<i64>>(i).map(|v| v.map(Cell::Int))
+                } else if *type_ == Type::INT4 {
+                    row.try_get::<_, Option<i32>>(i)
+                        .map(|v| v.map(|v| Cell::Int(v.into())))
+                } else if *type_ == Type::INT2 {
+                    row.try_get::<_, Option<i16>>(i)
+                        .map(|v| v.map(|v| Cell::Int(v.into())))
+                } else {
+                    row.try_get::<_, Option<String>>(i)
+                        .map(|v| v.map(Cell::Text))
+                };
+                match read {
+                    Ok(Some(cell)) => cell,
+                    Ok(None) => Cell::Null,
+                    Err(e) => Cell::Unreadable(format!("{}: {}", e, chain(&e))),
+                }
+            })
+            .collect()
+    }
+
+    fn chain(error: &dyn std::error::Error) -> String {
+        let mut parts = Vec::new();
+        let mut source = error.source();
+        while let Some(e) = source {
+            parts.push(e.to_string());
+            source = e.source();
+        }
+        parts.join(": ")
+    }
+
+    /// Server states that mean "try again later"; everything else the
+    /// server reports (authentication, missing database/table/column,
+    /// privileges, syntax) cannot fix itself.
+    fn transient_state(state: &SqlState) -> bool {
+        let code = state.code();
+        // 08 connection exception, 40 transaction rollback, 53 insufficient
+        // resources, 57 operator intervention (shutdown, statement timeout,
+        // starting up), 58 system error, XX internal error.
+        ["08", "40", "53", "57", "58", "XX"]
+            .iter()
+            .any(|class| code.starts_with(class))
+    }
+
+    fn classify(what: &str, error: &tokio_postgres::Error) -> RowSourceError {
+        if let Some(db) = error.as_db_error() {
+            let mut text = format!("{what}: {} ({})", db.message(), db.code().code());
+            if let Some(hint) = db.hint() {
+                text.push_str(&format!("; {hint}"));
+            }
+            return if transient_state(db.code()) {
+                RowSourceError::Unavailable(text)
+            } else if db.code().code().starts_with("22") {
+                // A data exception while sending rows: a row the caller
+                // locates (the location is filled in there).
+                RowSourceError::BadRow {
+                    location: String::new(),
+                    reason: text,
+                }
+            } else {
+                RowSourceError::Fatal(text)
+            };
+        }
+        let causes = chain(error);
+        let text = if causes.is_empty() {
+            format!("{what}: {error}")
+        } else {
+            format!("{what}: {error}: {causes}")
+        };
+        let mut io = false;
+        let mut source: Option<&(dyn std::error::Error + 'static)> =
+            std::error::Error::source(error);
+        while let Some(e) = source {
+            io |= e.is::<std::io::Error>();
+            source = e.source();
+        }
+        let display = error.to_string();
+        let transient = io
+            || error.is_closed()
+            || display.starts_with("timeout")
+            || display.starts_with("error communicating")
+            || display.starts_with("unexpected message")
+            || display.starts_with("error parsing response");
+        if transient {
+            RowSourceError::Unavailable(text)
+        } else {
+            RowSourceError::Fatal(text)
+        }
+    }
+}
+
+mod my {
+    //! MySQL and MariaDB through the `mysql` crate (no TLS): socket
+    //! connect, read and write timeouts bound every call.
+
+    use ::mysql::prelude::Queryable;
+    use ::mysql::{Conn, OptsBuilder, Value};
+
+    use super::*;
+
+    pub(super) struct MysqlConnection {
+        conn: Conn,
+        poll_sql: String,
+        newest_sql: String,
+        /// None when the table does not exist.
+        txn_sql: Option<String>,
+    }
+
+    fn backticked(columns: &[&str]) -> String {
+        columns
+            .iter()
+            .map(|c| format!("`{c}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    impl MysqlConnection {
+        pub(super) fn open(
+            target: &Target,
+            password: Option<&str>,
+            timeouts: Timeouts,
+        ) -> Result<MysqlConnection, RowSourceError> {
+            let opts = OptsBuilder::new()
+                .ip_or_hostname(Some(target.host.clone()))
+                .tcp_port(target.port)
+                .user(Some(target.user.clone()))
+                .pass(password.map(str::to_string))
+                .db_name(Some(target.database.clone()))
+                // Do not switch to the server's unix socket behind the URL's back.
+                .prefer_socket(false)
+                .tcp_connect_timeout(Some(timeouts.connect))
+                .read_timeout(Some(timeouts.statement))
+                .write_timeout(Some(timeouts.statement))
+                .init(vec!["SET NAMES utf8mb4"]);
+            let mut conn = Conn::new(opts).map_err(|e| classify("connecting", &e))?;
+            let names = table_names(&mut conn)?;
+            let log = names
+                .pick(LOG_TABLE)
+                .ok_or_else(|| missing(LOG_TABLE, target))?;
+            let sequence = names
+                .pick(SEQUENCE_TABLE)
+                .ok_or_else(|| missing(SEQUENCE_TABLE, target))?;
+            let txn = names.pick(TXN_TABLE);
+            if txn.is_none() {
+                tracing::warn!("{TXN_TABLE} is missing from {}", target.describe());
+            }
+            let mut connection = MysqlConnection {
+                conn,
+                poll_sql: format!(
+                    "SELECT {} FROM `{log}` WHERE `EVENT_ID` > ? ORDER BY `EVENT_ID` LIMIT ?",
+                    backticked(LOG_COLUMNS)
+                ),
+                newest_sql: format!("SELECT MAX(`NEXT_EVENT_ID`) FROM `{sequence}`"),
+                txn_sql: txn.map(|txn| {
+                    format!(
+                        "SELECT {} FROM `{txn}` WHERE `WNL_TXNID` = ? ORDER BY `WNL_ID`",
+                        backticked(TXN_COLUMNS)
+                    )
+                }),
+            };
+            // Run each statement once so that a missing column or grant is
+            // reported at connect time.
+            connection.poll(i64::MAX, 0)?;
+            connection.newest_event_id()?;
+            if connection.txn_sql.is_some() {
+                connection.txn_writes(i64::MIN)?;
+            }
+            Ok(connection)
+        }
+
+        pub(super) fn poll(
+            &mut self,
+            after: i64,
+            limit: i64,
+        ) -> Result<Vec<NotificationRow>, RowSourceError> {
+            let rows: Vec<::mysql::Row> = self
+                .conn
+                .exec(self.poll_sql.as_str(), (after, limit))
+                .map_err(|e| classify("reading NOTIFICATION_LOG", &e))?;
+            rows.into_iter()
+                .map(|row| notification_row(cells(row), after))
+                .collect()
+        }
+
+        pub(super) fn txn_writes(
+            &mut self,
+            txn_id: i64,
+        ) -> Result<Vec<TxnWriteRow>, RowSourceError> {
+            let sql = self.txn_sql.as_deref().ok_or_else(missing_txn_table)?;
+            let rows: Vec<::mysql::Row> = self
+                .conn
+                .exec(sql, (txn_id,))
+                .map_err(|e| classify("reading TXN_WRITE_NOTIFICATION_LOG", &e))?;
+            rows.into_iter()
+                .map(|row| txn_write_row(cells(row), txn_id))
+                .collect()
+        }
+
+        pub(super) fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
+            let rows: Vec<::mysql::Row> = self
+                .conn
+                .exec(self.newest_sql.as_str(), ())
+                .map_err(|e| classify("reading NOTIFICATION_SEQUENCE", &e))?;
+            let next = match rows.into_iter().next() {
+                Some(row) => {
+                    let mut cells =
+                        Cells::new(SEQUENCE_TABLE, &["NEXT_EVENT_ID"], cells(row), "row".into());
+                    cells.int(0)?
+                }
+                None => None,
+            };
+            Ok(newest_from_next(next))
+        }
+    }
+
+    /// The Hive tables of the current database as they are spelled there.
+    struct TableNames(Vec<String>);
+
+    impl TableNames {
+        /// The upper-case name when it exists, else the lower-case one.
+        fn pick(&self, upper: &str) -> Option<String> {
+            let lower = upper.to_ascii_lowercase();
+            [upper.to_string(), lower]
+                .into_iter()
+                .find(|name| self.0.iter().any(|n| n == name))
+        }
+    }
+
+    fn table_names(conn: &mut Conn) -> Result<TableNames, RowSourceError> {
+        let rows: Vec<::mysql::Row> = conn
+            .exec(
+                "SELECT TABLE_NAME FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND LOWER(TABLE_NAME) IN (?, ?, ?)",
+                (
+                    LOG_TABLE.to_ascii_lowercase(),
+                    SEQUENCE_TABLE.to_ascii_lowercase(),
+                    TXN_TABLE.to_ascii_lowercase(),
+                ),
+            )
+            .map_err(|e| classify("listing the Hive tables", &e))?;
+        let mut names = Vec::new();
+        for row in rows {
+            let mut cells = Cells::new(
+                "information_schema.TABLES",
+                &["TABLE_NAME"],
+                cells(row),
+                "row".into(),
+            );
+            if let Some(name) = cells.text(0)? {
+                names.push(name);
+            }
+        }
+        Ok(TableNames(names))
+    }
+
+    fn missing(table: &str, target: &Target) -> RowSourceError {
+        RowSourceError::Fatal(format!(
+            "table {table} (or {}) does not exist in database {}",
+            table.to_ascii_lowercase(),
+            target.database
+        ))
+    }
+
+    fn cells(row: ::mysql::Row) -> Vec<Cell> {
+        row.unwrap()
+            .into_iter()
+            .map(|value| match value {
+                Value::NULL => Cell::Null,
+                Value::Int(v) => Cell::Int(v),
+                Value::UInt(v) => match i64::try_from(v) {
+                    Ok(v) => Cell::Int(v),
+                    Err(_) => Cell::Unreadable(format!("{v} is out of range")),
+                },
+                Value::Bytes(bytes) => Cell::Bytes(bytes),
+                other => Cell::Unreadable(format!("unexpected value {other:?}")),
+            })
+            .collect()
+    }
+
+    /// Server error codes that mean "try again later": too many
+    /// connections, shutdown in progress, lock wait timeout, deadlock,
+    /// connection killed, statement timeouts (MariaDB 1969, MySQL 3024).
+    const TRANSIENT_SERVER_ERRORS: &[u16] = &[1040, 1053, 1205, 1213, 1927, 1969, 3024];
+
+    fn classify(what: &str, error: &::mysql::Error) -> RowSourceError {
+        use ::mysql::Error;
+        match error {
+            Error::IoError(_) | Error::CodecError(_) | Error::DriverError(_) => {
+                RowSourceError::Unavailable(format!("{what}: {error}"))
+            }
+            Error::MySqlError(e) if TRANSIENT_SERVER_ERRORS.contains(&e.code) => {
+                RowSourceError::Unavailable(format!("{what}: {} ({})", e.message, e.code))
+            }
+            Error::MySqlError(e) => {
+                RowSourceError::Fatal(format!("{what}: {} ({})", e.message, e.code))
+            }
+            Error::UrlError(_) | Error::FromValueError(_) | Error::FromRowError(_) => {
+                RowSourceError::Fatal(format!("{what}: {error}"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<(Target, Option<PathBuf>), RowSourceError> {
+        Target::parse(url)
+    }
+
+    #[test]
+    fn urls_of_both_dialects_parse_with_default_ports() {
+        let (t, file) = parse("postgresql://hive@db.example:6543/metastore").unwrap();
+        assert_eq!(t.dialect, Dialect::Postgres);
+        assert_eq!(
+            (
+                t.user.as_str(),
+                t.host.as_str(),
+                t.port,
+                t.database.as_str()
+            ),
+            ("hive", "db.example", 6543, "metastore")
+        );
+        assert_eq!(file, None);
+        let (t, _) = parse("postgres://hive@db/metastore").unwrap();
+        assert_eq!((t.dialect, t.port), (Dialect::Postgres, 5432));
+        let (t, _) = parse("mysql://hive@db/metastore").unwrap();
+        assert_eq!((t.dialect, t.port), (Dialect::Mysql, 3306));
+        let (t, _) = parse("mysql://hive@[::1]:3307/metastore").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("::1", 3307));
+        assert_eq!(t.describe(), "mysql://hive@[::1]:3307/metastore");
+    }
+
+    #[test]
+    fn password_file_parameter_is_read_and_percent_decoded() {
+        let (t, file) =
+            parse("mysql://hive%40corp@db:1/meta?password_file=/run/secret%20s/pw").unwrap();
+        assert_eq!(t.user, "hive@corp");
+        assert_eq!(file, Some(PathBuf::from("/run/secret s/pw")));
+    }
+
+    #[test]
+    fn bad_urls_are_fatal_and_never_echo_a_password() {
+        for url in [
+            "hive@db/meta",
+            "oracle://hive@db/meta",
+            "mysql://db/meta",
+            "mysql://hive@db",
+            "mysql://hive@db/",
+            "mysql://hive@db:notaport/meta",
+            "mysql://hive@db:99999/meta",
+            "mysql://hive@:3306/meta",
+            "mysql://hive@db/meta?sslmode=require",
+            "mysql://hive@db/meta?password_file=",
+        ] {
+            match parse(url) {
+                Err(RowSourceError::Fatal(reason)) => {
+                    assert!(reason.contains("bad metastore URL"), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        match parse("postgresql://hive:s3cret-pw@db/meta") {
+            Err(RowSourceError::Fatal(reason)) => {
+                assert!(!reason.contains("s3cret-pw"), "{reason}");
+                assert!(reason.contains("STAGEFS_METASTORE_PASSWORD"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn password_file_loses_one_trailing_newline_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        std::fs::write(&path, " pa ss \r\n").unwrap();
+        assert_eq!(read_password_file(&path).unwrap().0, " pa ss ");
+        match read_password_file(&dir.path().join("absent")) {
+            Err(RowSourceError::Fatal(reason)) => assert!(reason.contains("password file")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unreadable_cells_name_the_event_and_column() {
+        let row = notification_row(
+            vec![
+                Cell::Int(7),
+                Cell::Null,
+                Cell::Text("1700000000".into()),
+                Cell::Bytes(b"INSERT".to_vec()),
+                Cell::Null,
+                Cell::Null,
+                Cell::Null,
+                Cell::Bytes(vec![b'{', 0xff]),
+                Cell::Null,
+            ],
+            3,
+        );
+        match row {
+            Err(RowSourceError::BadRow { location, reason }) => {
+                assert_eq!(location, "NOTIFICATION_LOG EVENT_ID 7, column MESSAGE");
+                assert!(reason.contains("UTF-8"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let row = notification_row(vec![Cell::Null], 3);
+        match row {
+            Err(RowSourceError::BadRow { location, .. }) => {
+                assert_eq!(
+                    location,
+                    "NOTIFICATION_LOG row after EVENT_ID 3, column EVENT_ID"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn debug_and_describe_never_show_the_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        std::fs::write(&path, "hunter2-secret\n").unwrap();
+        // Port 1 on loopback refuses at once: the source opens disconnected.
+        let url = format!(
+            "mysql://hive@127.0.0.1:1/meta?password_file={}",
+            path.display()
+        );
+        let source = MetastoreSource::open(
+            &url,
+            None,
+            Timeouts {
+                connect: Duration::from_millis(500),
+                statement: Duration::from_millis(500),
+            },
+        )
+        .unwrap();
+        assert!(!source.is_connected());
+        assert_eq!(source.describe(), "mysql://hive@127.0.0.1:1/meta");
+        assert!(!format!("{source:?}").contains("hunter2"));
+    }
 }
