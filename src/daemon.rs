@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{info, warn};
 
-use crate::catalog::load_durable;
+use crate::catalog::{self, load_durable};
 use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
 use crate::replicate::{state_in_use, Replica, ReplicaConfig, ReplicaError};
@@ -444,7 +444,7 @@ fn offline_status(dir: &Path) -> Result<StatusReport, DaemonError> {
                 dir.display()
             )))
         }
-        None if !dir.join("commit.json").exists() && !dir.join("journal").exists() => {
+        None if !catalog::has_commit_record(dir) && !dir.join("journal").exists() => {
             return Err(DaemonError::Usage(format!(
                 "{} is not a stagefs state folder",
                 dir.display()
