@@ -335,6 +335,7 @@ pub fn serve(
     let opts = MountOptions {
         allow_other: args.allow_other,
         threads: 2,
+        ..MountOptions::default()
     };
     let mounted = fuse::mount(view, &args.mountpoint, &opts)
         .map_err(|e| DaemonError::Mount(format!("mounting {}: {e}", args.mountpoint.display())))?;
