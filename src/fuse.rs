@@ -290,11 +290,15 @@ impl Filesystem for StagefsFs {
             info!(?missing, "kernel lacks parallel directory operations");
         }
         // A cold walk (`find`, `ls -l`) gets each directory page's entries
-        // with their attributes in one request; the kernel's adaptive mode
-        // falls back to plain readdir where nobody looks at the entries.
-        if let Err(missing) = config
-            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO)
-        {
+        // with their attributes in one request. Always, not the kernel's
+        // adaptive mode (FUSE_READDIRPLUS_AUTO): that uses readdirplus for
+        // a directory's first page only until lookups follow, and tools
+        // built on fts (`find`, `ls`, `du`) read a whole directory before
+        // they stat anything, so every later page cost one LOOKUP per
+        // entry (measured in docs/BENCHMARKS.md). The price: each listed
+        // entry is a kernel inode (and a view reference) until the kernel
+        // reclaims it.
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS) {
             info!(?missing, "kernel lacks readdirplus");
         }
         self.no_open = self.want_no_open
@@ -498,8 +502,10 @@ impl Filesystem for StagefsFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Nothing is ever buffered for writing.
-        reply.ok();
+        // Nothing is ever buffered for writing: ENOSYS tells the kernel to
+        // stop sending FLUSH at every close (no-open files, whose flags
+        // cannot carry FOPEN_NOFLUSH, and the status file).
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
