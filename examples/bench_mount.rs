@@ -4,7 +4,7 @@
 //!
 //!     bench_mount gen ROOT [--big-mib N] [--small N] [--small-bytes B]
 //!                          [--small-per-dir N] [--meta N] [--meta-per-dir N]
-//!     bench_mount readfiles BASE LIST        prints "secs files bytes"
+//!     bench_mount readfiles BASE LIST [--at DIR]  prints "secs files bytes"
 //!     bench_mount lag MNT EVENTS SOURCE [--rates 100,1000] [--seconds S]
 //!                                        [--poll-us U]
 //!
@@ -199,17 +199,53 @@ fn readfiles(args: &[String]) -> std::io::Result<()> {
     let (Some(base), Some(list)) = (args.first(), args.get(1)) else {
         usage()
     };
+    // `--at DIR`: open DIR (relative to BASE) once and every file with
+    // openat relative to it, as a reader working inside a table does.
+    let at = opt_str(args, "--at", "");
     let base = PathBuf::from(base);
-    let paths: Vec<PathBuf> = fs::read_to_string(list)?
+    let lines: Vec<String> = fs::read_to_string(list)?
         .lines()
         .filter(|l| !l.is_empty())
-        .map(|l| base.join(l))
+        .map(String::from)
         .collect();
+    let prefix = format!("{}/", at.trim_end_matches('/'));
+    let rel: Vec<CString> = if at.is_empty() {
+        Vec::new()
+    } else {
+        lines
+            .iter()
+            .map(|l| {
+                let r = l.strip_prefix(&prefix).unwrap_or_else(|| {
+                    eprintln!("{l} is not under {at}");
+                    std::process::exit(2)
+                });
+                CString::new(r).expect("path without NUL")
+            })
+            .collect()
+    };
+    let paths: Vec<PathBuf> = lines.iter().map(|l| base.join(l)).collect();
+    let dir = if at.is_empty() {
+        None
+    } else {
+        Some(File::open(base.join(&at))?)
+    };
     let mut buf = vec![0u8; 1 << 16];
     let start = Instant::now();
     let mut bytes = 0u64;
-    for p in &paths {
-        let mut f = File::open(p)?;
+    for (i, p) in paths.iter().enumerate() {
+        let mut f = match &dir {
+            None => File::open(p)?,
+            Some(d) => {
+                use std::os::unix::io::{AsRawFd, FromRawFd};
+                // SAFETY: a valid directory fd and NUL-terminated path.
+                let fd = unsafe { libc::openat(d.as_raw_fd(), rel[i].as_ptr(), libc::O_RDONLY) };
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // SAFETY: fd was just opened and is owned here.
+                unsafe { File::from_raw_fd(fd) }
+            }
+        };
         loop {
             let n = f.read(&mut buf)?;
             if n == 0 {

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{info, warn};
 
-use crate::catalog::load_durable;
+use crate::catalog::{self, load_durable};
 use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
 use crate::replicate::{state_in_use, Replica, ReplicaConfig, ReplicaError};
@@ -417,6 +417,7 @@ pub fn serve(
     let opts = MountOptions {
         allow_other: args.allow_other,
         threads: 2,
+        ..MountOptions::default()
     };
     let mounted = fuse::mount(view, &args.mountpoint, &opts)
         .map_err(|e| DaemonError::Mount(format!("mounting {}: {e}", args.mountpoint.display())))?;
@@ -526,7 +527,7 @@ fn offline_status(dir: &Path) -> Result<StatusReport, DaemonError> {
                 dir.display()
             )))
         }
-        None if !dir.join("commit.json").exists() && !dir.join("journal").exists() => {
+        None if !catalog::has_commit_record(dir) && !dir.join("journal").exists() => {
             return Err(DaemonError::Usage(format!(
                 "{} is not a stagefs state folder",
                 dir.display()

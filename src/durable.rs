@@ -1,14 +1,21 @@
-//! Durable file writes: the one place that knows the fsync order
-//! "write temp, fsync, rename, fsync parent directory".
+//! Durable file writes: the one place that knows the fsync orders.
 //!
-//! Every small state file stagefs owns (commit record, pins, locks aside) is
-//! replaced through [`write_atomic`], so a crash leaves either the old or the
-//! new content, never a mix. Blob staging uses [`fsync_dir`] after its own
-//! rename because it streams large files.
+//! - Small state files that are replaced whole (pins) go through
+//!   [`write_atomic`]: write temp, fsync, rename, fsync parent directory,
+//!   so a crash leaves either the old or the new content, never a mix.
+//! - Records written often (the commit record) are appended to a
+//!   [`RecordLog`]: length + crc32c + payload, one `fdatasync` per append.
+//!   A crash mid-append leaves a torn tail, which readers skip and the next
+//!   writer cuts off; every record before it is intact.
+//! - Blob staging uses [`fsync_dir`] after its own rename because it
+//!   streams large files.
+//!
+//! Callers: `catalog` (commit log, pins), `stage` (blobs), the journal.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::path::Path;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 
 /// Replaces `path` with `bytes` atomically and durably.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -41,6 +48,186 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// First bytes of every [`RecordLog`] file: the format and its version.
+const LOG_MAGIC: &[u8; 8] = b"SFRLOG1\n";
+/// Bytes before each record's payload: length (u32 LE), crc32c (u32 LE).
+const RECORD_HEADER: usize = 8;
+/// No record stagefs writes comes near this; a longer length is damage.
+const MAX_RECORD: usize = 16 << 20;
+
+/// What a [`RecordLog`] file holds.
+#[derive(Debug, Default)]
+pub struct LogContents {
+    /// Every whole, checksum-valid record, oldest first.
+    pub records: Vec<Vec<u8>>,
+    /// Bytes up to the end of the last valid record.
+    pub valid_len: u64,
+    /// Why the bytes after `valid_len` were not records (a torn append),
+    /// when there are any.
+    pub torn: Option<String>,
+}
+
+/// Reads a record log without changing it; `None` when the file does not
+/// exist. A torn tail is reported in [`LogContents::torn`], not an error;
+/// a file that does not start with the log's magic is an error.
+pub fn read_log(path: &Path) -> io::Result<Option<LogContents>> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    parse_log(&bytes).map(Some).map_err(|detail| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {detail}", path.display()),
+        )
+    })
+}
+
+fn parse_log(bytes: &[u8]) -> Result<LogContents, String> {
+    if bytes.len() < LOG_MAGIC.len() {
+        // Created but its magic never became durable: an empty log.
+        return Ok(LogContents {
+            torn: (!bytes.is_empty()).then(|| "partial file header".to_string()),
+            ..LogContents::default()
+        });
+    }
+    if &bytes[..LOG_MAGIC.len()] != LOG_MAGIC {
+        return Err("not a stagefs record log (bad magic)".to_string());
+    }
+    let mut out = LogContents {
+        valid_len: LOG_MAGIC.len() as u64,
+        ..LogContents::default()
+    };
+    let mut at = LOG_MAGIC.len();
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        let torn = if rest.len() < RECORD_HEADER {
+            Some(format!("{} bytes of a record header", rest.len()))
+        } else {
+            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+            if len > MAX_RECORD {
+                Some(format!("record length {len} is not plausible"))
+            } else if rest.len() < RECORD_HEADER + len {
+                Some(format!(
+                    "record of {len} bytes cut after {}",
+                    rest.len() - RECORD_HEADER
+                ))
+            } else if crc32c::crc32c(&rest[RECORD_HEADER..RECORD_HEADER + len]) != crc {
+                Some("record checksum mismatch".to_string())
+            } else {
+                out.records
+                    .push(rest[RECORD_HEADER..RECORD_HEADER + len].to_vec());
+                at += RECORD_HEADER + len;
+                out.valid_len = at as u64;
+                None
+            }
+        };
+        if let Some(reason) = torn {
+            // Appends are the only writes, so whatever fails to parse is
+            // the tail of an append that never became durable.
+            out.torn = Some(format!(
+                "{reason} at offset {at} ({} bytes cut)",
+                bytes.len() - at
+            ));
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn encode_record(out: &mut Vec<u8>, payload: &[u8]) -> io::Result<()> {
+    if payload.len() > MAX_RECORD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("record of {} bytes exceeds {MAX_RECORD}", payload.len()),
+        ));
+    }
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    Ok(())
+}
+
+/// An append-only file of length-prefixed, crc32c-checked records; each
+/// [`RecordLog::append`] is durable after one `fdatasync`, where replacing
+/// a file costs two flushes (file, then directory). The single writer of
+/// its file; [`read_log`] is the reader's side.
+pub struct RecordLog {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl RecordLog {
+    /// Opens (or creates) the log for appending. A torn tail is cut off
+    /// durably before anything is appended; the records found are
+    /// returned.
+    pub fn open(path: &Path) -> io::Result<(RecordLog, LogContents)> {
+        let contents = read_log(path)?;
+        let Some(contents) = contents.filter(|c| c.valid_len > 0) else {
+            // Missing, or created without a durable header: start afresh.
+            let mut header = Vec::with_capacity(LOG_MAGIC.len());
+            header.extend_from_slice(LOG_MAGIC);
+            write_atomic(path, &header)?;
+            let file = OpenOptions::new().read(true).write(true).open(path)?;
+            let log = RecordLog {
+                file,
+                path: path.to_owned(),
+                len: LOG_MAGIC.len() as u64,
+            };
+            return Ok((log, LogContents::default()));
+        };
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        if contents.torn.is_some() {
+            file.set_len(contents.valid_len)?;
+            file.sync_data()?;
+        }
+        let log = RecordLog {
+            file,
+            path: path.to_owned(),
+            len: contents.valid_len,
+        };
+        Ok((log, contents))
+    }
+
+    /// Appends one record and makes it durable (one `fdatasync`). On error
+    /// the record may or may not be in the file; the next append
+    /// overwrites whatever part of it was written.
+    pub fn append(&mut self, payload: &[u8]) -> io::Result<()> {
+        let mut buf = Vec::with_capacity(RECORD_HEADER + payload.len());
+        encode_record(&mut buf, payload)?;
+        self.file.write_all_at(&buf, self.len)?;
+        self.file.sync_data()?;
+        self.len += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Replaces the whole log with `payloads` (compaction), atomically and
+    /// durably (temp + fsync + rename + directory fsync).
+    pub fn rewrite(&mut self, payloads: &[&[u8]]) -> io::Result<()> {
+        let mut bytes = LOG_MAGIC.to_vec();
+        for p in payloads {
+            encode_record(&mut bytes, p)?;
+        }
+        write_atomic(&self.path, &bytes)?;
+        self.file = OpenOptions::new().read(true).write(true).open(&self.path)?;
+        self.len = bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes in the file (header and records).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the log holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len <= LOG_MAGIC.len() as u64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,6 +239,83 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    fn appended(path: &Path, records: &[&[u8]]) {
+        let (mut log, _) = RecordLog::open(path).unwrap();
+        for r in records {
+            log.append(r).unwrap();
+        }
+    }
+
+    #[test]
+    fn record_log_returns_its_records_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        appended(&p, &[b"one", b"two"]);
+        let (mut log, found) = RecordLog::open(&p).unwrap();
+        assert_eq!(found.records, vec![b"one".to_vec(), b"two".to_vec()]);
+        assert!(found.torn.is_none());
+        log.append(b"three").unwrap();
+        let read = read_log(&p).unwrap().unwrap();
+        assert_eq!(read.records.len(), 3);
+        assert_eq!(read.valid_len, log.len());
+    }
+
+    #[test]
+    fn torn_record_log_tail_is_skipped_then_cut_by_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        appended(&p, &[b"first", b"second"]);
+        let whole = fs::read(&p).unwrap();
+        // Every cut inside the last record leaves exactly the first one.
+        let second_starts = LOG_MAGIC.len() + RECORD_HEADER + b"first".len();
+        for cut in second_starts + 1..whole.len() {
+            fs::write(&p, &whole[..cut]).unwrap();
+            let read = read_log(&p).unwrap().unwrap();
+            assert_eq!(read.records, vec![b"first".to_vec()], "cut at {cut}");
+            assert!(read.torn.is_some(), "cut at {cut}");
+        }
+        // A flipped payload byte fails the checksum.
+        let mut flipped = whole.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        fs::write(&p, &flipped).unwrap();
+        let (mut log, found) = RecordLog::open(&p).unwrap();
+        assert_eq!(found.records, vec![b"first".to_vec()]);
+        assert!(found.torn.unwrap().contains("checksum"));
+        assert_eq!(fs::metadata(&p).unwrap().len(), second_starts as u64);
+        log.append(b"again").unwrap();
+        let read = read_log(&p).unwrap().unwrap();
+        assert_eq!(read.records, vec![b"first".to_vec(), b"again".to_vec()]);
+        assert!(read.torn.is_none());
+    }
+
+    #[test]
+    fn record_log_without_durable_header_starts_empty_and_foreign_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        fs::write(&p, &LOG_MAGIC[..3]).unwrap();
+        let (log, found) = RecordLog::open(&p).unwrap();
+        assert!(found.records.is_empty() && log.is_empty());
+        fs::write(&p, b"{\"visible\": 3}").unwrap();
+        let err = read_log(&p).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(RecordLog::open(&p).is_err());
+    }
+
+    #[test]
+    fn record_log_rewrite_keeps_only_the_given_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        let (mut log, _) = RecordLog::open(&p).unwrap();
+        for i in 0..10u8 {
+            log.append(&[i; 40]).unwrap();
+        }
+        log.rewrite(&[b"last"]).unwrap();
+        log.append(b"next").unwrap();
+        let read = read_log(&p).unwrap().unwrap();
+        assert_eq!(read.records, vec![b"last".to_vec(), b"next".to_vec()]);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }

@@ -6,11 +6,21 @@
 //! thread and hang later requests; it is answered `EIO`), and leaves through
 //! one error exit that logs and replies the errno.
 //!
-//! Files are served by kernel passthrough when the kernel grants it and
-//! `STAGEFS_NO_PASSTHROUGH` is unset (one
-//! `BackingId` per inode shared by concurrent opens, dropped at the last
-//! release), else by `pread` on the handle's descriptor with the page cache
-//! kept (contents are immutable). The status file uses direct I/O.
+//! Files of at least [`PASSTHROUGH_MIN_SIZE`] are served by kernel
+//! passthrough when the kernel grants it and `STAGEFS_NO_PASSTHROUGH` is
+//! unset (one `BackingId` per inode shared by concurrent opens, dropped at
+//! the last release); smaller ones, and all without passthrough, by `pread`
+//! on the handle's descriptor with the page cache kept (contents are
+//! immutable, so one READ per page ever). The status file uses direct I/O.
+//!
+//! No-open mode ([`MountOptions::no_open`], `STAGEFS_NO_OPEN=1`): the first
+//! read-only OPEN is answered `ENOSYS`, after which the kernel opens every
+//! file without a request and never sends RELEASE; reads arrive with file
+//! handle 0 and are served by inode ([`View::read_inode`]). That saves two
+//! round trips per open, at three costs written down in
+//! docs/SEMANTICS.md: no passthrough, the status file is a fresh copy per
+//! lookup rather than per open, and a process with `CAP_DAC_OVERRIDE`
+//! (root) can open a file for writing (its writes still fail `EROFS`).
 //!
 //! [`mount`] mounts read-write at the VFS level — with `ro` the kernel would
 //! refuse `setxattr` (pins) itself — and every data-changing operation is
@@ -29,9 +39,9 @@ use std::time::{Duration, Instant, SystemTime};
 use fuser::{
     AccessFlags, BackingId, BsdFileFlags, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle,
     FileType, Filesystem, FopenFlags, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session, SessionACL,
-    TimeOrNow, WriteFlags,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session,
+    SessionACL, TimeOrNow, WriteFlags,
 };
 use tracing::{debug, error, info, warn};
 
@@ -62,16 +72,32 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// FUSE worker threads (at least 1).
     pub threads: usize,
+    /// Let the kernel open files without asking (see the module docs);
+    /// ignored when the kernel lacks `FUSE_NO_OPEN_SUPPORT`.
+    pub no_open: bool,
 }
 
 impl Default for MountOptions {
+    /// Two threads, owner only; no-open when `STAGEFS_NO_OPEN` is set.
     fn default() -> Self {
         MountOptions {
             allow_other: false,
             threads: 2,
+            no_open: env_flag("STAGEFS_NO_OPEN"),
         }
     }
 }
+
+/// Whether environment variable `name` is set to something but `0`.
+fn env_flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Files at least this large are read through kernel passthrough. Below
+/// it a file fits one READ request (the kernel's 1 MiB cap), served once
+/// into the kept page cache, where a backing file per open (an `open` of
+/// the blob plus two ioctls) would cost more than it saves.
+pub const PASSTHROUGH_MIN_SIZE: u64 = 1 << 20;
 
 /// Readahead for the mount's bdi: sequential reads of large staged files
 /// are the main workload (FUSER-NOTES: 1 MiB readahead measured best).
@@ -91,6 +117,9 @@ struct Backing {
 struct StagefsFs {
     view: Arc<View>,
     passthrough: bool,
+    /// Asked for by the mount options; `no_open` once the kernel agreed.
+    want_no_open: bool,
+    no_open: bool,
     backing: Mutex<Backing>,
 }
 
@@ -113,6 +142,7 @@ error_reply!(
     ReplyCreate,
     ReplyData,
     ReplyDirectory,
+    ReplyDirectoryPlus,
     ReplyEmpty,
     ReplyEntry,
     ReplyOpen,
@@ -209,9 +239,10 @@ impl StagefsFs {
         self.backing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Replies to an open of a staged file: passthrough when possible.
-    fn open_blob(&self, ino: u64, fh: u64, file: &std::fs::File, reply: ReplyOpen) {
-        if self.passthrough {
+    /// Replies to an open of a staged file: passthrough when possible and
+    /// the file is large enough to gain from it.
+    fn open_blob(&self, ino: u64, fh: u64, file: &std::fs::File, size: u64, reply: ReplyOpen) {
+        if self.passthrough && size >= PASSTHROUGH_MIN_SIZE {
             let mut backing = self.lock_backing();
             let id = match backing.by_ino.get(&ino) {
                 Some(id) => Some(Arc::clone(id)),
@@ -258,18 +289,44 @@ impl Filesystem for StagefsFs {
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS) {
             info!(?missing, "kernel lacks parallel directory operations");
         }
+        // A cold walk (`find`, `ls -l`) gets each directory page's entries
+        // with their attributes in one request. Always, not the kernel's
+        // adaptive mode (FUSE_READDIRPLUS_AUTO): that uses readdirplus for
+        // a directory's first page only until lookups follow, and tools
+        // built on fts (`find`, `ls`, `du`) read a whole directory before
+        // they stat anything, so every later page cost one LOOKUP per
+        // entry (measured in docs/BENCHMARKS.md). The price: each listed
+        // entry is a kernel inode (and a view reference) until the kernel
+        // reclaims it.
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS) {
+            info!(?missing, "kernel lacks readdirplus");
+        }
+        self.no_open = self.want_no_open
+            && config
+                .capabilities()
+                .contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        if self.want_no_open && !self.no_open {
+            info!("kernel lacks no-open support; every open asks the daemon");
+        }
+        self.view.set_no_open(self.no_open);
         // STAGEFS_NO_PASSTHROUGH=1 serves reads in userspace (benchmarks,
-        // and a way out should a kernel's passthrough misbehave).
-        let opted_out =
-            std::env::var_os("STAGEFS_NO_PASSTHROUGH").is_some_and(|v| !v.is_empty() && v != "0");
+        // and a way out should a kernel's passthrough misbehave). No-open
+        // files are never passthrough: the kernel asks for no backing file.
+        let opted_out = env_flag("STAGEFS_NO_PASSTHROUGH");
         let passthrough = !opted_out
+            && !self.no_open
             && config
                 .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
                 .is_ok()
             // Default depth 0 makes every open_backing fail with EPERM.
             && config.set_max_stack_depth(1).is_ok();
         self.passthrough = passthrough;
-        info!(passthrough, opted_out, "FUSE session initialised");
+        info!(
+            passthrough,
+            opted_out,
+            no_open = self.no_open,
+            "FUSE session initialised"
+        );
         Ok(())
     }
 
@@ -352,6 +409,33 @@ impl Filesystem for StagefsFs {
         answer(reply, r, |reply, ()| reply.ok());
     }
 
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let _s = span("readdirplus", ino.0, req);
+        let r = guarded("readdirplus", || {
+            self.view.readdirplus(ino.0, fh.0, offset, |e, entry| {
+                // One TTL for both in fuser's readdirplus entries: the
+                // shorter one, so zero-TTL names stay zero.
+                let ttl = entry.entry_ttl.min(entry.attr_ttl);
+                reply.add(
+                    INodeNo(e.ino),
+                    e.offset,
+                    &*e.name,
+                    &ttl,
+                    &file_attr(&entry.attr),
+                    fuser::Generation(0),
+                )
+            })
+        });
+        answer(reply, r, |reply, ()| reply.ok());
+    }
+
     fn releasedir(
         &self,
         req: &Request,
@@ -371,10 +455,21 @@ impl Filesystem for StagefsFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = span("open", ino.0, req);
         let r = guarded("open", || self.view.open(ino.0, flags.0));
-        answer(reply, r, |reply, opened| match &opened.content {
-            OpenContent::Blob(file) => self.open_blob(ino.0, opened.fh, file, reply),
-            OpenContent::Generated => {
-                reply.opened(FileHandle(opened.fh), FopenFlags::FOPEN_DIRECT_IO)
+        answer(reply, r, |reply, opened| {
+            if self.no_open {
+                // A read-only open that would succeed: ENOSYS tells the
+                // kernel to open files itself from now on (this one too).
+                self.view.release(opened.fh);
+                debug!("answering ENOSYS: the kernel opens files without asking from now on");
+                return reply.error(Errno::ENOSYS);
+            }
+            match &opened.content {
+                OpenContent::Blob { file, size } => {
+                    self.open_blob(ino.0, opened.fh, file, *size, reply)
+                }
+                OpenContent::Generated => {
+                    reply.opened(FileHandle(opened.fh), FopenFlags::FOPEN_DIRECT_IO)
+                }
             }
         });
     }
@@ -391,7 +486,11 @@ impl Filesystem for StagefsFs {
         reply: ReplyData,
     ) {
         let _s = span("read", ino.0, req);
-        let r = guarded("read", || self.view.read(fh.0, offset, size));
+        // File handle 0: opened without a request (no-open mode).
+        let r = guarded("read", || match fh.0 {
+            0 => self.view.read_inode(ino.0, offset, size),
+            fh => self.view.read(fh, offset, size),
+        });
         answer(reply, r, |reply, data| reply.data(&data));
     }
 
@@ -403,8 +502,10 @@ impl Filesystem for StagefsFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Nothing is ever buffered for writing.
-        reply.ok();
+        // Nothing is ever buffered for writing: ENOSYS tells the kernel to
+        // stop sending FLUSH at every close (no-open files, whose flags
+        // cannot carry FOPEN_NOFLUSH, and the status file).
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -671,6 +772,8 @@ pub fn mount(
     let fs = StagefsFs {
         view,
         passthrough: false,
+        want_no_open: opts.no_open,
+        no_open: false,
         backing: Mutex::new(Backing::default()),
     };
     let view = Arc::clone(&fs.view);

@@ -702,3 +702,40 @@ fn rejected_event_keeps_the_mount_serving_and_resumes_after_correction() {
         "never\n"
     );
 }
+
+/// A state folder written before the commit log (its record in
+/// `commit.json`, as branch main wrote it) opens at its visible state —
+/// the ratchet carries over — and moves to `commits.log` at the next commit.
+#[test]
+fn state_folder_with_commit_json_keeps_its_visible_state_and_migrates() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = seeded(dir.path());
+    let state = args.state.clone();
+    let w = EventWriter::new(&args);
+    let mut d = Daemon::start(args);
+    let s = d.wait_visible(50);
+    let retained = retained(&s);
+    assert_eq!(d.sigterm().code(), Some(0));
+    // The old format: commit.json only.
+    fs::remove_file(state.join("commits.log")).unwrap();
+    fs::write(
+        state.join("commit.json"),
+        serde_json::to_vec_pretty(&json!({"visible": 50, "retained": retained})).unwrap(),
+    )
+    .unwrap();
+    d.restart();
+    // Recovery finishes before the mount appears: the first status already
+    // shows state 50, never an older one.
+    assert_eq!(visible(&d.status()), 50);
+    assert!(
+        state.join("commit.json").exists(),
+        "kept until the next commit"
+    );
+    w.append(json!({"id": 51, "op": "noop"}));
+    d.wait_visible(51);
+    assert!(!state.join("commit.json").exists());
+    assert!(state.join("commits.log").exists());
+    assert_eq!(d.sigterm().code(), Some(0));
+    d.restart();
+    assert_eq!(visible(&d.status()), 51);
+}

@@ -133,3 +133,67 @@ fn overwrites_keep_the_blob_store_bounded_and_an_early_reader_intact() {
     assert_eq!(got.len(), FILE_BYTES);
     assert_eq!(sha256_hex(&got), early_sha, "the open file's bytes changed");
 }
+
+/// No-open mode reads a file without a handle holding its blob: the blob
+/// of a file the kernel still references stays through GC after its
+/// version is dropped (read again from the blob, page cache dropped), and
+/// goes once the kernel forgets it.
+#[test]
+fn no_open_file_reads_after_its_version_is_collected() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path())
+        .retain(1)
+        .env("STAGEFS_NO_OPEN", "1");
+    let state = args.state.clone();
+    let w = EventWriter::new(&args);
+    let rel = "default/blah/p=a/000000_0";
+    w.append(json!({"id": 1, "op": "create_database", "db": "default"}));
+    w.append(json!({"id": 2, "op": "create_table", "db": "default", "table": "blah", "partition_keys": ["p"]}));
+    let old = content(3);
+    let f = w.put_file(rel, &old);
+    w.append(json!({"id": 3, "op": "add_files", "db": "default", "table": "blah", "partition": {"p": "a"}, "files": [f]}));
+    let d = Daemon::start(args);
+    d.wait_visible(3);
+    let mut reader = File::open(d.join(rel)).unwrap();
+    let mut got = vec![0u8; 4096];
+    reader.read_exact(&mut got).unwrap();
+
+    // Overwrite it twice: with --retain 1 only state 5 is kept.
+    for id in [4, 5] {
+        w.retire(rel, &if id == 4 { old.clone() } else { content(4) });
+        let f = w.put_file(rel, &content(id));
+        w.append(json!({"id": id, "op": "replace_files", "db": "default", "table": "blah", "partition": {"p": "a"}, "files": [f]}));
+    }
+    let s = d.wait_visible_and_gc(5);
+    assert_eq!(retained(&s), vec![5]);
+    let old_blob = blob_path(&state, &sha256_hex(&old));
+    assert!(
+        old_blob.exists(),
+        "the referenced file's blob was collected"
+    );
+    let can_drop_caches = std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok();
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).unwrap();
+    got.extend(rest);
+    assert_eq!(
+        sha256_hex(&got),
+        sha256_hex(&old),
+        "the file's bytes changed"
+    );
+    assert_eq!(
+        std::fs::read(d.join(rel)).unwrap(),
+        content(5),
+        "a new walk reads the visible version"
+    );
+
+    // Closed and forgotten by the kernel, the blob goes at the next GC.
+    drop(reader);
+    if !can_drop_caches || std::fs::write("/proc/sys/vm/drop_caches", "2").is_err() {
+        eprintln!("skipped the release check: cannot drop caches (needs root)");
+        return;
+    }
+    w.append(json!({"id": 6, "op": "noop"}));
+    d.wait_status("GC removed the forgotten file's blob", |s| {
+        visible(s) >= 6 && !old_blob.exists()
+    });
+}

@@ -358,3 +358,84 @@ fn kernel_forget_frees_old_versions() {
     }
     assert_eq!(m.view().referenced_inodes(), 0);
 }
+
+/// Waits (up to 2 s) for the view to hold no handle: directory releases
+/// reach the daemon asynchronously.
+fn no_handles_left(m: &TestMount) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while m.view().open_handles() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    m.view().open_handles() == 0
+}
+
+fn no_open_mount() -> TestMount {
+    TestMount::with_options(stagefs::fuse::MountOptions {
+        no_open: true,
+        ..stagefs::fuse::MountOptions::default()
+    })
+}
+
+#[test]
+fn no_open_mode_reads_every_file_without_handles_and_status_per_walk() {
+    let m = no_open_mount();
+    m.seed_example(40);
+    let table = m.join("default/blah");
+    assert_eq!(
+        table_content(&table),
+        vec!["p=a/000001_0=5", "p=a/000003_0=15", "p=b/000002_0=10"]
+    );
+    // The first open was answered ENOSYS; no handle is left behind.
+    assert!(no_handles_left(&m));
+    let status = m.join(".stagefs/status");
+    assert!(read(&status).contains(r#""visible": 40"#));
+    let early = File::open(&status).unwrap();
+    m.put(50, "add_files", "c", "000004_0", b"20\n");
+    // A new walk renders a fresh copy; an open one keeps its bytes.
+    assert!(read(&status).contains(r#""visible": 50"#));
+    assert!(read(&fd_path(&early)).contains(r#""visible": 40"#));
+    assert_eq!(read(&table.join("p=c/000004_0")), "20\n");
+    // An open file keeps its version across the commit.
+    let f = File::open(table.join("p=a/000001_0")).unwrap();
+    m.commit(r#"{"id": 60, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "a"}}"#);
+    assert_eq!(read(&fd_path(&f)), "5\n");
+    assert_eq!(names(&table), vec!["p=b", "p=c"]);
+    assert!(no_handles_left(&m), "files were opened without handles");
+}
+
+#[test]
+fn no_open_mode_still_refuses_writes_with_erofs_as_root() {
+    let m = no_open_mount();
+    m.seed_example(20);
+    let table = m.join("default/blah");
+    let file = table.join("p=a/000001_0");
+    assert_eq!(read(&file), "5\n");
+    assert_eq!(os_err(File::create(table.join("p=a/new"))), libc::EROFS);
+    // Truncating opens go through setattr: refused.
+    assert_eq!(
+        os_err(OpenOptions::new().write(true).truncate(true).open(&file)),
+        libc::EROFS
+    );
+    // Without open requests the kernel decides a write open by the mode
+    // bits (0444): root may open, but every write is refused.
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } == 0 {
+        use std::io::Write;
+        let mut w = OpenOptions::new().append(true).open(&file).unwrap();
+        assert_eq!(os_err(w.write_all(b"x").and(w.flush())), libc::EROFS);
+    } else {
+        assert_eq!(
+            os_err(OpenOptions::new().write(true).open(&file)),
+            libc::EACCES
+        );
+    }
+    assert_eq!(os_err(fs::remove_file(&file)), libc::EROFS);
+    assert_eq!(
+        os_err(fs::set_permissions(
+            &file,
+            fs::Permissions::from_mode(0o644)
+        )),
+        libc::EROFS
+    );
+    assert_eq!(read(&file), "5\n");
+}

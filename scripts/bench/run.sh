@@ -11,7 +11,10 @@
 #   BENCH_DIR [/var/tmp/stagefs-bench]  data, state, mount points, results
 #   BIG_MIB [1024]  SMALL [10000]  SMALL_BYTES [4096]  META [100000]
 #   REPS [5]        repetitions per figure (median reported)
-#   SYSTEMS ["native stagefs stagefs-user bindfs mergerfs rclone"]
+#   SYSTEMS ["native stagefs stagefs-noopen stagefs-user main bindfs mergerfs rclone"]
+#                   stagefs-noopen: STAGEFS_NO_OPEN=1; main: the stagefs binary
+#                   MAIN_STAGEFS points at (e.g. a release build of branch main),
+#                   skipped when unset
 #   LAG_RATES [100,1000]  LAG_SECONDS [10]  events/s and seconds per rate
 #   BENCHES ["read lag core"]  which parts to run
 #   LOAD_MAX [1.0]  LOAD_WAIT [30]   wait up to LOAD_WAIT s for the 1-min
@@ -33,7 +36,8 @@ REPS=${REPS:-5}
 LAG_RATES=${LAG_RATES:-100,1000}
 LAG_SECONDS=${LAG_SECONDS:-10}
 BENCHES=${BENCHES:-read lag core}
-SYSTEMS=${SYSTEMS:-native stagefs stagefs-user bindfs mergerfs rclone}
+SYSTEMS=${SYSTEMS:-native stagefs stagefs-noopen stagefs-user main bindfs mergerfs rclone}
+MAIN_STAGEFS=${MAIN_STAGEFS:-}
 LOAD_MAX=${LOAD_MAX:-1.0}
 LOAD_WAIT=${LOAD_WAIT:-30}
 BENCH_DIR=${BENCH_DIR:-/var/tmp/stagefs-bench}
@@ -84,8 +88,12 @@ install_tools() {
     done
     if ((${#missing[@]})); then
         local installable=()
+        local policy
         for p in "${missing[@]}"; do
-            if apt-cache policy "$p" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+            # Not `apt-cache policy | grep -q`: under pipefail, grep's early
+            # exit kills apt-cache with SIGPIPE and the pipeline fails.
+            policy=$(apt-cache policy "$p" 2>/dev/null || true)
+            if [[ $policy =~ Candidate:\ [0-9] ]]; then
                 installable+=("$p")
             else
                 log "note: Debian package $p is not available here; its part is skipped"
@@ -142,12 +150,13 @@ wait_mounted() { # path, pid (optional): until path is a mount point
 
 xattr() { getfattr --only-values -n "user.stagefs.$2" "$1" 2>/dev/null || true; }
 
-# stagefs mount of a state; extra env (e.g. STAGEFS_NO_PASSTHROUGH=1) first
+# stagefs mount of a state; extra env (e.g. STAGEFS_NO_PASSTHROUGH=1) first;
+# BIN overrides the binary (main's build)
 start_stagefs() { # name state source events [env...]
     local name=$1 state=$2 source=$3 events=$4
     shift 4
     mkdir -p "$MNT/$name"
-    env "$@" "$STAGEFS" mount "$MNT/$name" --state "$state" --source-root "$source" \
+    env "$@" "${BIN:-$STAGEFS}" mount "$MNT/$name" --state "$state" --source-root "$source" \
         --events "$events" >"$OUT/$name.log" 2>&1 &
     local pid=$!
     PIDS+=("$pid")
@@ -199,15 +208,23 @@ prepare_data() {
         echo "$((SECONDS - t0))" >"$DATA/stage_seconds"
         stop_stagefs stage-once
         sleep 0.5
-        # A second state for the userspace-read daemon: blobs hard-linked
-        # (same inodes: same page cache), the rest copied.
-        rm -rf "$DATA/state-user"
-        mkdir -p "$DATA/state-user"
-        cp -al "$DATA/state/blobs" "$DATA/state-user/blobs"
-        cp -a "$DATA/state/journal" "$DATA/state/commit.json" "$DATA/state-user/"
-        [[ -f $DATA/state/pins.json ]] && cp -a "$DATA/state/pins.json" "$DATA/state-user/"
         touch "$DATA/.staged"
     fi
+    # One state per extra daemon: blobs hard-linked (same inodes: same page
+    # cache), the journal and commit record copied. main's binary gets no
+    # commit record (it reads commit.json, not commits.log): it re-commits
+    # from the journal, whose blobs are all there.
+    local s f
+    for s in state-user state-noopen state-main; do
+        [[ -d $DATA/$s ]] && continue
+        mkdir -p "$DATA/$s"
+        cp -al "$DATA/state/blobs" "$DATA/$s/blobs"
+        cp -a "$DATA/state/journal" "$DATA/$s/"
+        [[ $s == state-main ]] && continue
+        for f in commits.log commit.json pins.json; do
+            if [[ -f $DATA/state/$f ]]; then cp -a "$DATA/state/$f" "$DATA/$s/"; fi
+        done
+    done
     [[ -f $BLOB ]] || die "staged blob $BLOB missing"
     # Small-file blobs (the warm-up list for stagefs' backing files).
     find "$DATA/state/blobs" -type f -size -64k >"$OUT/small-blobs.txt"
@@ -226,6 +243,15 @@ mount_all() {
         stagefs-user)
             start_stagefs stagefs-user "$DATA/state-user" "$DATA/source" "$DATA/events" STAGEFS_NO_PASSTHROUGH=1
             ROOT_OF[$s]=$MNT/stagefs-user
+            ;;
+        stagefs-noopen)
+            start_stagefs stagefs-noopen "$DATA/state-noopen" "$DATA/source" "$DATA/events" STAGEFS_NO_OPEN=1
+            ROOT_OF[$s]=$MNT/stagefs-noopen
+            ;;
+        main)
+            [[ -n $MAIN_STAGEFS && -x $MAIN_STAGEFS ]] || { log "note: MAIN_STAGEFS not set, main skipped"; continue; }
+            BIN=$MAIN_STAGEFS start_stagefs main "$DATA/state-main" "$DATA/source" "$DATA/events"
+            ROOT_OF[$s]=$MNT/main
             ;;
         bindfs)
             ((HAVE[bindfs])) || { log "note: bindfs missing, skipped"; continue; }
@@ -250,9 +276,9 @@ mount_all() {
         *) die "unknown system $s" ;;
         esac
     done
-    for s in stagefs stagefs-user; do
+    for s in stagefs stagefs-noopen stagefs-user main; do
         [[ -n ${ROOT_OF[$s]:-} ]] || continue
-        wait_visible "${ROOT_OF[$s]}" "$LAST_ID" 120 || die "$s does not show state $LAST_ID"
+        wait_visible "${ROOT_OF[$s]}" "$LAST_ID" 300 || die "$s does not show state $LAST_ID"
     done
     # The backing page cache is shared: every FUSE system reads the same
     # staged blob or source file it would in production.
@@ -266,7 +292,7 @@ unmount_all() {
         [[ -n ${ROOT_OF[$s]:-} ]] || continue
         umount "$MNT/$s" 2>/dev/null || umount -l "$MNT/$s"
     done
-    for s in stagefs stagefs-user; do
+    for s in stagefs stagefs-noopen stagefs-user main; do
         if [[ -n ${ROOT_OF[$s]:-} ]]; then stop_stagefs "$s"; fi
     done
     ROOT_OF=()
@@ -276,7 +302,7 @@ unmount_all() {
 # the mount's own caches stay cold, the backing store is warm.
 warm_backing() {
     case $1 in
-    stagefs | stagefs-user)
+    stagefs | stagefs-noopen | stagefs-user | main)
         cat "$BLOB" >/dev/null
         xargs -a "$OUT/small-blobs.txt" -d '\n' cat >/dev/null
         ;;
@@ -324,6 +350,7 @@ bench_read() {
             record meta_first "$s" "$r" "$(timeit find "$root/bench/meta" -printf '%s %T@\n')"
             record seq_again "$s" "$r" "$(dd_gbs "$big")"
             record small_again "$s" "$r" "$("$HELPER" readfiles "$root" "$DATA/lists/small.txt" | cut -d' ' -f1)"
+            record small_table "$s" "$r" "$("$HELPER" readfiles "$root" "$DATA/lists/small.txt" --at bench/small | cut -d' ' -f1)"
             record meta_again "$s" "$r" "$(timeit find "$root/bench/meta" -printf '%s %T@\n')"
         done
         log "repetition $r/$REPS done (load $(load1))"
@@ -349,6 +376,7 @@ table_read() {
         "seq_again|sequential read again, mount cache warm (GB/s)|gbs"
         "small_first|open+read $SMALL × $SMALL_BYTES B, mount cold (files/s)|files"
         "small_again|open+read again, mount warm (files/s)|files"
+        "small_table|open+read again, openat relative to the table directory (files/s)|files"
         "meta_first|find -printf %s over $META files, mount cold (s)|secs"
         "meta_again|find again, mount warm (s)|secs"
     )

@@ -11,6 +11,14 @@
 //!   readers as an immutable [`Snapshot`] through `ArcSwap` (no lock on the
 //!   read path). Every change is made durable (commit record, pins file)
 //!   before it is published, so what a reader saw survives a crash.
+//!
+//! The commit record is appended to `commits.log` (a [`RecordLog`]: one
+//! `fdatasync` per commit, torn tail skipped on load and cut before the
+//! next append, rewritten down to its last record past
+//! [`COMMIT_LOG_COMPACT_AT`]). A state folder from before the log keeps
+//! its record in `commit.json`, which is read when the log has no record
+//! and removed once the log's first record is durable, so the ratchet
+//! carries over.
 
 pub mod resolutions;
 pub mod tree;
@@ -27,7 +35,7 @@ pub use tree::{
     AddedFile, ApplyError, DirKind, DirNode, FileNode, Meta, Name, Node, NodeId, Resolution, Tree,
 };
 
-use crate::durable::write_atomic;
+use crate::durable::{read_log, write_atomic, RecordLog};
 use crate::event::{BlobId, Event, StateId};
 
 /// Why a catalog operation failed.
@@ -146,8 +154,14 @@ pub struct CommitRecord {
     pub retained: Vec<StateId>,
 }
 
-const COMMIT_FILE: &str = "commit.json";
+/// The commit log: one [`CommitRecord`] (JSON) per record, newest last.
+const COMMIT_LOG: &str = "commits.log";
+/// Where state folders written before the commit log keep their record.
+const LEGACY_COMMIT_FILE: &str = "commit.json";
 const PINS_FILE: &str = "pins.json";
+/// Past this size the next commit rewrites the log down to its one
+/// record (about 10,000 commits; two flushes then instead of one).
+pub const COMMIT_LOG_COMPACT_AT: u64 = 1 << 20;
 
 fn load_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> Result<T, CatalogError> {
     match std::fs::read(path) {
@@ -166,9 +180,36 @@ fn load_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> Result<T, C
 /// Reads the commit record and pins of a state directory (restart, status).
 pub fn load_durable(state_dir: &Path) -> Result<(CommitRecord, Pins), CatalogError> {
     Ok((
-        load_json(&state_dir.join(COMMIT_FILE))?,
+        load_commit_record(state_dir)?,
         load_json(&state_dir.join(PINS_FILE))?,
     ))
+}
+
+/// The newest durable commit record: the commit log's last whole record,
+/// else (a folder from before the log) `commit.json`, else the empty one.
+fn load_commit_record(state_dir: &Path) -> Result<CommitRecord, CatalogError> {
+    let path = state_dir.join(COMMIT_LOG);
+    let load_err = |detail: String| CatalogError::Load {
+        path: path.clone(),
+        detail,
+    };
+    let log = read_log(&path).map_err(|e| load_err(e.to_string()))?;
+    match log.as_ref().and_then(|l| l.records.last()) {
+        Some(last) => serde_json::from_slice(last).map_err(|e| load_err(e.to_string())),
+        None => load_json(&state_dir.join(LEGACY_COMMIT_FILE)),
+    }
+}
+
+/// Whether `state_dir` holds a commit record (of either format).
+pub fn has_commit_record(state_dir: &Path) -> bool {
+    state_dir.join(COMMIT_LOG).exists() || state_dir.join(LEGACY_COMMIT_FILE).exists()
+}
+
+/// The writer's side of the commit log, opened at the first commit.
+struct CommitWriter {
+    log: RecordLog,
+    /// `commit.json` is still there and goes after the first append.
+    legacy: bool,
 }
 
 struct Control {
@@ -176,6 +217,7 @@ struct Control {
     visible: Arc<Tree>,
     pins: Pins,
     retain: usize,
+    commits: Option<CommitWriter>,
 }
 
 /// The shared half: committed versions, visible pointer, pins.
@@ -201,6 +243,7 @@ impl Catalog {
             visible,
             pins,
             retain: retain.max(1),
+            commits: None,
         };
         let published = ArcSwap::from_pointee(control.snapshot());
         Catalog {
@@ -239,11 +282,56 @@ impl Catalog {
             visible: tree.state_id,
             retained: versions.keys().copied().collect(),
         };
-        self.persist(COMMIT_FILE, &record)?;
+        self.append_commit(&mut c.commits, &record)?;
         c.versions = versions;
         c.visible = tree;
         self.published.store(Arc::new(c.snapshot()));
         Ok(dropped)
+    }
+
+    /// Makes `record` durable: one append + `fdatasync` to the commit log
+    /// (opened, and its torn tail cut, at the first commit).
+    fn append_commit(
+        &self,
+        writer: &mut Option<CommitWriter>,
+        record: &CommitRecord,
+    ) -> Result<(), CatalogError> {
+        let path = self.state_dir.join(COMMIT_LOG);
+        let persist_err = |source| CatalogError::Persist {
+            path: path.clone(),
+            source,
+        };
+        let bytes =
+            serde_json::to_vec(record).map_err(|e| persist_err(std::io::Error::other(e)))?;
+        let w = match writer {
+            Some(w) => w,
+            None => {
+                let (log, found) = RecordLog::open(&path).map_err(persist_err)?;
+                if let Some(reason) = &found.torn {
+                    tracing::warn!(path = %path.display(), %reason, "commit log tail was cut");
+                }
+                let legacy = self.state_dir.join(LEGACY_COMMIT_FILE).exists();
+                writer.insert(CommitWriter { log, legacy })
+            }
+        };
+        if w.log.len() > COMMIT_LOG_COMPACT_AT {
+            w.log.rewrite(&[&bytes]).map_err(persist_err)?;
+        } else {
+            w.log.append(&bytes).map_err(persist_err)?;
+        }
+        if w.legacy {
+            // The log now holds a newer record than commit.json, and is
+            // read first; a failed removal only leaves a stale file.
+            let legacy = self.state_dir.join(LEGACY_COMMIT_FILE);
+            match std::fs::remove_file(&legacy) {
+                Ok(()) => tracing::info!("commit record migrated from commit.json to commits.log"),
+                Err(e) => {
+                    tracing::warn!(path = %legacy.display(), error = %e, "could not remove the old commit record")
+                }
+            }
+            w.legacy = false;
+        }
+        Ok(())
     }
 
     fn persist<T: Serialize>(&self, file: &str, value: &T) -> Result<(), CatalogError> {

@@ -368,3 +368,79 @@ fn rename_keeps_a_missing_file_blocking() {
     pending.staged(&held_back);
     assert_eq!(pending.newest_complete().unwrap().state_id, StateId(21));
 }
+
+#[test]
+fn commit_is_one_record_in_the_commit_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let cat = catalog_with_states(dir.path(), &[11, 12, 13], 4);
+    let log = crate::durable::read_log(&dir.path().join(COMMIT_LOG))
+        .unwrap()
+        .unwrap();
+    assert_eq!(log.records.len(), 3);
+    let (record, _) = load_durable(dir.path()).unwrap();
+    assert_eq!(record.visible, StateId(13));
+    assert_eq!(
+        record.retained,
+        cat.snapshot().versions.keys().copied().collect::<Vec<_>>()
+    );
+    assert!(!dir.path().join(LEGACY_COMMIT_FILE).exists());
+}
+
+#[test]
+fn torn_commit_log_tail_falls_back_to_the_previous_commit_then_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(COMMIT_LOG);
+    drop(catalog_with_states(dir.path(), &[11, 12], 4));
+    let whole = std::fs::read(&path).unwrap();
+    // A crash in the middle of appending the record of 12.
+    std::fs::write(&path, &whole[..whole.len() - 5]).unwrap();
+    let (record, _) = load_durable(dir.path()).unwrap();
+    assert_eq!(record.visible, StateId(11));
+    // The next writer cuts the tail and appends after the last whole record.
+    let cat = catalog_with_states(dir.path(), &[11, 12, 13], 4);
+    let log = crate::durable::read_log(&path).unwrap().unwrap();
+    assert!(log.torn.is_none());
+    let (record, _) = load_durable(dir.path()).unwrap();
+    assert_eq!(record.visible, cat.snapshot().visible.state_id);
+}
+
+#[test]
+fn state_folder_with_commit_json_keeps_its_ratchet_and_migrates() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(LEGACY_COMMIT_FILE),
+        r#"{ "visible": 12, "retained": [11, 12] }"#,
+    )
+    .unwrap();
+    let (record, _) = load_durable(dir.path()).unwrap();
+    assert_eq!(record.visible, StateId(12));
+    assert_eq!(record.retained, vec![StateId(11), StateId(12)]);
+    assert!(has_commit_record(dir.path()));
+    let cat = catalog_with_states(dir.path(), &[11, 12, 13], 4);
+    assert_eq!(cat.snapshot().visible.state_id, StateId(13));
+    let (record, _) = load_durable(dir.path()).unwrap();
+    assert_eq!(record.visible, StateId(13));
+    assert!(!dir.path().join(LEGACY_COMMIT_FILE).exists());
+    assert!(has_commit_record(dir.path()));
+}
+
+#[test]
+fn commit_log_is_compacted_to_its_last_record_when_large() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(COMMIT_LOG);
+    {
+        // Records of a real shape, padded, until the log passes the limit.
+        let (mut log, _) = crate::durable::RecordLog::open(&path).unwrap();
+        let mut rec = br#"{"visible": 5, "retained": [5]}"#.to_vec();
+        rec.resize(64 << 10, b' ');
+        while log.len() <= COMMIT_LOG_COMPACT_AT {
+            log.append(&rec).unwrap();
+        }
+    }
+    assert_eq!(load_durable(dir.path()).unwrap().0.visible, StateId(5));
+    catalog_with_states(dir.path(), &[11], 4);
+    let log = crate::durable::read_log(&path).unwrap().unwrap();
+    assert_eq!(log.records.len(), 1);
+    assert!(std::fs::metadata(&path).unwrap().len() < 1024);
+    assert_eq!(load_durable(dir.path()).unwrap().0.visible, StateId(11));
+}

@@ -139,10 +139,11 @@ impl DirHandle {
 
 pub enum Handle {
     Dir(DirHandle),
-    /// A staged file, opened read-only.
+    /// A staged file of `size` bytes, opened read-only.
     Blob {
         ino: u64,
         file: Arc<File>,
+        size: u64,
     },
     /// Generated content (status), rendered once at open.
     Generated(Arc<[u8]>),

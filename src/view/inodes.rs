@@ -7,7 +7,9 @@
 //!   one per snapshot id, allocated on first use and stable for the mount's
 //!   lifetime ([`Synthetic`]), so a name never changes its number;
 //! - catalog nodes: the [`NodeId`] itself, so an inode always denotes the
-//!   same immutable content.
+//!   same immutable content;
+//! - rendered copies of the status file (no-open mode), from
+//!   [`FIRST_RENDERED`] up: one per lookup, never reused.
 //!
 //! [`NodeTable`] holds what the kernel has looked up and not yet forgotten:
 //! the node (so an old version stays reachable while the kernel references
@@ -16,6 +18,7 @@
 //! so concurrent lookups in different directories rarely contend.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::catalog::{Name, Node, Tree};
@@ -28,6 +31,9 @@ pub const SNAPSHOTS_DIR: u64 = 4;
 /// First synthetic inode; everything between the fixed inodes and this is
 /// unused, leaving room for more fixed entries.
 const FIRST_SYNTHETIC: u64 = 16;
+/// First inode of a rendered status copy: far above catalog node ids
+/// (`tree::FIRST_NODE_ID` counts up from 2^32).
+pub const FIRST_RENDERED: u64 = 1 << 62;
 
 /// What a synthetic inode stands for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -78,6 +84,8 @@ pub enum Held {
     /// A snapshot root keeps its whole tree alive while referenced, even if
     /// retention drops the version meanwhile.
     SnapshotRoot(Arc<Tree>),
+    /// A status copy rendered at lookup: its bytes never change.
+    Rendered(Arc<[u8]>),
 }
 
 #[derive(Debug, Clone)]
@@ -86,6 +94,9 @@ pub struct InodeEntry {
     /// For a table directory reached through `MOUNT/<db>/<table>`: its name,
     /// which is what a `user.stagefs.pin` on it applies to.
     pub live_table: Option<(Name, Name)>,
+    /// A file's blob, opened at its first read without a handle (no-open
+    /// mode) and kept until the kernel forgets the inode.
+    pub blob: Option<Arc<File>>,
     lookups: u64,
 }
 
@@ -119,6 +130,7 @@ impl NodeTable {
         let entry = shard.entry(ino).or_insert_with(|| InodeEntry {
             held,
             live_table: None,
+            blob: None,
             lookups: 0,
         });
         entry.lookups += 1;
@@ -129,6 +141,15 @@ impl NodeTable {
 
     pub fn get(&self, ino: u64) -> Option<InodeEntry> {
         self.shard(ino).get(&ino).cloned()
+    }
+
+    /// Keeps `file` as the blob descriptor of `ino` unless one is kept
+    /// already; returns the one kept (or `file` if `ino` is not referenced).
+    pub fn keep_blob(&self, ino: u64, file: Arc<File>) -> Arc<File> {
+        match self.shard(ino).get_mut(&ino) {
+            Some(entry) => Arc::clone(entry.blob.get_or_insert(file)),
+            None => file,
+        }
     }
 
     /// The kernel dropped `n` references; frees the entry at zero.

@@ -25,6 +25,7 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -34,7 +35,7 @@ use crate::event::{BlobId, StateId};
 
 pub use handles::{DirEntry, FileKind};
 use handles::{DirHandle, Handle, Handles, Listing};
-use inodes::{Held, NodeTable, SynthKey, Synthetic};
+use inodes::{Held, NodeTable, SynthKey, Synthetic, FIRST_RENDERED};
 pub use inodes::{ROOT, SNAPSHOTS_DIR, STAGEFS_DIR, STATUS_FILE};
 
 /// What the view needs from the daemon for `.stagefs/status` and the
@@ -165,10 +166,10 @@ pub struct Opened {
 
 #[derive(Debug)]
 pub enum OpenContent {
-    /// A staged file: immutable bytes. The adapter may hand the descriptor
-    /// to the kernel (passthrough) or serve reads from it with the page
-    /// cache kept.
-    Blob(Arc<File>),
+    /// A staged file of `size` bytes: immutable. The adapter may hand the
+    /// descriptor to the kernel (passthrough) or serve reads from it with
+    /// the page cache kept.
+    Blob { file: Arc<File>, size: u64 },
     /// Generated per open (status): must bypass the page cache.
     Generated,
 }
@@ -195,7 +196,9 @@ pub const STAGEFS_NAME: &str = ".stagefs";
 enum Resolved {
     Root,
     StagefsDir,
-    StatusFile,
+    /// The status file: rendered per open (`None`, the fixed inode), or a
+    /// copy rendered at lookup (no-open mode).
+    StatusFile(Option<Arc<[u8]>>),
     SnapshotsDir,
     LiveDb(Name),
     SnapshotRoot(StateId, Arc<Tree>),
@@ -213,6 +216,9 @@ pub struct View {
     synthetic: Synthetic,
     nodes: NodeTable,
     handles: Handles,
+    /// The kernel opens files without asking (see [`View::set_no_open`]).
+    no_open: AtomicBool,
+    next_rendered: AtomicU64,
 }
 
 impl View {
@@ -230,15 +236,47 @@ impl View {
             synthetic: Synthetic::default(),
             nodes: NodeTable::default(),
             handles: Handles::default(),
+            no_open: AtomicBool::new(false),
+            next_rendered: AtomicU64::new(FIRST_RENDERED),
         }
     }
 
-    /// Directories readers hold open, whose files must stay readable even
-    /// after retention lets their version go (SPEC §3.4): garbage collection
-    /// keeps the blobs below them while the handles are open. (An open file
-    /// needs nothing: it holds its blob's descriptor.)
+    /// No-open mode: the kernel opens files without a request and reads
+    /// without a handle ([`View::read_inode`]). The status file then cannot
+    /// be rendered per open, so each lookup of it renders a fresh copy
+    /// under a new inode (entry TTL zero: every path walk looks it up),
+    /// which the kernel may cache like any immutable file. Set by the
+    /// adapter at session start, before any lookup.
+    pub fn set_no_open(&self, on: bool) {
+        self.no_open.store(on, Ordering::Relaxed);
+    }
+
+    fn render_status(&self) -> Arc<[u8]> {
+        let mut bytes = self.status.status_json().into_bytes();
+        if bytes.last() != Some(&b'\n') {
+            bytes.push(b'\n');
+        }
+        bytes.into()
+    }
+
+    /// Directories whose files must stay readable even after retention
+    /// lets their version go, so garbage collection keeps the blobs below
+    /// them: those readers hold open (SPEC §3.4), and in no-open mode every
+    /// directory the kernel still references (a working directory; the
+    /// parent of any file it references, since a dentry pins its parent),
+    /// because a file there is read without a handle holding its blob.
+    /// (With opens, an open file holds its blob's descriptor.)
     pub fn held_dirs(&self) -> Vec<Arc<DirNode>> {
-        self.handles.open_dirs()
+        let mut dirs = self.handles.open_dirs();
+        if !self.no_open.load(Ordering::Relaxed) {
+            return dirs;
+        }
+        self.nodes.for_each(|_, entry| match &entry.held {
+            Held::Node(Node::Dir(d)) => dirs.push(Arc::clone(d)),
+            Held::SnapshotRoot(tree) => dirs.push(Arc::clone(&tree.root)),
+            Held::Node(Node::File(_)) | Held::Rendered(_) => {}
+        });
+        dirs
     }
 
     /// Table entries under live database directories that the kernel
@@ -285,7 +323,7 @@ impl View {
         match ino {
             ROOT => return Ok(Resolved::Root),
             STAGEFS_DIR => return Ok(Resolved::StagefsDir),
-            STATUS_FILE => return Ok(Resolved::StatusFile),
+            STATUS_FILE => return Ok(Resolved::StatusFile(None)),
             SNAPSHOTS_DIR => return Ok(Resolved::SnapshotsDir),
             _ => {}
         }
@@ -296,6 +334,7 @@ impl View {
                     live_table: entry.live_table,
                 },
                 Held::SnapshotRoot(tree) => Resolved::SnapshotRoot(tree.state_id, tree),
+                Held::Rendered(bytes) => Resolved::StatusFile(Some(bytes)),
             });
         }
         match self.synthetic.key(ino) {
@@ -348,6 +387,17 @@ impl View {
                 })
             }
             Resolved::StagefsDir => match name {
+                "status" if self.no_open.load(Ordering::Relaxed) => {
+                    let bytes = self.render_status();
+                    let ino = self.next_rendered.fetch_add(1, Ordering::Relaxed);
+                    let attr = self.rendered_attr(ino, &bytes);
+                    self.nodes.looked_up(ino, Held::Rendered(bytes), None);
+                    Ok(Entry {
+                        attr,
+                        entry_ttl: NO_TTL,
+                        attr_ttl: LONG_TTL,
+                    })
+                }
                 "status" => Ok(self.fixed_entry(STATUS_FILE, &snap)),
                 "snapshots" => Ok(self.fixed_entry(SNAPSHOTS_DIR, &snap)),
                 _ => Err(ViewError::NotFound),
@@ -375,7 +425,7 @@ impl View {
                 node: Node::File(_),
                 ..
             }
-            | Resolved::StatusFile => Err(ViewError::NotDir),
+            | Resolved::StatusFile(_) => Err(ViewError::NotDir),
         }
     }
 
@@ -417,7 +467,8 @@ impl View {
         let snap = self.catalog.snapshot();
         Ok(match self.resolve(ino)? {
             Resolved::Root => (self.fixed_attr(ROOT, &snap), SHORT_TTL),
-            r @ (Resolved::StagefsDir | Resolved::StatusFile | Resolved::SnapshotsDir) => {
+            Resolved::StatusFile(Some(bytes)) => (self.rendered_attr(ino, &bytes), LONG_TTL),
+            r @ (Resolved::StagefsDir | Resolved::StatusFile(None) | Resolved::SnapshotsDir) => {
                 let e = self.fixed_entry(fixed_ino(&r), &snap);
                 (e.attr, e.attr_ttl)
             }
@@ -494,6 +545,21 @@ impl View {
             },
             SNAPSHOTS_DIR => self.dir_attr(ino, snap.versions.len(), UNKNOWN_TIME),
             _ => self.dir_attr(ino, 1, UNKNOWN_TIME),
+        }
+    }
+
+    fn rendered_attr(&self, ino: u64, bytes: &[u8]) -> Attr {
+        let size = bytes.len() as u64;
+        Attr {
+            ino,
+            kind: FileKind::RegularFile,
+            size,
+            blocks: size.div_ceil(512),
+            perm: 0o444,
+            nlink: 1,
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+            mtime: SystemTime::now(),
         }
     }
 
@@ -575,7 +641,7 @@ impl View {
                 node: Node::File(_),
                 ..
             }
-            | Resolved::StatusFile => return Err(ViewError::NotDir),
+            | Resolved::StatusFile(_) => return Err(ViewError::NotDir),
         };
         let handle = DirHandle::new(listing);
         let immutable = handle.is_immutable();
@@ -601,6 +667,62 @@ impl View {
         }
     }
 
+    /// `readdirplus`: the entries after `offset`, each with what a lookup
+    /// of its name in `dir` answers now — the same [`View::lookup`], so
+    /// root and database levels resolve through the same state (and keep
+    /// their zero entry TTL) while immutable levels get long TTLs. Each
+    /// entry `add` takes counts one kernel reference, as the kernel links
+    /// it like a lookup; an entry `add` refuses (reply full) is not
+    /// counted. `.` and `..` carry no reference (the kernel skips them).
+    /// A name that no longer resolves (dropped since `opendir`) is left out.
+    pub fn readdirplus(
+        &self,
+        dir: u64,
+        fh: u64,
+        offset: u64,
+        mut add: impl FnMut(&DirEntry, &Entry) -> bool,
+    ) -> Result<()> {
+        let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
+        let Handle::Dir(listing) = &*handle else {
+            return Err(ViewError::NotDir);
+        };
+        let mut taken = 0usize;
+        let mut failed = None;
+        listing.read(offset, &mut |mut e| {
+            if &*e.name == "." || &*e.name == ".." {
+                let entry = Entry {
+                    attr: self.dir_attr(e.ino, 0, UNKNOWN_TIME),
+                    entry_ttl: NO_TTL,
+                    attr_ttl: NO_TTL,
+                };
+                return add(&e, &entry);
+            }
+            match self.lookup(dir, OsStr::new(&*e.name)) {
+                Ok(entry) => {
+                    e.ino = entry.attr.ino;
+                    let full = add(&e, &entry);
+                    if full {
+                        self.forget(entry.attr.ino, 1);
+                    } else {
+                        taken += 1;
+                    }
+                    full
+                }
+                Err(ViewError::NotFound) => false,
+                Err(err) => {
+                    failed = Some(err);
+                    true
+                }
+            }
+        });
+        match failed {
+            // Entries already taken are linked by the kernel: answer them
+            // and let the next request meet the error.
+            Some(err) if taken == 0 => Err(err),
+            _ => Ok(()),
+        }
+    }
+
     pub fn releasedir(&self, fh: u64) {
         self.handles.remove(fh);
     }
@@ -612,16 +734,11 @@ impl View {
         let writes = (flags & libc::O_ACCMODE) != libc::O_RDONLY
             || flags & (libc::O_TRUNC | libc::O_APPEND | libc::O_CREAT) != 0;
         let handle = match self.resolve(ino)? {
-            Resolved::StatusFile => {
+            Resolved::StatusFile(rendered) => {
                 if writes {
                     return Err(ViewError::ReadOnly);
                 }
-                let json = self.status.status_json();
-                let mut bytes = json.into_bytes();
-                if bytes.last() != Some(&b'\n') {
-                    bytes.push(b'\n');
-                }
-                Handle::Generated(bytes.into())
+                Handle::Generated(rendered.unwrap_or_else(|| self.render_status()))
             }
             Resolved::Node {
                 node: Node::File(f),
@@ -638,6 +755,7 @@ impl View {
                 Handle::Blob {
                     ino,
                     file: Arc::new(file),
+                    size: f.size(),
                 }
             }
             Resolved::Root
@@ -656,7 +774,10 @@ impl View {
             }
         };
         let content = match &handle {
-            Handle::Blob { file, .. } => OpenContent::Blob(Arc::clone(file)),
+            Handle::Blob { file, size, .. } => OpenContent::Blob {
+                file: Arc::clone(file),
+                size: *size,
+            },
             Handle::Generated(_) | Handle::Dir(_) => OpenContent::Generated,
         };
         let fh = self.handles.insert(handle);
@@ -667,38 +788,50 @@ impl View {
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
         match &*handle {
-            Handle::Generated(bytes) => {
-                let start = usize::try_from(offset)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len());
-                let end = start.saturating_add(size as usize).min(bytes.len());
-                Ok(bytes[start..end].to_vec())
-            }
-            Handle::Blob { ino, file } => {
-                let mut buf = vec![0u8; size as usize];
-                let mut done = 0;
-                while done < buf.len() {
-                    match file.read_at(&mut buf[done..], offset + done as u64) {
-                        Ok(0) => break,
-                        Ok(n) => done += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(source) => {
-                            return Err(ViewError::ReadBlob {
-                                path: PathBuf::from(format!("<inode {ino}>")),
-                                source,
-                            })
-                        }
-                    }
-                }
-                buf.truncate(done);
-                Ok(buf)
-            }
+            Handle::Generated(bytes) => Ok(slice_at(bytes, offset, size)),
+            Handle::Blob { ino, file, .. } => read_blob(file, *ino, offset, size),
             Handle::Dir(_) => Err(ViewError::IsDir),
         }
     }
 
     pub fn release(&self, fh: u64) {
         self.handles.remove(fh);
+    }
+
+    /// Reads `ino` without a handle (no-open mode: the kernel sends file
+    /// handle 0). A catalog file's blob is opened at its first read and
+    /// kept until the kernel forgets the inode; the blob is still there
+    /// because [`View::held_dirs`] keeps every referenced file's directory
+    /// from garbage collection.
+    pub fn read_inode(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        match self.resolve(ino)? {
+            Resolved::StatusFile(Some(bytes)) => Ok(slice_at(&bytes, offset, size)),
+            Resolved::Node {
+                node: Node::File(f),
+                ..
+            } => {
+                let file = match self.nodes.get(ino).and_then(|e| e.blob) {
+                    Some(file) => file,
+                    None => {
+                        let path = (self.blob_path)(&f.blob());
+                        let file = File::open(&path)
+                            .map_err(|source| ViewError::OpenBlob { path, source })?;
+                        self.nodes.keep_blob(ino, Arc::new(file))
+                    }
+                };
+                read_blob(&file, ino, offset, size)
+            }
+            // Rendered per open: never read without one.
+            Resolved::StatusFile(None) => Err(ViewError::BadHandle(0)),
+            Resolved::Root
+            | Resolved::StagefsDir
+            | Resolved::SnapshotsDir
+            | Resolved::LiveDb(_)
+            | Resolved::SnapshotRoot(..)
+            | Resolved::Node {
+                node: Node::Dir(_), ..
+            } => Err(ViewError::IsDir),
+        }
     }
 
     /// `access(2)`: any write request is refused, the rest allowed (modes
@@ -715,13 +848,43 @@ impl View {
 fn fixed_ino(r: &Resolved) -> u64 {
     match r {
         Resolved::StagefsDir => STAGEFS_DIR,
-        Resolved::StatusFile => STATUS_FILE,
+        Resolved::StatusFile(_) => STATUS_FILE,
         Resolved::SnapshotsDir => SNAPSHOTS_DIR,
         Resolved::Root
         | Resolved::LiveDb(_)
         | Resolved::SnapshotRoot(..)
         | Resolved::Node { .. } => ROOT,
     }
+}
+
+/// Up to `size` bytes of `bytes` from `offset`.
+fn slice_at(bytes: &[u8], offset: u64, size: u32) -> Vec<u8> {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let end = start.saturating_add(size as usize).min(bytes.len());
+    bytes[start..end].to_vec()
+}
+
+/// Reads up to `size` bytes of a blob at `offset` (short only at its end).
+fn read_blob(file: &File, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize];
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(ViewError::ReadBlob {
+                    path: PathBuf::from(format!("<inode {ino}>")),
+                    source,
+                })
+            }
+        }
+    }
+    buf.truncate(done);
+    Ok(buf)
 }
 
 /// Number of subdirectories, for `nlink`. Partition levels hold only

@@ -512,3 +512,118 @@ fn errno_mapping_is_total() {
         assert_eq!(e.errno(), n, "{e}");
     }
 }
+
+impl Fixture {
+    /// One `readdirplus` of a fresh handle: (name, inode, entry TTL,
+    /// attr TTL) of each entry but `.` and `..`.
+    fn list_plus(&self, ino: u64) -> Vec<(String, u64, Duration, Duration)> {
+        let dir = self.view.opendir(ino).unwrap();
+        let mut out = Vec::new();
+        self.view
+            .readdirplus(ino, dir.fh, 0, |e, entry| {
+                assert_eq!(e.ino, entry.attr.ino);
+                if &*e.name != "." && &*e.name != ".." {
+                    out.push((
+                        e.name.to_string(),
+                        entry.attr.ino,
+                        entry.entry_ttl,
+                        entry.attr_ttl,
+                    ));
+                }
+                false
+            })
+            .unwrap();
+        self.view.releasedir(dir.fh);
+        out
+    }
+}
+
+#[test]
+fn readdirplus_answers_what_lookup_answers_and_counts_one_reference_per_entry() {
+    let fx = Fixture::new();
+    fx.seed();
+    let pa = fx.ino("default/blah/p=a");
+    let plus = fx.list_plus(pa);
+    assert_eq!(
+        plus.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
+        vec!["000001_0", "000003_0"]
+    );
+    for (name, ino, entry_ttl, attr_ttl) in &plus {
+        let looked = fx.lookup(pa, name).unwrap();
+        assert_eq!(looked.attr.ino, *ino);
+        assert_eq!((looked.entry_ttl, looked.attr_ttl), (*entry_ttl, *attr_ttl));
+        assert!(*entry_ttl > Duration::ZERO, "immutable level is cached");
+        // One reference from readdirplus, one from the lookup above.
+        assert_eq!(fx.view.lookup_count(*ino), 2);
+    }
+    // Root and database levels: zero entry TTL, like their lookups.
+    for (_, _, entry_ttl, _) in fx
+        .list_plus(ROOT)
+        .iter()
+        .chain(&fx.list_plus(fx.ino("default")))
+    {
+        assert_eq!(*entry_ttl, Duration::ZERO);
+    }
+}
+
+#[test]
+fn readdirplus_entry_refused_by_a_full_reply_is_not_counted() {
+    let fx = Fixture::new();
+    fx.seed();
+    let pa = fx.ino("default/blah/p=a");
+    let dir = fx.view.opendir(pa).unwrap();
+    let mut taken = Vec::new();
+    fx.view
+        .readdirplus(pa, dir.fh, 0, |e, entry| {
+            if taken.len() == 3 {
+                return true; // `.`, `..`, the first file fit; the second not
+            }
+            taken.push((e.name.to_string(), entry.attr.ino));
+            false
+        })
+        .unwrap();
+    fx.view.releasedir(dir.fh);
+    assert_eq!(taken[2].0, "000001_0");
+    assert_eq!(fx.view.lookup_count(taken[2].1), 1);
+    // `.` and `..` are never counted.
+    assert_eq!(fx.view.lookup_count(pa), 1);
+    let second = fx.walk("default/blah/p=a/000003_0").unwrap().attr.ino;
+    assert_eq!(fx.view.lookup_count(second), 1, "only the walk's reference");
+}
+
+#[test]
+fn readdirplus_at_root_and_database_level_follows_commits_and_pins() {
+    let fx = Fixture::new();
+    fx.seed();
+    let db = fx.ino("default");
+    let at_40 = fx.list_plus(db);
+    assert_eq!(at_40.len(), 1);
+    assert_eq!(at_40[0].1, fx.ino("default/blah"));
+    fx.insert(50, "c", "000004_0", b"20\n");
+    let at_50 = fx.list_plus(db);
+    assert_ne!(at_50[0].1, at_40[0].1, "the commit shows at once");
+    assert_eq!(at_50[0].1, fx.ino("default/blah"));
+    fx.set_pin(fx.ino("default/blah"), "40").unwrap();
+    assert_eq!(fx.list_plus(db)[0].1, at_40[0].1, "the pin shows at once");
+    // A database dropped at the root disappears from the root's listing,
+    // unless a table pin keeps it.
+    fx.commit(r#"{"id": 60, "op": "drop_database", "db": "default"}"#);
+    assert_eq!(fx.list_plus(ROOT).len(), 1);
+    fx.view
+        .removexattr(fx.ino("default/blah"), OsStr::new(xattr::PIN))
+        .unwrap();
+    assert!(fx.list_plus(ROOT).is_empty());
+    // A handle opened before a drop leaves out the name that went.
+    fx.commit(r#"{"id": 70, "op": "create_database", "db": "other"}"#);
+    let root = fx.view.opendir(ROOT).unwrap();
+    fx.commit(r#"{"id": 80, "op": "drop_database", "db": "other"}"#);
+    let mut names = Vec::new();
+    fx.view
+        .readdirplus(ROOT, root.fh, 0, |e, _| {
+            names.push(e.name.to_string());
+            false
+        })
+        .unwrap();
+    fx.view.releasedir(root.fh);
+    assert_eq!(names, vec![".", ".."]);
+}

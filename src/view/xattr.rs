@@ -32,7 +32,7 @@ impl View {
                 out.push((VISIBLE, snap.visible.state_id.to_string()));
                 out.push((LATEST, self.status.latest().to_string()));
             }
-            Resolved::StagefsDir | Resolved::StatusFile | Resolved::SnapshotsDir => {
+            Resolved::StagefsDir | Resolved::StatusFile(_) | Resolved::SnapshotsDir => {
                 out.push((STATE_ID, snap.visible.state_id.to_string()));
             }
             Resolved::LiveDb(db) => {
@@ -131,7 +131,7 @@ fn pin_scope(resolved: &Resolved) -> Option<PinScope> {
         }),
         Resolved::Node { .. }
         | Resolved::StagefsDir
-        | Resolved::StatusFile
+        | Resolved::StatusFile(_)
         | Resolved::SnapshotsDir
         | Resolved::LiveDb(_)
         | Resolved::SnapshotRoot(..) => None,

@@ -81,6 +81,8 @@ pub struct DaemonArgs {
     pub events: PathBuf,
     pub cm_root: Option<PathBuf>,
     pub retain: Option<usize>,
+    /// Extra environment of the daemon process.
+    pub env: Vec<(String, String)>,
 }
 
 impl DaemonArgs {
@@ -98,7 +100,13 @@ impl DaemonArgs {
             events: root.join("events"),
             cm_root: Some(root.join("cm")),
             retain: None,
+            env: Vec::new(),
         }
+    }
+
+    pub fn env(mut self, name: &str, value: &str) -> DaemonArgs {
+        self.env.push((name.into(), value.into()));
+        self
     }
 
     pub fn retain(mut self, n: usize) -> DaemonArgs {
@@ -174,6 +182,7 @@ impl Daemon {
         let f = File::create(&log).expect("create stderr log");
         let child = stagefs()
             .args(self.args.args())
+            .envs(self.args.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(f)

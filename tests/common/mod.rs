@@ -68,8 +68,14 @@ pub struct TestMount {
 }
 
 impl TestMount {
-    /// An empty catalog (state 0), mounted.
+    /// An empty catalog (state 0), mounted with the default options (so
+    /// `STAGEFS_NO_OPEN=1` runs the suite in no-open mode).
     pub fn new() -> TestMount {
+        TestMount::with_options(MountOptions::default())
+    }
+
+    /// An empty catalog (state 0), mounted with `opts`.
+    pub fn with_options(opts: MountOptions) -> TestMount {
         init_logging();
         let dir = tempfile::tempdir().expect("temp dir");
         let (state, blobs, mnt) = (
@@ -105,15 +111,7 @@ impl TestMount {
                 mount_time: SystemTime::now(),
             },
         ));
-        let mounted = fuse::mount(
-            Arc::clone(&view),
-            &mnt,
-            &MountOptions {
-                allow_other: false,
-                threads: 2,
-            },
-        )
-        .expect("mount");
+        let mounted = fuse::mount(Arc::clone(&view), &mnt, &opts).expect("mount");
         let mnt = mounted.mountpoint().to_owned();
         TestMount {
             mounted: Some(mounted),
