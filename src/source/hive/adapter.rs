@@ -94,10 +94,9 @@ impl HiveSource {
     pub fn open(cfg: &HiveConfig, after: i64) -> Result<HiveSource, RowSourceError> {
         let rows: Box<dyn RowSource> = match &cfg.rows {
             HiveRows::Files(path) => Box::new(super::files::FileRows::open(path)?),
-            HiveRows::Metastore(url) => super::metastore::connect(
-                url,
-                std::env::var(super::metastore::PASSWORD_ENV).ok(),
-            )?,
+            HiveRows::Metastore(url) => {
+                super::metastore::connect(url, std::env::var(super::metastore::PASSWORD_ENV).ok())?
+            }
         };
         Ok(HiveSource::new(rows, cfg, after))
     }
