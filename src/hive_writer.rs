@@ -54,6 +54,9 @@ pub struct HiveWriter {
     native_cm: Option<PathBuf>,
     hive_cm: PathBuf,
     gzip: bool,
+    /// Put HDFS checksums (and the cm root) in file URIs; off: `path###subdir`,
+    /// as with change management off.
+    checksums: bool,
     /// The warehouse after the events written so far (for partition keys).
     tree: Tree,
     next_id: i64,
@@ -86,6 +89,7 @@ impl HiveWriter {
             native_cm: native_cm.map(Path::to_owned),
             hive_cm: hive_cm.to_owned(),
             gzip,
+            checksums: true,
             tree: Tree::empty(),
             next_id: 1,
             next_txn: 1,
@@ -99,6 +103,11 @@ impl HiveWriter {
             format!("{WAREHOUSE_URI}={}", self.source_root.display()),
             format!("{CM_URI}={}", self.hive_cm.display()),
         ]
+    }
+
+    /// Whether the next files' URIs carry checksums (default: yes).
+    pub fn set_checksums(&mut self, on: bool) {
+        self.checksums = on;
     }
 
     /// The next EVENT_ID this writer will use.
@@ -449,6 +458,13 @@ impl HiveWriter {
                 (BlobId(Sha256::digest(&bytes).into()) == sha).then(|| (p.clone(), bytes))
             })
             .ok_or_else(|| other(format!("no copy of {} with sha256 {sha}", f.path)))?;
+        if !self.checksums {
+            return Ok(format!(
+                "{WAREHOUSE_URI}/{}###{}",
+                f.path,
+                subdir.unwrap_or("")
+            ));
+        }
         let checksum = hdfs_checksum(&bytes);
         let cm_copy = self.hive_cm.join(format!("{base}_{checksum}"));
         if !cm_copy.exists() && fs::hard_link(&place, &cm_copy).is_err() {

@@ -962,8 +962,9 @@ impl Stager {
     }
 
     /// Records what a file not known by content turned out to be (its cells
-    /// in every tree get the blob and size). A blob already stored that no
-    /// tree referenced until now is kept from GC's current pass.
+    /// in every tree get the blob and size). Its copy is always published
+    /// (`BlobStore::fetch_unsynced`), so GC cannot take the blob away between
+    /// the read and this record.
     fn resolve(&self, file: &FileRef, fetched: Fetched) -> Result<Fetched, StageError> {
         if file.known().is_some() {
             return Ok(fetched);
@@ -975,12 +976,6 @@ impl Stager {
                 path: file.source_label().to_owned(),
                 detail,
             })?;
-        if fetched.copy.is_none() {
-            let mut g = self.gate.lock();
-            if g.marking {
-                g.touched.insert(fetched.blob);
-            }
-        }
         Ok(fetched)
     }
 

@@ -230,15 +230,10 @@ impl BlobStore {
         }
         let copy = self.copy_from_first_usable(file, source_root, cm_root, false)?;
         let (blob, size) = (copy.blob, copy.size);
-        if file.known().is_none() && self.contains(&blob) {
-            // Read to learn what it is, and it was stored already.
-            return Ok(Fetched {
-                outcome: FetchOutcome::AlreadyPresent,
-                blob,
-                size,
-                copy: None,
-            });
-        }
+        // A file learnt by reading keeps its copy even when the blob is
+        // stored already: no tree names that blob for this file yet, so GC
+        // may remove it before the stager records what the file resolved
+        // to; publishing the copy puts it back (or finds it still there).
         Ok(Fetched {
             outcome: copy.origin,
             blob,

@@ -543,3 +543,340 @@ impl Mapper<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::Validator;
+    use std::sync::Arc;
+
+    fn table(db: &str, name: &str, keys: &[&str]) -> HiveTable {
+        HiveTable {
+            db: db.into(),
+            name: name.into(),
+            partition_keys: keys.iter().map(|k| k.to_string()).collect(),
+            location: None,
+            table_type: Some("MANAGED_TABLE".into()),
+            parameters: BTreeMap::new(),
+        }
+    }
+
+    fn part(values: &[&str]) -> HivePartition {
+        HivePartition {
+            values: values.iter().map(|v| v.to_string()).collect(),
+            location: None,
+        }
+    }
+
+    fn uri(path: &str, checksum: Option<&str>, subdir: Option<&str>) -> FileUri {
+        FileUri {
+            path: format!("hdfs://nn/wh/{path}"),
+            checksum: checksum.map(Into::into),
+            cm_root: checksum.map(|_| "hdfs://nn/cm".into()),
+            subdir: subdir.map(Into::into),
+        }
+    }
+
+    fn map() -> SourceMap {
+        SourceMap::parse(&["hdfs://nn/wh=/srv/wh", "hdfs://nn/cm=/srv/cm"]).unwrap()
+    }
+
+    /// Applies messages in order as events 1, 2, ...; the tree after them.
+    fn apply_all(msgs: &[HiveMessage]) -> Result<Arc<Tree>, String> {
+        let map = map();
+        let mut v = Validator::new(Arc::new(Tree::empty()));
+        for (i, msg) in msgs.iter().enumerate() {
+            let mut m = Mapper {
+                map: &map,
+                event_id: i as i64 + 1,
+                files: 0,
+                tree: v.latest(),
+            };
+            let changes = m.changes(msg)?;
+            let event = Event {
+                id: StateId(i as u64 + 1),
+                time_ms: None,
+                changes,
+            };
+            v.check(event, None, None).map_err(|r| r.to_string())?;
+        }
+        Ok(Arc::clone(v.latest()))
+    }
+
+    fn paths(tree: &Tree, db: &str, t: &str) -> Vec<String> {
+        tree.table(db, t)
+            .map(|t| t.files_below().into_iter().map(|(p, _)| p).collect())
+            .unwrap_or_default()
+    }
+
+    fn setup() -> Vec<HiveMessage> {
+        vec![
+            HiveMessage::CreateDatabase { db: "Sales".into() },
+            HiveMessage::CreateTable {
+                table: table("sales", "Orders", &["ds", "region"]),
+                files: vec![],
+            },
+        ]
+    }
+
+    #[test]
+    fn names_are_lower_cased_and_values_escaped_into_key_value_directories() {
+        let mut msgs = setup();
+        msgs.push(HiveMessage::Insert {
+            table: table("sales", "orders", &["ds", "region"]),
+            partition: Some(part(&["2024/01", ""])),
+            replace: false,
+            files: vec![uri("sales.db/orders/x/000000_0", None, None)],
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(
+            paths(&tree, "sales", "orders"),
+            vec!["ds=2024%2F01/region=__HIVE_DEFAULT_PARTITION__/000000_0"]
+        );
+    }
+
+    #[test]
+    fn add_partition_of_several_then_drop_of_several() {
+        let mut msgs = setup();
+        let t = table("sales", "orders", &["ds", "region"]);
+        msgs.push(HiveMessage::AddPartition {
+            table: t.clone(),
+            partitions: vec![part(&["1", "eu"]), part(&["1", "us"]), part(&["2", "eu"])],
+            files: vec![
+                vec![uri("o/ds=1/region=eu/a", Some("00"), None)],
+                vec![],
+                vec![uri("o/ds=2/region=eu/b", None, None)],
+            ],
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(
+            paths(&tree, "sales", "orders"),
+            vec!["ds=1/region=eu/a", "ds=2/region=eu/b"]
+        );
+        msgs.push(HiveMessage::DropPartition {
+            table: t,
+            partitions: vec![vec!["1".into(), "eu".into()], vec!["2".into(), "eu".into()]],
+        });
+        let tree = apply_all(&msgs).unwrap();
+        let orders = tree.table("sales", "orders").unwrap();
+        assert!(paths(&tree, "sales", "orders").is_empty());
+        // ds=1/region=us is still there (empty).
+        assert!(orders.child("ds=1").is_some() && orders.child("ds=2").is_none());
+    }
+
+    #[test]
+    fn insert_overwrite_truncate_partition_and_truncate_table() {
+        let mut msgs = setup();
+        let t = table("sales", "orders", &["ds", "region"]);
+        for (v, f, replace) in [("1", "a", false), ("1", "b", false), ("2", "c", false)] {
+            msgs.push(HiveMessage::Insert {
+                table: t.clone(),
+                partition: Some(part(&[v, "eu"])),
+                replace,
+                files: vec![uri(&format!("o/{f}"), None, None)],
+            });
+        }
+        msgs.push(HiveMessage::Insert {
+            table: t.clone(),
+            partition: Some(part(&["1", "eu"])),
+            replace: true,
+            files: vec![uri("o/d", None, None)],
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(
+            paths(&tree, "sales", "orders"),
+            vec!["ds=1/region=eu/d", "ds=2/region=eu/c"]
+        );
+        msgs.push(HiveMessage::AlterPartition {
+            table: t.clone(),
+            before: part(&["2", "eu"]),
+            after: part(&["2", "eu"]),
+            is_truncate: true,
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(paths(&tree, "sales", "orders"), vec!["ds=1/region=eu/d"]);
+        msgs.push(HiveMessage::AlterTable {
+            before: t.clone(),
+            after: t,
+            is_truncate: true,
+        });
+        let tree = apply_all(&msgs).unwrap();
+        let orders = tree.table("sales", "orders").unwrap();
+        assert!(paths(&tree, "sales", "orders").is_empty());
+        assert!(orders.child("ds=1").is_some(), "partitions stay");
+    }
+
+    #[test]
+    fn rename_across_databases_and_ctas_and_drops() {
+        let mut msgs = setup();
+        msgs.push(HiveMessage::CreateDatabase {
+            db: "archive".into(),
+        });
+        msgs.push(HiveMessage::CreateTable {
+            table: table("sales", "summary", &[]),
+            files: vec![uri("s/000000_0", Some("ab"), None)],
+        });
+        msgs.push(HiveMessage::AlterTable {
+            before: table("sales", "summary", &[]),
+            after: table("archive", "summary_2024", &[]),
+            is_truncate: false,
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert!(tree.table("sales", "summary").is_none());
+        assert_eq!(paths(&tree, "archive", "summary_2024"), vec!["000000_0"]);
+        msgs.push(HiveMessage::DropTable {
+            db: "archive".into(),
+            table: "summary_2024".into(),
+        });
+        msgs.push(HiveMessage::DropDatabase {
+            db: "archive".into(),
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert!(tree.database("archive").is_none());
+    }
+
+    #[test]
+    fn files_carry_mapped_paths_checksums_cm_copies_and_subdirectories() {
+        let map = map();
+        let tree = Tree::empty();
+        let mut m = Mapper {
+            map: &map,
+            event_id: 9,
+            files: 0,
+            tree: &tree,
+        };
+        let f = m
+            .file(&uri(
+                "t/delta_1_1/bucket_0",
+                Some("ABCD"),
+                Some("delta_1_1"),
+            ))
+            .unwrap();
+        assert_eq!(f.path, "/srv/wh/t/delta_1_1/bucket_0");
+        assert_eq!(f.name, "bucket_0");
+        assert_eq!(f.subdir.as_deref(), Some("delta_1_1"));
+        assert_eq!(
+            f.verify,
+            Verify::Hdfs {
+                checksum: "abcd".into()
+            }
+        );
+        assert_eq!(f.cm_path.as_deref(), Some("/srv/cm/bucket_0_abcd"));
+        let g = m.file(&uri("t/delta_1_1/bucket_0", None, None)).unwrap();
+        assert_eq!(g.verify, Verify::None);
+        assert_ne!(f.key, g.key, "every reference has its own key");
+    }
+
+    #[test]
+    fn names_stagefs_cannot_show_and_unmapped_uris_are_rejected_with_a_reason() {
+        let err = apply_all(&[HiveMessage::CreateDatabase {
+            db: "sales-eu".into(),
+        }])
+        .unwrap_err();
+        assert!(err.contains("database name `sales-eu`"), "{err}");
+        let mut msgs = setup();
+        msgs.push(HiveMessage::Insert {
+            table: table("sales", "orders", &["ds", "region"]),
+            partition: Some(part(&["1", "eu"])),
+            replace: false,
+            files: vec![FileUri {
+                path: "s3a://elsewhere/x".into(),
+                checksum: None,
+                cm_root: None,
+                subdir: None,
+            }],
+        });
+        let err = apply_all(&msgs).unwrap_err();
+        assert!(
+            err.contains("no --source-map covers `s3a://elsewhere/x`"),
+            "{err}"
+        );
+        let mut msgs = setup();
+        msgs.push(HiveMessage::Insert {
+            table: table("sales", "orders", &["ds", "region"]),
+            partition: Some(part(&["1"])),
+            replace: false,
+            files: vec![],
+        });
+        let err = apply_all(&msgs).unwrap_err();
+        assert!(err.contains("does not match its partition keys"), "{err}");
+    }
+
+    /// Rows that fail as unavailable `failures` times, then come.
+    struct Flaky {
+        rows: Vec<NotificationRow>,
+        failures: u32,
+    }
+
+    impl RowSource for Flaky {
+        fn poll(
+            &mut self,
+            after: i64,
+            limit: usize,
+        ) -> Result<Vec<NotificationRow>, RowSourceError> {
+            if self.failures > 0 {
+                self.failures -= 1;
+                return Err(RowSourceError::Unavailable("connection refused".into()));
+            }
+            Ok(self
+                .rows
+                .iter()
+                .filter(|r| r.event_id > after)
+                .take(limit)
+                .cloned()
+                .collect())
+        }
+        fn txn_writes(
+            &mut self,
+            _: i64,
+        ) -> Result<Vec<super::super::model::TxnWriteRow>, RowSourceError> {
+            Ok(Vec::new())
+        }
+        fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
+            Ok(self.rows.last().map(|r| r.event_id))
+        }
+        fn describe(&self) -> String {
+            "flaky".into()
+        }
+    }
+
+    fn row(id: i64) -> NotificationRow {
+        NotificationRow {
+            nl_id: Some(id),
+            event_id: id,
+            event_time: Some(1),
+            event_type: "OPEN_TXN".into(),
+            cat_name: None,
+            db_name: None,
+            tbl_name: None,
+            message: Some("{}".into()),
+            message_format: Some("json-0.2".into()),
+        }
+    }
+
+    #[test]
+    fn an_unavailable_source_is_transient_and_reading_resumes_where_it_was() {
+        let rows = Flaky {
+            rows: (1..=5).map(row).collect(),
+            failures: 2,
+        };
+        let cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
+        let mut src = HiveSource::new(Box::new(rows), &cfg, 2);
+        for _ in 0..2 {
+            assert!(matches!(src.poll(100), Err(SourceError::Transient(_))));
+            assert!(src.report().error.unwrap().contains("connection refused"));
+        }
+        let got = src.poll(100).unwrap();
+        assert_eq!(
+            got.iter().map(|r| r.event_id).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        let report = src.report();
+        assert_eq!((report.error, report.newest), (None, Some(5)));
+        let e = src.decode(&got[0], &Tree::empty()).unwrap();
+        assert_eq!(
+            (e.id, e.time_ms, e.changes.len()),
+            (StateId(3), Some(1000), 0)
+        );
+    }
+}
