@@ -15,7 +15,7 @@ mod hive_writer;
 use std::time::{Duration, Instant};
 
 use dbserver::{DbServer, Kind, TableCase, PASSWORD};
-use hive_writer::{gzip_json, sample, HiveWriter, NewEvent};
+use hive_writer::{gzip_json, sample, MetastoreWriter, NewEvent};
 use stagefs::source::hive::metastore::{MetastoreSource, Timeouts};
 use stagefs::source::hive::model::{NotificationRow, RowSource, RowSourceError, TxnWriteRow};
 
@@ -31,10 +31,10 @@ fn open(server: &DbServer, db: &str) -> MetastoreSource {
         .unwrap_or_else(|e| panic!("open {}: {e}", server.url(db)))
 }
 
-fn fresh(server: &DbServer, db: &str) -> (HiveWriter, MetastoreSource) {
+fn fresh(server: &DbServer, db: &str) -> (MetastoreWriter, MetastoreSource) {
     server.create_metastore(db, TableCase::Upper);
     (
-        HiveWriter::new(server, db, TableCase::Upper),
+        MetastoreWriter::new(server, db, TableCase::Upper),
         open(server, db),
     )
 }
@@ -264,7 +264,7 @@ fn concurrent_writers_commit_ids_in_order(server: &DbServer) {
     let (_, mut source) = fresh(server, "concurrent");
     let writers: Vec<_> = (0..4)
         .map(|w| {
-            let mut writer = HiveWriter::new(server, "concurrent", TableCase::Upper);
+            let mut writer = MetastoreWriter::new(server, "concurrent", TableCase::Upper);
             std::thread::spawn(move || {
                 for i in 0..25 {
                     writer.append(&NewEvent::json("INSERT", "db", &format!("w{w}_{i}"), "{}"));
@@ -444,7 +444,7 @@ fn non_utf8_text_is_a_bad_row(server: &DbServer) {
 /// MariaDB only: Hive's tables spelled in lower case are found.
 fn lower_case_tables_are_found(server: &DbServer) {
     server.create_metastore("lower", TableCase::Lower);
-    let mut writer = HiveWriter::new(server, "lower", TableCase::Lower);
+    let mut writer = MetastoreWriter::new(server, "lower", TableCase::Lower);
     let rows: Vec<_> = (0..3)
         .map(|_| writer.append(&NewEvent::json("INSERT", "db", "t", "{}")))
         .collect();
@@ -495,7 +495,7 @@ fn stopped_server_is_unavailable_then_polling_resumes(server: &mut DbServer) {
     assert!(!opened_while_down.is_connected());
 
     server.restart();
-    let mut writer = HiveWriter::new(server, "restart", TableCase::Upper);
+    let mut writer = MetastoreWriter::new(server, "restart", TableCase::Upper);
     for _ in 0..5 {
         writer.append(&NewEvent::json("INSERT", "db", "t", "{}"));
     }

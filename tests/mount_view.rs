@@ -149,9 +149,11 @@ fn xattrs_and_their_errnos() {
         vec![
             "user.stagefs.state_id",
             "user.stagefs.sha256",
-            "user.stagefs.source"
+            "user.stagefs.source",
+            "user.stagefs.verified"
         ]
     );
+    assert_eq!(getxattr(&file, "user.stagefs.verified").unwrap(), "sha256");
     assert_eq!(getxattr(&file, "user.stagefs.state_id").unwrap(), "20");
     assert_eq!(
         getxattr(&file, "user.stagefs.sha256").unwrap(),

@@ -83,6 +83,18 @@ pub struct DaemonArgs {
     pub retain: Option<usize>,
     /// Extra environment of the daemon process.
     pub env: Vec<(String, String)>,
+    /// Follow a Hive metastore instead of the native events.
+    pub hive: Option<HiveMetastoreArgs>,
+}
+
+/// `--hive-metastore URL --source-map M... --hive-poll-ms N`, with the
+/// password passed as STAGEFS_METASTORE_PASSWORD.
+#[derive(Debug, Clone)]
+pub struct HiveMetastoreArgs {
+    pub url: String,
+    pub password: String,
+    pub source_map: Vec<String>,
+    pub poll_ms: u64,
 }
 
 impl DaemonArgs {
@@ -101,6 +113,7 @@ impl DaemonArgs {
             cm_root: Some(root.join("cm")),
             retain: None,
             env: Vec::new(),
+            hive: None,
         }
     }
 
@@ -114,6 +127,11 @@ impl DaemonArgs {
         self
     }
 
+    pub fn hive_metastore(mut self, hive: HiveMetastoreArgs) -> DaemonArgs {
+        self.hive = Some(hive);
+        self
+    }
+
     /// The `stagefs mount ...` arguments.
     pub fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec![
@@ -121,12 +139,22 @@ impl DaemonArgs {
             self.mnt.clone().into(),
             "--state".into(),
             self.state.clone().into(),
-            "--source-root".into(),
-            self.source_root.clone().into(),
-            "--events".into(),
-            self.events.clone().into(),
         ];
-        if let Some(cm) = &self.cm_root {
+        if let Some(hive) = &self.hive {
+            a.extend(["--hive-metastore".into(), hive.url.clone().into()]);
+            for m in &hive.source_map {
+                a.extend(["--source-map".into(), m.into()]);
+            }
+            a.extend(["--hive-poll-ms".into(), hive.poll_ms.to_string().into()]);
+        } else {
+            a.extend([
+                "--source-root".into(),
+                self.source_root.clone().into(),
+                "--events".into(),
+                self.events.clone().into(),
+            ]);
+        }
+        if let (Some(cm), None) = (&self.cm_root, &self.hive) {
             a.push("--cm-root".into());
             a.push(cm.clone().into());
         }
@@ -180,7 +208,11 @@ impl Daemon {
             self.logs.len()
         ));
         let f = File::create(&log).expect("create stderr log");
-        let child = stagefs()
+        let mut cmd = stagefs();
+        if let Some(hive) = &self.args.hive {
+            cmd.env("STAGEFS_METASTORE_PASSWORD", &hive.password);
+        }
+        let child = cmd
             .args(self.args.args())
             .envs(self.args.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

@@ -1,14 +1,17 @@
 //! Writes notification rows the way Hive's `DbNotificationListener` does,
 //! into a test metastore database ([`super::dbserver`]).
 //!
-//! [`HiveWriter::append`] takes the id as the listener does: in one
+//! [`MetastoreWriter::append`] takes the id as the listener does: in one
 //! database transaction it locks the `NOTIFICATION_SEQUENCE` row with
 //! `SELECT … FOR UPDATE`, inserts the `NOTIFICATION_LOG` row with that
 //! `EVENT_ID`, bumps `NEXT_EVENT_ID` and commits, so ids commit in order
 //! even with several writers. `NL_ID` comes from its own counter, as Hive's
 //! does (DataNucleus' SEQUENCE_TABLE), so it differs from `EVENT_ID`.
-//! [`HiveWriter::delete_events`] is the cleaner that purges old events and
+//! [`MetastoreWriter::delete_events`] is the cleaner that purges old events and
 //! leaves a gap. [`gzip_json`] is the `gzip(json-2.0)` encoding.
+//! [`ExportPump`] copies rows exported as JSON Lines (by
+//! `stagefs::hive_writer`, which turns a native workload into Hive rows)
+//! into the database as they are written.
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -74,15 +77,15 @@ pub fn sample(name: &str) -> String {
         .to_string()
 }
 
-pub struct HiveWriter {
+pub struct MetastoreWriter {
     admin: Admin,
     log: String,
     seq: String,
     txn: String,
 }
 
-impl HiveWriter {
-    pub fn new(server: &DbServer, db: &str, case: TableCase) -> HiveWriter {
+impl MetastoreWriter {
+    pub fn new(server: &DbServer, db: &str, case: TableCase) -> MetastoreWriter {
         let name = |upper: &str| match case {
             TableCase::Upper => upper.to_string(),
             TableCase::Lower => upper.to_ascii_lowercase(),
@@ -91,12 +94,32 @@ impl HiveWriter {
             server.kind == Kind::MariaDb || case == TableCase::Upper,
             "Hive's PostgreSQL tables are upper case"
         );
-        HiveWriter {
+        MetastoreWriter {
             admin: server.admin(db),
             log: name("NOTIFICATION_LOG"),
             seq: name("NOTIFICATION_SEQUENCE"),
             txn: name("TXN_WRITE_NOTIFICATION_LOG"),
         }
+    }
+
+    /// Appends an exported row (`--hive-events` JSON Lines, e.g. from
+    /// `stagefs::hive_writer`) the listener's way; its `EVENT_ID` must be
+    /// the sequence's next id.
+    pub fn append_exported(&mut self, row: &NotificationRow) {
+        let event = NewEvent {
+            event_time: row.event_time.unwrap_or(0),
+            event_type: row.event_type.clone(),
+            cat_name: row.cat_name.clone(),
+            db_name: row.db_name.clone(),
+            tbl_name: row.tbl_name.clone(),
+            message: row.message.clone(),
+            message_format: row.message_format.clone(),
+        };
+        let stored = self.append(&event);
+        assert_eq!(
+            stored.event_id, row.event_id,
+            "exported ids must follow the sequence"
+        );
     }
 
     /// What `DbNotificationListener.addNotificationLog` does; returns the
@@ -358,4 +381,48 @@ fn insert_mysql(tx: &mut mysql::Transaction<'_>, log: &str, row: &NotificationRo
         ]),
     )
     .expect("insert the notification row");
+}
+
+/// Copies the rows of a `--hive-events` JSON Lines file into a metastore
+/// database, from where the last pump stopped.
+pub struct ExportPump {
+    path: PathBuf,
+    offset: usize,
+    /// The last EVENT_ID copied.
+    pub last: i64,
+}
+
+impl ExportPump {
+    pub fn new(path: &std::path::Path) -> ExportPump {
+        ExportPump {
+            path: path.to_owned(),
+            offset: 0,
+            last: 0,
+        }
+    }
+
+    /// Copies every complete line written since the last call.
+    pub fn pump(&mut self, writer: &mut MetastoreWriter) -> usize {
+        let text = std::fs::read_to_string(&self.path)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.path.display()));
+        let mut copied = 0;
+        while let Some(end) = text[self.offset..].find('\n') {
+            let line = &text[self.offset..self.offset + end];
+            self.offset += end + 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let value: serde_json::Value = serde_json::from_str(line).expect("JSON row");
+            if value.get("WNL_TXNID").is_some() {
+                let row: TxnWriteRow = serde_json::from_value(value).expect("write row");
+                writer.append_txn_write(&row);
+            } else {
+                let row: NotificationRow = serde_json::from_value(value).expect("notification row");
+                writer.append_exported(&row);
+                self.last = row.event_id;
+            }
+            copied += 1;
+        }
+        copied
+    }
 }
