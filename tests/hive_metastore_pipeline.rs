@@ -159,6 +159,8 @@ fn follow_a_metastore(kind: Kind) {
     );
     assert!(!status.to_json().contains(PASSWORD));
     server.restart();
+    // The admin connection died with the server.
+    feeder.db = db_writer::HiveWriter::new(&server, "hms", TableCase::Upper);
     step(40, &mut workload, &mut feeder);
     let latest = workload.latest();
     wait_for(
