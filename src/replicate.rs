@@ -233,6 +233,9 @@ impl Replica {
         let (record, mut pins) = load_durable(&cfg.state_dir)?;
         let mut jcfg = JournalConfig::new(cfg.state_dir.join("journal"));
         jcfg.ring_capacity = cfg.ring_capacity;
+        // Every committed state must survive recovery: it may cut a torn
+        // tail only above the commit record's visible state.
+        jcfg.durable_through = record.visible;
         let (journal, report) = Journal::open(jcfg)?;
         if let Some(reason) = &report.reason {
             warn!(truncated_bytes = report.truncated_bytes, %reason, "journal tail was cut");

@@ -20,8 +20,10 @@
 //! - After a failed write or fsync the writer refuses further writes: what
 //!   reached the disk is unknown (fsync errors are not retryable on Linux),
 //!   and reopening runs recovery, which makes the tail consistent again.
-//! - Recovery (in [`Journal::open`]) truncates a torn or corrupt tail; it is
-//!   never replayed.
+//! - Recovery (in [`Journal::open`]) cuts a torn tail of the last segment; it
+//!   is never replayed. Damage anywhere else, or a cut that would drop a
+//!   committed record ([`JournalConfig::durable_through`]), stops recovery
+//!   with an error and changes nothing.
 
 mod follower;
 mod recovery;
@@ -56,6 +58,9 @@ pub struct JournalConfig {
     pub segment_bytes: u64,
     /// Durable records kept in memory; 0 makes every follower read files.
     pub ring_capacity: usize,
+    /// The newest id known to be committed (the commit record's visible
+    /// state): recovery refuses to cut any record at or below it.
+    pub durable_through: StateId,
 }
 
 impl JournalConfig {
@@ -65,6 +70,7 @@ impl JournalConfig {
             dir: dir.into(),
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             ring_capacity: DEFAULT_RING_CAPACITY,
+            durable_through: StateId(0),
         }
     }
 }
@@ -83,8 +89,8 @@ pub struct RecoveryReport {
     pub records: u64,
     /// Id of the last intact record.
     pub last_id: Option<StateId>,
-    /// Bytes removed from the tail (torn or corrupt records and everything
-    /// after them, including later segments).
+    /// Bytes removed from the tail of the last segment (a torn or corrupt
+    /// record and everything after it).
     pub truncated_bytes: u64,
     /// Why the tail was cut, if it was.
     pub reason: Option<String>,
@@ -128,6 +134,25 @@ pub enum JournalError {
         path: PathBuf,
         offset: u64,
         reason: String,
+    },
+    /// Recovery found damage that a crash cannot explain: a bad record,
+    /// torn header or record-less segment before the last segment (the
+    /// writer syncs a segment before starting the next). Nothing was changed.
+    #[error("journal segment {} is corrupt at offset {offset} ({reason}), before the tail of the last segment, so it is not a torn write; recovery changed no file: inspect it, restore the state folder, or remove the state folder to replicate from the start", path.display())]
+    CorruptBeforeTail {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// The last segment is damaged at `offset`, but cutting there would drop
+    /// records the commit record says are committed. Nothing was changed.
+    #[error("journal segment {} is damaged at offset {offset} ({reason}); cutting the tail there would drop committed state {durable} (the last intact record is {last_intact}); recovery changed no file: inspect it, restore the state folder, or remove the state folder to replicate from the start", path.display())]
+    CutBelowCommit {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+        last_intact: StateId,
+        durable: StateId,
     },
     /// An earlier write or fsync failed; reopen the journal to recover.
     #[error("the journal refuses writes after an earlier failure: {0}")]
@@ -230,7 +255,7 @@ impl Journal {
     /// Opens (creating if needed) the journal in `config.dir`, recovering it
     /// first: a torn or corrupt tail is truncated and reported.
     pub fn open(config: JournalConfig) -> Result<(Journal, RecoveryReport), JournalError> {
-        let recovered = recovery::recover(&config.dir)?;
+        let recovered = recovery::recover(&config.dir, config.durable_through)?;
         let report = recovered.report;
         let active = match recovered.segments.last() {
             Some(last) => {
