@@ -184,10 +184,13 @@ impl StatusSource for ReplicaStatus {
 
 /// A stagefs mount whose daemon died (`kill -9`) answers "Transport
 /// endpoint is not connected". Running the same command again should resume
-/// (SPEC §6), so such a dead mount is detached first.
+/// (SPEC §6), so such a dead mount is detached first. A `stat` of the root
+/// may still answer from the kernel's attribute cache, so listing it (which
+/// always asks the daemon) is checked too.
 fn clear_dead_mount(path: &Path) {
-    let dead =
-        matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    let not_connected = |e: std::io::Error| e.raw_os_error() == Some(libc::ENOTCONN);
+    let dead = std::fs::metadata(path).err().is_some_and(not_connected)
+        || std::fs::read_dir(path).err().is_some_and(not_connected);
     if !dead || !is_stagefs_mount(path) {
         return;
     }
