@@ -531,6 +531,8 @@ fn run_ingest(
             Err(p) => p.into_inner(),
         };
         let mut last_time = UNKNOWN_TIME;
+        // This batch's records, to write again if the sync fails.
+        let mut appended: Vec<(StateId, Vec<u8>)> = Vec::new();
         for line in &lines {
             match validator.check(line) {
                 Ok(Verdict::Accepted(acc)) => {
@@ -551,6 +553,7 @@ fn run_ingest(
                         rejected = Some(line_stall(Some(id), format!("journal: {e}"), line));
                         break;
                     }
+                    appended.push((id, payload));
                     if let Some(t) = acc.event.time_ms {
                         last_time = t;
                     }
@@ -573,16 +576,12 @@ fn run_ingest(
             }
         }
         if let Err(e) = j.sync() {
-            // The appended records are not durable; they were never
-            // published. Stop: the next start re-reads these lines.
-            error!(error = %e, "journal sync failed; ingest stops");
-            progress.set_ingest_stall(Some(Stall {
-                state_id: None,
-                reason: format!("journal sync failed: {e}"),
-                file: None,
-                line: None,
-            }));
-            return;
+            // Not durable, never published, but already accepted by the
+            // validator: write the same records again once the journal
+            // can take them (space freed, say).
+            if !rewrite_journal_until_synced(&mut j, &appended, e, progress, stop) {
+                return;
+            }
         }
         drop(j);
         handoff.push(batch);
@@ -598,6 +597,64 @@ fn run_ingest(
         if let Some(stall) = rejected {
             stop_at_rejection(progress, stall, stop);
             return;
+        }
+    }
+}
+
+/// After a failed journal sync: reports the stall, then (with capped
+/// backoff) cuts the journal back to its durable end and writes `records`
+/// again until a sync succeeds (true) or shutdown (false).
+fn rewrite_journal_until_synced(
+    j: &mut Journal,
+    records: &[(StateId, Vec<u8>)],
+    first: JournalError,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> bool {
+    let mut error = first;
+    let mut attempt = 0;
+    loop {
+        let reason = if error.is_no_space() {
+            format!("disk full: journal: {error} (retrying)")
+        } else {
+            format!("journal: {error} (retrying)")
+        };
+        if attempt == 0 {
+            error!(%reason, "journal sync failed; ingest waits and retries");
+        }
+        progress.set_ingest_stall(Some(Stall {
+            state_id: None,
+            reason,
+            file: None,
+            line: None,
+        }));
+        let until = Instant::now() + backoff(attempt);
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let retried = j.reset_after_failure().and_then(|()| {
+            for (id, payload) in records {
+                j.append(*id, payload)?;
+            }
+            j.sync()
+        });
+        match retried {
+            Ok(()) => {
+                info!(
+                    attempts = attempt + 1,
+                    "journal sync succeeded again; ingest resumes"
+                );
+                progress.set_ingest_stall(None);
+                return true;
+            }
+            Err(e) => {
+                debug!(attempt, error = %e, "journal retry failed");
+                error = e;
+                attempt = attempt.saturating_add(1);
+            }
         }
     }
 }

@@ -1,4 +1,5 @@
 use std::fs::{self, OpenOptions};
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::thread;
@@ -623,6 +624,70 @@ fn writer_fails_closed_after_io_error() {
     ));
     assert!(matches!(j2.sync(), Err(JournalError::Failed(_))));
     drop(j);
+}
+
+#[test]
+fn writer_resumes_after_a_failure_once_reset_to_the_durable_end() {
+    let dir = tempfile::tempdir().unwrap();
+    // Tiny segments: record 3 starts a new segment.
+    let (mut j, _) = Journal::open(config(dir.path(), 64, 8)).unwrap();
+    write_ids(&mut j, 1..=2);
+    let squatter = segment::segment_path(dir.path(), StateId(3));
+    fs::write(&squatter, b"squatter").unwrap();
+    j.append(StateId(3), &payload(3)).unwrap();
+    assert!(j.sync().is_err());
+    assert!(matches!(
+        j.append(StateId(3), b"x"),
+        Err(JournalError::Failed(_))
+    ));
+
+    // Not ours: reset leaves the squatter, and the retry fails the same way.
+    j.reset_after_failure().unwrap();
+    assert!(squatter.exists());
+    j.append(StateId(3), &payload(3)).unwrap();
+    assert!(j.sync().is_err());
+
+    // Cleared (space freed, say): reset, append the same records again.
+    fs::remove_file(&squatter).unwrap();
+    j.reset_after_failure().unwrap();
+    assert_eq!(j.last_id(), Some(StateId(2)));
+    write_ids(&mut j, 3..=6);
+    let mut f = j.follower(StateId(0));
+    assert_eq!(drain(&mut f), (1..=6).collect::<Vec<_>>());
+    drop((f, j));
+    let (j, report) = Journal::open(config(dir.path(), 64, 8)).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (6, 0));
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=6).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn reset_after_a_failure_truncates_unsynced_bytes_of_the_last_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
+    write_ids(&mut j, 1..=3);
+    let seg = segment::segment_path(dir.path(), StateId(1));
+    let durable_len = fs::metadata(&seg).unwrap().len();
+    // A write that reached the file only in part before failing.
+    OpenOptions::new()
+        .append(true)
+        .open(&seg)
+        .unwrap()
+        .write_all(b"half a record")
+        .unwrap();
+    j.failed = Some("simulated write failure".to_owned());
+    j.reset_after_failure().unwrap();
+    assert_eq!(fs::metadata(&seg).unwrap().len(), durable_len);
+    write_ids(&mut j, 4..=5);
+    drop(j);
+    let (j, report) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (5, 0));
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=5).collect::<Vec<_>>()
+    );
 }
 
 #[test]
