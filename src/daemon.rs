@@ -51,11 +51,16 @@ impl From<ReplicaError> for DaemonError {
 
 /// Logging to stderr, filtered by `STAGEFS_LOG` (default `info`).
 pub fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("STAGEFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser::session=error"));
+    // Colour only on a terminal: a log file or pipe gets plain text
+    // (and NO_COLOR, https://no-color.org, turns it off everywhere).
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_target(false)
         .try_init();
 }

@@ -356,6 +356,26 @@ fn sigint_unmounts_and_exits_0() {
 }
 
 #[test]
+fn logs_to_a_file_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(seeded(dir.path()));
+    d.wait_visible(50);
+    let st = d.sigint();
+    assert_eq!(st.code(), Some(0), "{st}\n{}", d.all_stderr());
+    // The harness sends stderr to a file: no terminal, so no colour.
+    let log = d.stderr();
+    assert!(
+        log.contains("INFO"),
+        "expected info lines in the log: {log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "ANSI escape codes in a log written to a file:\n{}",
+        log.escape_debug()
+    );
+}
+
+#[test]
 fn external_umount_makes_the_daemon_exit_0() {
     let dir = tempfile::tempdir().unwrap();
     let mut d = Daemon::start(seeded(dir.path()));
