@@ -326,9 +326,7 @@ impl Replica {
 
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.to_owned())
-                .spawn(f)
+            spawn_supervised(name, f, &progress, &stop)
                 .map_err(|e| ReplicaError::Io(format!("starting the {name} thread"), e))
         };
         {
@@ -468,6 +466,40 @@ impl Drop for Replica {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Starts a pipeline thread whose panic is never silent: it is logged, the
+/// status shows it as `stalled` for good, and the whole pipeline stops
+/// (`stop`), so replication rests at the visible state (the mount keeps
+/// serving it) until a restart, rather than running on with a part missing.
+fn spawn_supervised(
+    name: &str,
+    f: Box<dyn FnOnce() + Send>,
+    progress: &Arc<Progress>,
+    stop: &Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    let (progress, stop, thread) = (Arc::clone(progress), Arc::clone(stop), name.to_owned());
+    std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+        let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
+            return;
+        };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_owned());
+        let reason = format!(
+            "internal error: the {thread} thread panicked ({what}); replication stopped at the visible state until stagefs is restarted"
+        );
+        error!(%reason, "a replication thread panicked");
+        progress.set_failure(Stall {
+            state_id: None,
+            reason,
+            file: None,
+            line: None,
+        });
+        stop.store(true, Ordering::SeqCst);
+    })
 }
 
 const INGEST_BATCH: usize = 4096;

@@ -52,6 +52,9 @@ pub struct Progress {
     pub ingest_stall: Mutex<Option<Stall>>,
     /// A state that cannot complete (missing file, disk full, ...).
     pub stage_stall: Mutex<Option<Stall>>,
+    /// Replication stopped for good (a pipeline thread panicked): shown
+    /// before any other stall, never cleared until restart.
+    pub failure: Mutex<Option<Stall>>,
 }
 
 impl Default for Progress {
@@ -73,6 +76,7 @@ impl Default for Progress {
             gc_freed_bytes: AtomicU64::new(0),
             ingest_stall: Mutex::new(None),
             stage_stall: Mutex::new(None),
+            failure: Mutex::new(None),
         }
     }
 }
@@ -97,9 +101,15 @@ impl Progress {
         StateId(self.latest.load(Ordering::Relaxed).max(visible.0))
     }
 
+    /// Records why replication stopped for good; the first reason stays.
+    pub fn set_failure(&self, stall: Stall) {
+        lock(&self.failure).get_or_insert(stall);
+    }
+
     pub fn stalled(&self) -> Option<Stall> {
-        lock(&self.ingest_stall)
+        lock(&self.failure)
             .clone()
+            .or_else(|| lock(&self.ingest_stall).clone())
             .or_else(|| lock(&self.stage_stall).clone())
     }
 }

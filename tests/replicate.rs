@@ -223,3 +223,40 @@ fn damaged_committed_journal_record_stops_start_and_keeps_every_file() {
         "start changed the state folder"
     );
 }
+
+#[test]
+fn a_panicking_pipeline_thread_stops_replication_with_a_stalled_reason() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let replica = Replica::start(config(state.path(), src.path())).unwrap();
+    wait_for("state 50", Duration::from_secs(10), || {
+        replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+    // GC calls what readers hold on its next pass: make that panic, then
+    // commit something so that a pass runs.
+    replica.set_held_dirs(std::sync::Arc::new(|| panic!("held dirs exploded")));
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(src.path().join("events/log-000001.jsonl"))
+        .unwrap();
+    std::io::Write::write_all(
+        &mut log,
+        b"{\"id\": 60, \"op\": \"create_database\", \"db\": \"other\"}\n",
+    )
+    .unwrap();
+    wait_for("the panic to be reported", Duration::from_secs(10), || {
+        replica.status().stalled.is_some()
+    });
+    let stall = replica.status().stalled.unwrap();
+    assert!(
+        stall.reason.contains("gc thread panicked") && stall.reason.contains("held dirs exploded"),
+        "{stall:?}"
+    );
+    // Stopped for good: it stays reported, and nothing moves any more.
+    let visible = replica.catalog().snapshot().visible.state_id;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(replica.catalog().snapshot().visible.state_id, visible);
+    assert_eq!(replica.status().stalled, Some(stall));
+    replica.stop();
+}
