@@ -73,7 +73,7 @@ fn run() -> Res<()> {
             let src = case.join("src");
             fs::create_dir(&src)?;
             let refs = make_sources(&src, files, bytes, rep)?;
-            old.push(time_syncfs(&case.join("old"), &src, &refs)?);
+            old.push(time_syncfs(&case.join("old"), &src, &refs, false)?);
             new.push(time_publish(&case.join("new"), &src, &refs)?);
             for (i, threads) in SWEEP.iter().enumerate() {
                 let d = time_fdatasync_threads(
@@ -85,7 +85,7 @@ fn run() -> Res<()> {
                 )?;
                 sweep[i].push(d);
             }
-            early_old.push(time_syncfs_early(&case.join("eo"), &src, &refs)?);
+            early_old.push(time_syncfs(&case.join("eo"), &src, &refs, true)?);
             early_new.push(time_fdatasync_threads(
                 &case.join("en"),
                 &src,
@@ -185,27 +185,74 @@ fn time_publish(state: &Path, src: &Path, refs: &[FileRef]) -> Res<Duration> {
     Ok(start.elapsed())
 }
 
-/// Main's strategy on the same layout: the copies are written into
-/// `blobs/tmp/` (untimed), then syncfs, renames, syncfs.
-fn time_syncfs(state: &Path, src: &Path, refs: &[FileRef]) -> Res<Duration> {
+/// One temp copy in the bench's own `blobs/tmp/`.
+struct Temp {
+    file: File,
+    path: PathBuf,
+    hex: String,
+}
+
+/// Copies the sources into `state/blobs/tmp/` (untimed), starting their
+/// writeback when `early_writeback`; returns `blobs/` and the copies.
+fn write_temps(
+    state: &Path,
+    src: &Path,
+    refs: &[FileRef],
+    early_writeback: bool,
+) -> Res<(PathBuf, Vec<Temp>)> {
     let root = state.join("blobs");
     let tmp = root.join("tmp");
     fs::create_dir_all(&tmp)?;
     let mut temps = Vec::with_capacity(refs.len());
     for f in refs {
-        let t = tmp.join(format!("{}.tmp", f.sha256.to_hex()));
-        fs::copy(src.join(&f.path), &t)?;
-        temps.push((t, f.sha256.to_hex()));
+        let path = tmp.join(format!("{}.tmp", f.sha256.to_hex()));
+        fs::copy(src.join(&f.path), &path)?;
+        let file = File::open(&path)?;
+        if early_writeback {
+            // What a fetch worker could do as it finishes a copy: queue the
+            // data for writeback without waiting.
+            // SAFETY: a valid descriptor; the call only queues writeback.
+            unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+        }
+        temps.push(Temp {
+            file,
+            path,
+            hex: f.sha256.to_hex(),
+        });
     }
-    let start = Instant::now();
-    syncfs(&tmp)?;
-    for (t, hex) in &temps {
-        let fan = root.join(&hex[..2]);
+    Ok((root, temps))
+}
+
+/// Renames every copy to `blobs/<2 hex>/<hex>`, creating fan-out
+/// directories (and syncing `blobs/` for each new one when `sync_new`);
+/// returns the fan-out directories touched.
+fn rename_into_place(
+    root: &Path,
+    temps: &[Temp],
+    sync_new: bool,
+) -> Res<std::collections::BTreeSet<PathBuf>> {
+    let mut touched = std::collections::BTreeSet::new();
+    for t in temps {
+        let fan = root.join(&t.hex[..2]);
         if !fan.is_dir() {
             fs::create_dir(&fan)?;
+            if sync_new {
+                File::open(root)?.sync_all()?;
+            }
         }
-        fs::rename(t, fan.join(hex))?;
+        fs::rename(&t.path, fan.join(&t.hex))?;
+        touched.insert(fan);
     }
+    Ok(touched)
+}
+
+/// Main's strategy on the same layout: the copies are written into
+/// `blobs/tmp/` (untimed), then syncfs, renames, syncfs.
+fn time_syncfs(state: &Path, src: &Path, refs: &[FileRef], early_writeback: bool) -> Res<Duration> {
+    let (root, temps) = write_temps(state, src, refs, early_writeback)?;
+    let start = Instant::now();
+    syncfs(&root.join("tmp"))?;
+    rename_into_place(&root, &temps, false)?;
     syncfs(&root)?;
     Ok(start.elapsed())
 }
@@ -223,76 +270,22 @@ fn time_fdatasync_threads(
     threads: usize,
     early_writeback: bool,
 ) -> Res<Duration> {
-    let root = state.join("blobs");
-    let tmp = root.join("tmp");
-    fs::create_dir_all(&tmp)?;
-    let mut temps = Vec::with_capacity(refs.len());
-    for f in refs {
-        let t = tmp.join(format!("{}.tmp", f.sha256.to_hex()));
-        fs::copy(src.join(&f.path), &t)?;
-        let file = File::open(&t)?;
-        if early_writeback {
-            start_writeback(&file);
-        }
-        temps.push((file, t, f.sha256.to_hex()));
-    }
+    let (root, temps) = write_temps(state, src, refs, early_writeback)?;
     let start = Instant::now();
     let chunk = temps.len().div_ceil(threads.max(1));
     std::thread::scope(|scope| -> Res<()> {
         let workers: Vec<_> = temps
             .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().try_for_each(|(f, _, _)| f.sync_data())))
+            .map(|part| scope.spawn(move || part.iter().try_for_each(|t| t.file.sync_data())))
             .collect();
         for w in workers {
             w.join().map_err(|_| "sync thread panicked")??;
         }
         Ok(())
     })?;
-    let mut touched = std::collections::BTreeSet::new();
-    for (_, t, hex) in &temps {
-        let fan = root.join(&hex[..2]);
-        if !fan.is_dir() {
-            fs::create_dir(&fan)?;
-            File::open(&root)?.sync_all()?;
-        }
-        fs::rename(t, fan.join(hex))?;
-        touched.insert(fan);
-    }
-    for d in touched {
+    for d in rename_into_place(&root, &temps, true)? {
         File::open(d)?.sync_all()?;
     }
-    Ok(start.elapsed())
-}
-
-/// What a fetch worker could do as it finishes a copy: queue the data for
-/// writeback without waiting.
-fn start_writeback(file: &File) {
-    // SAFETY: a valid descriptor; the call only queues writeback.
-    unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
-}
-
-/// [`time_syncfs`] with writeback started at copy time.
-fn time_syncfs_early(state: &Path, src: &Path, refs: &[FileRef]) -> Res<Duration> {
-    let root = state.join("blobs");
-    let tmp = root.join("tmp");
-    fs::create_dir_all(&tmp)?;
-    let mut temps = Vec::with_capacity(refs.len());
-    for f in refs {
-        let t = tmp.join(format!("{}.tmp", f.sha256.to_hex()));
-        fs::copy(src.join(&f.path), &t)?;
-        start_writeback(&File::open(&t)?);
-        temps.push((t, f.sha256.to_hex()));
-    }
-    let start = Instant::now();
-    syncfs(&tmp)?;
-    for (t, hex) in &temps {
-        let fan = root.join(&hex[..2]);
-        if !fan.is_dir() {
-            fs::create_dir(&fan)?;
-        }
-        fs::rename(t, fan.join(hex))?;
-    }
-    syncfs(&root)?;
     Ok(start.elapsed())
 }
 

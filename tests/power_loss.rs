@@ -19,8 +19,12 @@
 //!
 //! Unlike SIGKILL (crash_replicate.rs), a cut loses the page cache, so a
 //! missing fsync shows: docs/PROOF.md records what this test catches when
-//! one is removed. `STAGEFS_LONG_TESTS=1` runs 300 cuts instead of 50.
+//! one is removed. `STAGEFS_LONG_TESTS=1` runs 300 cuts instead of 50;
+//! `STAGEFS_POWER_CUTS=N` runs N, and `STAGEFS_POWER_DEBUG=1` prints what
+//! the child reports and each cut's counts.
 
+#[path = "common/oracle.rs"]
+mod oracle;
 #[path = "common/powerfs.rs"]
 mod powerfs;
 
@@ -31,21 +35,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-
+use oracle::{check_tree, crash_config as config};
 use powerfs::PowerFs;
-use stagefs::catalog::Tree;
 use stagefs::event::StateId;
-use stagefs::replicate::{Replica, ReplicaConfig};
+use stagefs::replicate::Replica;
 use stagefs::workload::{Rng, Workload, WorkloadConfig};
-
-fn config(state: &Path, src: &Path) -> ReplicaConfig {
-    let mut cfg = ReplicaConfig::new(state, &src.join("source"), &src.join("events"));
-    cfg.cm_root = Some(src.join("cm"));
-    cfg.gc_interval = Duration::from_millis(50);
-    cfg.retain = 3;
-    cfg
-}
 
 /// The child: replicate with the state on the layer, printing every
 /// visible id as soon as it is published, until killed.
@@ -115,42 +109,6 @@ fn spawn_child(state: &Path, src: &Path) -> (Child, std::thread::JoinHandle<()>,
         }
     });
     (child, reader, seen)
-}
-
-fn check_tree(tree: &Tree, w: &Workload, blobs: &stagefs::stage::BlobStore, when: &str) {
-    let expected = w.expected(tree.state_id).unwrap();
-    let mut tables = 0;
-    for (db, dnode) in tree.root.children.iter() {
-        for (t, tnode) in dnode.as_dir().unwrap().children.iter() {
-            tables += 1;
-            let want = expected
-                .get(&format!("{db}.{t}"))
-                .unwrap_or_else(|| panic!("{when}: {db}.{t} does not exist at {}", tree.state_id));
-            let got = tnode.as_dir().unwrap().files_below();
-            let want: Vec<_> = want.iter().map(|(p, b)| (p.clone(), *b)).collect();
-            assert_eq!(got, want, "{when}: {db}.{t} at {}", tree.state_id);
-            for (path, b) in &got {
-                let bytes = std::fs::read(blobs.path(b)).unwrap_or_else(|e| {
-                    panic!(
-                        "{when}: committed state {} misses the blob of {db}.{t}/{path}: {e}",
-                        tree.state_id
-                    )
-                });
-                assert_eq!(
-                    Sha256::digest(&bytes).as_slice(),
-                    b.0,
-                    "{when}: wrong blob for {db}.{t}/{path} at {}",
-                    tree.state_id
-                );
-            }
-        }
-    }
-    assert_eq!(
-        tables,
-        expected.len(),
-        "{when}: table count at {}",
-        tree.state_id
-    );
 }
 
 #[test]

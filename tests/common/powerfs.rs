@@ -313,6 +313,14 @@ impl Layer {
     }
 }
 
+/// Replies to an operation that returns nothing but success or an errno.
+fn answer(reply: ReplyEmpty, r: OpResult<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
 fn read_all(file: &File) -> std::io::Result<Vec<u8>> {
     let len = file.metadata()?.len() as usize;
     let mut buf = vec![0u8; len];
@@ -454,10 +462,7 @@ impl Filesystem for Layer {
             m.counts.renames += 1;
             Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, r)
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -591,10 +596,7 @@ impl Filesystem for Layer {
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.lock() {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.lock().map(drop))
     }
 
     fn release(
@@ -607,9 +609,7 @@ impl Filesystem for Layer {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // Closing changes nothing durable; allowed even after the cut.
-        let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
-        m.handles.remove(&fh.0);
+        self.close(fh);
         reply.ok();
     }
 
@@ -627,10 +627,7 @@ impl Filesystem for Layer {
             m.counts.fsyncs += 1;
             Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, r)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -691,8 +688,7 @@ impl Filesystem for Layer {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
-        m.handles.remove(&fh.0);
+        self.close(fh);
         reply.ok();
     }
 
@@ -710,10 +706,7 @@ impl Filesystem for Layer {
             m.counts.dir_fsyncs += 1;
             Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, r)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -742,14 +735,18 @@ impl Filesystem for Layer {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        match self.lock() {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.lock().map(drop))
     }
 }
 
 impl Layer {
+    /// Forgets a handle. Closing changes nothing durable, so it is allowed
+    /// even after the cut.
+    fn close(&self, fh: FileHandle) {
+        let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        m.handles.remove(&fh.0);
+    }
+
     fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
         let r = self.lock().and_then(|mut m| {
             let ino = m.child(parent.0, name)?;
@@ -764,10 +761,7 @@ impl Layer {
             m.unlinked(ino);
             Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, r)
     }
 }
 
