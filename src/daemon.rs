@@ -53,11 +53,16 @@ impl From<ReplicaError> for DaemonError {
 
 /// Logging to stderr, filtered by `STAGEFS_LOG` (default `info`).
 pub fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("STAGEFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser::session=error"));
+    // Colour only on a terminal: a log file or pipe gets plain text
+    // (and NO_COLOR, https://no-color.org, turns it off everywhere).
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .with_target(false)
         .try_init();
 }
@@ -266,10 +271,13 @@ impl StatusSource for ReplicaStatus {
 
 /// A stagefs mount whose daemon died (`kill -9`) answers "Transport
 /// endpoint is not connected". Running the same command again should resume
-/// (SPEC §6), so such a dead mount is detached first.
+/// (SPEC §6), so such a dead mount is detached first. A `stat` of the root
+/// may still answer from the kernel's attribute cache, so listing it (which
+/// always asks the daemon) is checked too.
 fn clear_dead_mount(path: &Path) {
-    let dead =
-        matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    let not_connected = |e: std::io::Error| e.raw_os_error() == Some(libc::ENOTCONN);
+    let dead = std::fs::metadata(path).err().is_some_and(not_connected)
+        || std::fs::read_dir(path).err().is_some_and(not_connected);
     if !dead || !is_stagefs_mount(path) {
         return;
     }

@@ -243,6 +243,9 @@ impl Replica {
         let (record, mut pins) = load_durable(&cfg.state_dir)?;
         let mut jcfg = JournalConfig::new(cfg.state_dir.join("journal"));
         jcfg.ring_capacity = cfg.ring_capacity;
+        // Every committed state must survive recovery: it may cut a torn
+        // tail only above the commit record's visible state.
+        jcfg.durable_through = record.visible;
         let (journal, report) = Journal::open(jcfg)?;
         if let Some(reason) = &report.reason {
             warn!(truncated_bytes = report.truncated_bytes, %reason, "journal tail was cut");
@@ -339,9 +342,7 @@ impl Replica {
 
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.to_owned())
-                .spawn(f)
+            spawn_supervised(name, f, &progress, &stop)
                 .map_err(|e| ReplicaError::Io(format!("starting the {name} thread"), e))
         };
         {
@@ -508,6 +509,40 @@ impl Drop for Replica {
     }
 }
 
+/// Starts a pipeline thread whose panic is never silent: it is logged, the
+/// status shows it as `stalled` for good, and the whole pipeline stops
+/// (`stop`), so replication rests at the visible state (the mount keeps
+/// serving it) until a restart, rather than running on with a part missing.
+fn spawn_supervised(
+    name: &str,
+    f: Box<dyn FnOnce() + Send>,
+    progress: &Arc<Progress>,
+    stop: &Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    let (progress, stop, thread) = (Arc::clone(progress), Arc::clone(stop), name.to_owned());
+    std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+        let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
+            return;
+        };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_owned());
+        let reason = format!(
+            "internal error: the {thread} thread panicked ({what}); replication stopped at the visible state until stagefs is restarted"
+        );
+        error!(%reason, "a replication thread panicked");
+        progress.set_failure(Stall {
+            state_id: None,
+            reason,
+            file: None,
+            line: None,
+        });
+        stop.store(true, Ordering::SeqCst);
+    })
+}
+
 const INGEST_BATCH: usize = 4096;
 /// Longest wait between attempts to read a source that is unavailable.
 const SOURCE_BACKOFF_CAP: Duration = Duration::from_secs(10);
@@ -579,6 +614,8 @@ fn run_ingest<S: Source>(
             Err(p) => p.into_inner(),
         };
         let mut last_time = UNKNOWN_TIME;
+        // This batch's records, to write again if the sync fails.
+        let mut appended: Vec<(StateId, Vec<u8>)> = Vec::new();
         while let Some(record) = backlog.front() {
             let event = match source.decode(record, validator.latest()) {
                 Ok(event) => event,
@@ -623,6 +660,7 @@ fn run_ingest<S: Source>(
                         });
                         break;
                     }
+                    appended.push((id, payload));
                     if let Some(t) = acc.event.time_ms {
                         last_time = t;
                     }
@@ -640,16 +678,12 @@ fn run_ingest<S: Source>(
             backlog.pop_front();
         }
         if let Err(e) = j.sync() {
-            // The appended records are not durable; they were never
-            // published. Stop: the next start re-reads these records.
-            error!(error = %e, "journal sync failed; ingest stops");
-            progress.set_ingest_stall(Some(Stall {
-                state_id: None,
-                reason: format!("journal sync failed: {e}"),
-                file: None,
-                line: None,
-            }));
-            return;
+            // Not durable, never published, but already accepted by the
+            // validator: write the same records again once the journal
+            // can take them (space freed, say).
+            if !rewrite_journal_until_synced(&mut j, &appended, e, progress, stop) {
+                return;
+            }
         }
         drop(j);
         handoff.push(batch);
@@ -696,8 +730,66 @@ fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
     }
 }
 
-/// Ends ingest at a record that can never be accepted: reports it and waits
-/// for shutdown. The operator corrects the source and restarts.
+/// After a failed journal sync: reports the stall, then (with capped
+/// backoff) cuts the journal back to its durable end and writes `records`
+/// again until a sync succeeds (true) or shutdown (false).
+fn rewrite_journal_until_synced(
+    j: &mut Journal,
+    records: &[(StateId, Vec<u8>)],
+    first: JournalError,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> bool {
+    let mut error = first;
+    let mut attempt = 0;
+    loop {
+        let reason = if error.is_no_space() {
+            format!("disk full: journal: {error} (retrying)")
+        } else {
+            format!("journal: {error} (retrying)")
+        };
+        if attempt == 0 {
+            error!(%reason, "journal sync failed; ingest waits and retries");
+        }
+        progress.set_ingest_stall(Some(Stall {
+            state_id: None,
+            reason,
+            file: None,
+            line: None,
+        }));
+        let until = Instant::now() + backoff(attempt);
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let retried = j.reset_after_failure().and_then(|()| {
+            for (id, payload) in records {
+                j.append(*id, payload)?;
+            }
+            j.sync()
+        });
+        match retried {
+            Ok(()) => {
+                info!(
+                    attempts = attempt + 1,
+                    "journal sync succeeded again; ingest resumes"
+                );
+                progress.set_ingest_stall(None);
+                return true;
+            }
+            Err(e) => {
+                debug!(attempt, error = %e, "journal retry failed");
+                error = e;
+                attempt = attempt.saturating_add(1);
+            }
+        }
+    }
+}
+
+/// Ends ingest at a line that can never be accepted: reports it and waits
+/// for shutdown. The operator corrects the log and restarts.
 fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
     progress.set_ingest_stall(Some(stall));
     while !stop.load(Ordering::Relaxed) {

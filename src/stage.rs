@@ -14,9 +14,11 @@
 //!   with the [`FileRef`]; then either [`BlobStore::fetch`] `sync_data`s it,
 //!   renames it into place (never replacing an existing blob) and fsyncs the
 //!   fan-out directory, or [`BlobStore::fetch_unsynced`] leaves it in `tmp/`
-//!   for [`BlobStore::publish`] to sync a whole group at once (`syncfs`),
-//!   rename, and `syncfs` again. So a blob present after a crash is complete,
-//!   and a blob at its path is durable (durability order, step 1).
+//!   for [`BlobStore::publish`] to make a whole group durable at once:
+//!   `fdatasync` of every temp through its own descriptor (in parallel),
+//!   the renames, one fsync per touched fan-out directory. So a blob present
+//!   after a crash is complete, and a blob at its path is durable
+//!   (durability order, step 1).
 //! - Same content is stored once, whatever file names reference it.
 //! - [`BlobStore::staged_bytes`] is the total size of the stored blobs: scanned
 //!   on open, then kept up to date by fetch and remove.
@@ -247,22 +249,34 @@ impl BlobStore {
     }
 
     /// Makes a group of unsynced copies durable and puts them in place, in
-    /// the durability order: one `syncfs` for the data of every temp file,
-    /// the renames, one `syncfs` for the renames. A blob is never at its
-    /// path before its bytes are durable. On error, returns the blobs that
-    /// are not durably in place (their temps are removed): fetch them again.
+    /// the durability order: each temp file is fdatasynced through its own
+    /// descriptor (spread over up to [`PUBLISH_SYNC_THREADS`] threads, so the
+    /// filesystem can commit many in one journal transaction), then the
+    /// synced ones are renamed into place, then each touched fan-out
+    /// directory is fsynced once. A blob is never at its path before its
+    /// bytes are durable, and `Ok` means every blob of the group is durably
+    /// at its path. On error, returns the blobs that are not durably in place
+    /// (their temps are removed): fetch them again.
     pub fn publish(&self, batch: Vec<Unsynced>) -> Result<(), (StageError, Vec<BlobId>)> {
         if batch.is_empty() {
             return Ok(());
         }
-        let all: Vec<BlobId> = batch.iter().map(|u| u.id).collect();
-        if let Err(e) = syncfs(&self.tmp_dir) {
-            return Err((store_error("syncing", &self.tmp_dir, e), all));
-        }
-        let mut placed = Vec::with_capacity(batch.len());
         let mut failed = Vec::new();
         let mut first_error = None;
-        for mut u in batch {
+        let mut synced = Vec::with_capacity(batch.len());
+        for (u, result) in sync_all_data(batch) {
+            match result {
+                Ok(()) => synced.push(u),
+                Err(e) => {
+                    // Dropping `u` removes its temp: the bytes may not be durable.
+                    failed.push(u.id);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let mut placed = Vec::with_capacity(synced.len());
+        let mut touched = std::collections::BTreeSet::new();
+        for mut u in synced {
             let dest = self.path(&u.id);
             let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
             // Ok(true): renamed into place; Ok(false): a parallel copy got
@@ -274,27 +288,34 @@ impl BlobStore {
                     Err(e) => Err(store_error("renaming into", &dest, e)),
                 });
             match result {
-                Ok(true) => {
-                    u.temp.keep = true;
-                    self.staged_bytes.fetch_add(u.size, Ordering::Relaxed);
-                    placed.push((u.id, u.size));
+                Ok(placed_here) => {
+                    if placed_here {
+                        u.temp.keep = true;
+                        self.staged_bytes.fetch_add(u.size, Ordering::Relaxed);
+                        placed.push((u.id, u.size));
+                    }
+                    // Even when another copy got there first, its rename may
+                    // not be durable yet: sync the directory either way.
+                    touched.insert(fan_out);
                 }
-                Ok(false) => {}
                 Err(e) => {
                     failed.push(u.id);
                     first_error.get_or_insert(e);
                 }
             }
         }
-        if let Err(e) = syncfs(&self.root) {
-            // The renames may not survive a crash: take them out again so
-            // nothing unsynced is ever trusted as present.
-            for (id, size) in &placed {
-                if fs::remove_file(self.path(id)).is_ok() {
-                    self.subtract_staged(*size);
+        for dir in &touched {
+            if let Err(e) = fsync_dir(dir) {
+                // The renames may not survive a crash: take them out again so
+                // nothing whose name is not durable is trusted as present.
+                for (id, size) in &placed {
+                    if fs::remove_file(self.path(id)).is_ok() {
+                        self.subtract_staged(*size);
+                    }
                 }
+                failed.extend(placed.iter().map(|(id, _)| *id));
+                return Err((store_error("syncing directory", dir, e), failed));
             }
-            return Err((store_error("syncing", &self.root, e), all));
         }
         match first_error {
             Some(e) => Err((e, failed)),
@@ -884,16 +905,52 @@ impl std::fmt::Debug for Unsynced {
     }
 }
 
-/// Flushes every dirty page and inode of the filesystem holding `dir`.
-fn syncfs(dir: &Path) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let f = File::open(dir)?;
-    // SAFETY: syncfs on a valid open descriptor.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+/// Most threads [`BlobStore::publish`] fdatasyncs a group with. The syncs
+/// mostly wait on the disk, so more threads than cores pay off: the
+/// filesystem commits concurrent syncs together.
+pub const PUBLISH_SYNC_THREADS: usize = 8;
+
+/// `fdatasync`s every copy through its own descriptor, on up to
+/// [`PUBLISH_SYNC_THREADS`] threads; each copy with its own result.
+fn sync_all_data(batch: Vec<Unsynced>) -> Vec<(Unsynced, Result<(), StageError>)> {
+    let threads = batch.len().min(PUBLISH_SYNC_THREADS);
+    if threads <= 1 {
+        return batch
+            .into_iter()
+            .map(|u| {
+                let r = u.temp.sync_data();
+                (u, r)
+            })
+            .collect();
     }
+    let mut shares: Vec<Vec<Unsynced>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, u) in batch.into_iter().enumerate() {
+        shares[i % threads].push(u);
+    }
+    thread::scope(|scope| {
+        let workers: Vec<_> = shares
+            .into_iter()
+            .map(|share| {
+                scope.spawn(move || {
+                    share
+                        .into_iter()
+                        .map(|u| {
+                            let r = u.temp.sync_data();
+                            (u, r)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| match w.join() {
+                Ok(results) => results,
+                // sync_data does not panic; if it did, the panic is the bug.
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
 }
 
 /// A temp file in `blobs/tmp/`, removed on drop unless it was renamed into place.
@@ -941,6 +998,14 @@ impl TempBlob {
     }
 
     fn sync_data(&self) -> Result<(), StageError> {
+        #[cfg(test)]
+        if let Some(errno) = test_hooks::injected_sync_errno(&self.path) {
+            return Err(store_error(
+                "syncing",
+                &self.path,
+                io::Error::from_raw_os_error(errno),
+            ));
+        }
         self.file
             .sync_data()
             .map_err(|e| store_error("syncing", &self.path, e))
@@ -1087,6 +1152,10 @@ fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod test_hooks {
     use std::cell::Cell;
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    use crate::event::BlobId;
 
     thread_local! {
         static WRITE_ERRNO: Cell<Option<i32>> = const { Cell::new(None) };
@@ -1099,6 +1168,28 @@ mod test_hooks {
 
     pub fn injected_write_errno() -> Option<i32> {
         WRITE_ERRNO.with(|c| c.get())
+    }
+
+    /// Temp files of these blobs fail `sync_data` with the errno, on every
+    /// thread (publish syncs on its own threads). Keyed by blob, so tests
+    /// running in parallel do not see each other's failures.
+    static SYNC_ERRNO: Mutex<Vec<(BlobId, i32)>> = Mutex::new(Vec::new());
+
+    pub fn inject_sync_errno(id: BlobId, errno: i32) {
+        SYNC_ERRNO
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, errno));
+    }
+
+    pub fn injected_sync_errno(temp: &Path) -> Option<i32> {
+        let name = temp.file_name()?.to_str()?;
+        SYNC_ERRNO
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(id, _)| name.starts_with(&id.to_hex()))
+            .map(|(_, errno)| *errno)
     }
 }
 
@@ -1180,6 +1271,41 @@ mod tests {
             (outcome, none.is_none()),
             (FetchOutcome::AlreadyPresent, true)
         );
+    }
+
+    #[test]
+    fn failed_data_sync_of_one_copy_keeps_it_out_of_place_and_publishes_the_rest() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let names = ["sync-a", "sync-b", "sync-c"];
+        let refs: Vec<FileRef> = names
+            .iter()
+            .map(|n| {
+                let content = format!("content of {n} for the sync test");
+                put(&fx.src, n, content.as_bytes());
+                file_ref(n, content.as_bytes())
+            })
+            .collect();
+        let blobs: Vec<BlobId> = refs.iter().map(|f| f.key()).collect();
+        let copies: Vec<Unsynced> = refs
+            .iter()
+            .map(|f| {
+                store
+                    .fetch_unsynced(f, &fx.src, None)
+                    .unwrap()
+                    .copy
+                    .unwrap()
+            })
+            .collect();
+        test_hooks::inject_sync_errno(blobs[1], libc::EIO);
+
+        let (err, failed) = store.publish(copies).expect_err("a data sync failed");
+        assert_eq!(failed, vec![blobs[1]]);
+        assert!(err.to_string().contains("syncing"), "{err}");
+        // Never at its path without durable bytes; the others are in place.
+        assert!(!store.contains(&blobs[1]));
+        assert!(store.contains(&blobs[0]) && store.contains(&blobs[2]));
+        assert_eq!(temp_count(&fx.state), 0);
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub struct Progress {
     pub unverified_files: AtomicU64,
     /// The source, as its ingest thread last reported it.
     pub source: Mutex<SourceReport>,
+    /// Replication stopped for good (a pipeline thread panicked): shown
+    /// before any other stall, never cleared until restart.
+    pub failure: Mutex<Option<Stall>>,
 }
 
 impl Default for Progress {
@@ -80,6 +83,7 @@ impl Default for Progress {
             stage_stall: Mutex::new(None),
             unverified_files: AtomicU64::new(0),
             source: Mutex::new(SourceReport::default()),
+            failure: Mutex::new(None),
         }
     }
 }
@@ -108,9 +112,15 @@ impl Progress {
         StateId(self.latest.load(Ordering::Relaxed).max(visible.0))
     }
 
+    /// Records why replication stopped for good; the first reason stays.
+    pub fn set_failure(&self, stall: Stall) {
+        lock(&self.failure).get_or_insert(stall);
+    }
+
     pub fn stalled(&self) -> Option<Stall> {
-        lock(&self.ingest_stall)
+        lock(&self.failure)
             .clone()
+            .or_else(|| lock(&self.ingest_stall).clone())
             .or_else(|| lock(&self.stage_stall).clone())
     }
 }

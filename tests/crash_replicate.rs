@@ -16,20 +16,13 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
+#[path = "common/oracle.rs"]
+mod oracle;
 
-use stagefs::catalog::Tree;
+use oracle::{check_tree, crash_config as config};
 use stagefs::event::StateId;
-use stagefs::replicate::{Replica, ReplicaConfig};
+use stagefs::replicate::Replica;
 use stagefs::workload::{Rng, Workload, WorkloadConfig};
-
-fn config(state: &Path, src: &Path) -> ReplicaConfig {
-    let mut cfg = ReplicaConfig::new(state, &src.join("source"), &src.join("events"));
-    cfg.cm_root = Some(src.join("cm"));
-    cfg.gc_interval = Duration::from_millis(50);
-    cfg.retain = 3;
-    cfg
-}
 
 /// The child: replicate until killed.
 #[test]
@@ -56,27 +49,6 @@ fn spawn_child(state: &Path, src: &Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
-}
-
-fn check_tree(tree: &Tree, w: &Workload, blobs: &stagefs::stage::BlobStore) {
-    let expected = w.expected(tree.state_id).unwrap();
-    let mut tables = 0;
-    for (db, dnode) in tree.root.children.iter() {
-        for (t, tnode) in dnode.as_dir().unwrap().children.iter() {
-            tables += 1;
-            let want = expected
-                .get(&format!("{db}.{t}"))
-                .unwrap_or_else(|| panic!("{db}.{t} does not exist at {}", tree.state_id));
-            let got = tnode.as_dir().unwrap().files_below();
-            let want: Vec<_> = want.iter().map(|(p, b)| (p.clone(), *b)).collect();
-            assert_eq!(got, want, "{db}.{t} at {}", tree.state_id);
-            for (_, b) in &got {
-                let bytes = std::fs::read(blobs.path(b)).unwrap();
-                assert_eq!(Sha256::digest(&bytes).as_slice(), b.0, "blob content");
-            }
-        }
-    }
-    assert_eq!(tables, expected.len(), "table count at {}", tree.state_id);
 }
 
 fn count_tmp(state: &Path) -> usize {
@@ -133,9 +105,9 @@ fn sigkill_during_staging_and_commits_loses_nothing() {
         let (catalog, blobs) = (replica.catalog().clone(), replica.blobs().clone());
         replica.stop();
         let snap = catalog.snapshot();
-        check_tree(&snap.visible, &w, &blobs);
+        check_tree(&snap.visible, &w, &blobs, &format!("kill {round}"));
         for tree in snap.versions.values() {
-            check_tree(tree, &w, &blobs);
+            check_tree(tree, &w, &blobs, &format!("kill {round}"));
         }
         last_visible = snap.visible.state_id;
         // Recovery removed the killed run's temp files, and a clean stop
@@ -154,7 +126,12 @@ fn sigkill_during_staging_and_commits_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    check_tree(&replica.catalog().snapshot().visible, &w, replica.blobs());
+    check_tree(
+        &replica.catalog().snapshot().visible,
+        &w,
+        replica.blobs(),
+        "final run",
+    );
     assert!(last_visible > StateId(0), "no kill happened after a commit");
     eprintln!("{kills} kills; visible advanced to {last_visible} before the final run; at most {max_tmp} temp files at a kill");
 }

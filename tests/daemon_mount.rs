@@ -356,6 +356,26 @@ fn sigint_unmounts_and_exits_0() {
 }
 
 #[test]
+fn logs_to_a_file_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(seeded(dir.path()));
+    d.wait_visible(50);
+    let st = d.sigint();
+    assert_eq!(st.code(), Some(0), "{st}\n{}", d.all_stderr());
+    // The harness sends stderr to a file: no terminal, so no colour.
+    let log = d.stderr();
+    assert!(
+        log.contains("INFO"),
+        "expected info lines in the log: {log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "ANSI escape codes in a log written to a file:\n{}",
+        log.escape_debug()
+    );
+}
+
+#[test]
 fn external_umount_makes_the_daemon_exit_0() {
     let dir = tempfile::tempdir().unwrap();
     let mut d = Daemon::start(seeded(dir.path()));
@@ -528,26 +548,9 @@ fn kill9_then_the_same_command_resumes() {
     // (stat of the root may still answer from the attribute cache.)
     let e = fs::read_dir(d.mnt()).map(|_| ()).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
-    // Restarting on the dead mount: the daemon must not hang; today it
-    // refuses with one line (see the final report).
-    d.respawn();
-    match d.wait_exit(WAIT) {
-        Some(st) => {
-            assert_eq!(st.code(), Some(2), "{st}\n{}", d.all_stderr());
-            let stderr = d.stderr();
-            one_line(&stderr);
-            eprintln!("restart on a dead mount: {}", stderr.trim());
-            // Clean the dead mount, as an operator would, and run again.
-            let out = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(d.mnt())
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "umount -l: {out:?}");
-            d.restart();
-        }
-        None => d.wait_mounted(),
-    }
+    // SPEC §6: running the same command again resumes, on the dead mount
+    // the killed daemon left; nobody unmounts it by hand.
+    d.restart();
     let s = d.status();
     assert!(visible(&s) >= before, "visible went back: {before} → {s}");
     let all = w.latest().0;
@@ -560,8 +563,10 @@ fn kill9_then_the_same_command_resumes() {
     let last = w.latest().0;
     d.wait_visible(last);
     check_warehouse(&d, &w, last);
-    let st = d.sigterm();
-    assert_eq!(st.code(), Some(0));
+    // And the resumed daemon stops as any other: SIGINT, unmount, exit 0.
+    let st = d.sigint();
+    assert_eq!(st.code(), Some(0), "{st}\n{}", d.all_stderr());
+    assert!(!mounted(d.mnt()), "still mounted after SIGINT");
 }
 
 fn status_cli(args: &[&std::ffi::OsStr]) -> Value {

@@ -7,7 +7,8 @@
 //!   needs the file commits;
 //! - a full disk under `--state` stalls with "disk full" while the mount
 //!   keeps serving the last state, and replication resumes, losing nothing,
-//!   once space is freed;
+//!   once space is freed; a full disk under the journal stalls ingest only
+//!   until space returns, without a restart;
 //! - an unreadable source file (a directory, a FIFO) is retried and
 //!   reported, and replication continues once it is fixed.
 
@@ -404,6 +405,70 @@ fn disk_full_stalls_keeps_serving_and_resumes_when_space_is_freed() {
         assert_eq!(&s.file(&format!("p=a/{i:06}_0")).unwrap(), f, "file {i}");
     }
     wait_for("the stall to clear", 10, || s.status().stalled.is_none());
+}
+
+/// Fills the filesystem holding `dir` with `dir/filler` until it is full.
+fn fill_disk(dir: &Path) -> PathBuf {
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0xa5u8; 64 << 10];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    // The last pages may take small writes: fill them byte by byte.
+    while f.write(&[0xa5]).is_ok_and(|n| n == 1) {}
+    path
+}
+
+#[test]
+fn journal_disk_full_stalls_ingest_until_space_returns_without_restart() {
+    let s = Setup::new();
+    let small = Tmpfs::mount(&s.dir.path().join("statefs"), "2m");
+    let state = small.0.join("state");
+    let _d = s.start(&state);
+    wait_visible(&s, 2, 20);
+    let filler = fill_disk(&small.0);
+    // Metadata-only events: nothing to stage, so only the journal (and the
+    // commit record) needs space. More than a page of records.
+    let tables = 60u64;
+    for i in 0..tables {
+        s.src.line(&format!(
+            r#"{{"id": {}, "op": "create_table", "db": "db", "table": "t{i}", "partition_keys": ["p"]}}"#,
+            3 + i
+        ));
+    }
+    let last = 3 + tables - 1;
+    wait_for("a journal disk-full stall", 20, || {
+        stall_reason(&s).is_some_and(|(_, r)| r.contains("journal") && r.contains("disk full"))
+    });
+    let v = visible(&s.mnt()).unwrap();
+    assert!(v < StateId(last), "everything was journaled on a full disk");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        stall_reason(&s).is_some_and(|(_, r)| r.contains("journal")),
+        "the stall cleared while the disk is still full: {:?}",
+        s.status().stalled
+    );
+
+    // Space returns: the same daemon journals and commits everything.
+    std::fs::remove_file(&filler).unwrap();
+    wait_visible(&s, last, 30);
+    let mut names: Vec<String> = std::fs::read_dir(s.mnt().join("db"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = (0..tables).map(|i| format!("t{i}")).collect();
+    want.push("t".to_owned());
+    want.sort();
+    assert_eq!(names, want);
+    wait_for("the stall to clear", 10, || s.status().stalled.is_none());
+    assert_eq!(s.status().latest, StateId(last));
 }
 
 #[test]

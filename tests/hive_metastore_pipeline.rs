@@ -39,7 +39,7 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 struct Feeder {
     rows: PathBuf,
     done: usize,
-    db: db_writer::HiveWriter,
+    db: db_writer::MetastoreWriter,
     last_id: i64,
 }
 
@@ -112,7 +112,7 @@ fn follow_a_metastore(kind: Kind) {
     let mut feeder = Feeder {
         rows: root.join("hive/rows.jsonl"),
         done: 0,
-        db: db_writer::HiveWriter::new(&server, "hms", TableCase::Upper),
+        db: db_writer::MetastoreWriter::new(&server, "hms", TableCase::Upper),
         last_id: 0,
     };
     let mut step = |n: usize, workload: &mut Workload, feeder: &mut Feeder| {
@@ -160,7 +160,7 @@ fn follow_a_metastore(kind: Kind) {
     assert!(!status.to_json().contains(PASSWORD));
     server.restart();
     // The admin connection died with the server.
-    feeder.db = db_writer::HiveWriter::new(&server, "hms", TableCase::Upper);
+    feeder.db = db_writer::MetastoreWriter::new(&server, "hms", TableCase::Upper);
     step(40, &mut workload, &mut feeder);
     let latest = workload.latest();
     wait_for(

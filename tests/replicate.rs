@@ -158,3 +158,105 @@ fn random_workload_replicates_exactly_and_survives_restart() {
         }
     }
 }
+
+/// Every file below `dir` with its bytes.
+fn files_below(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_below(&p));
+        } else {
+            let bytes = std::fs::read(&p).unwrap();
+            out.push((p, bytes));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn damaged_committed_journal_record_stops_start_and_keeps_every_file() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    {
+        let replica = Replica::start(config(state.path(), src.path())).unwrap();
+        wait_for("state 50", Duration::from_secs(10), || {
+            replica.catalog().snapshot().visible.state_id == StateId(50)
+        });
+        replica.stop();
+    }
+    // Flip the last payload byte of the last record (state 50, committed):
+    // its CRC no longer matches, as if the disk had damaged it.
+    let journal = state.path().join("journal");
+    let segment = std::fs::read_dir(&journal)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .max()
+        .unwrap();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    *bytes.last_mut().unwrap() ^= 0x20;
+    std::fs::write(&segment, &bytes).unwrap();
+    let before = files_below(state.path());
+
+    let err = Replica::start(config(state.path(), src.path()))
+        .err()
+        .expect("start must refuse to drop committed state 50");
+    let msg = err.to_string();
+    assert!(
+        matches!(
+            err,
+            stagefs::replicate::ReplicaError::Journal(
+                stagefs::journal::JournalError::CutBelowCommit { durable, .. }
+            ) if durable == StateId(50)
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains(&segment.display().to_string()), "{msg}");
+    assert!(msg.contains("offset"), "{msg}");
+    // Only the lock file may differ (it is created empty and stays so).
+    assert_eq!(
+        files_below(state.path()),
+        before,
+        "start changed the state folder"
+    );
+}
+
+#[test]
+fn a_panicking_pipeline_thread_stops_replication_with_a_stalled_reason() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let replica = Replica::start(config(state.path(), src.path())).unwrap();
+    wait_for("state 50", Duration::from_secs(10), || {
+        replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+    // GC calls what readers hold on its next pass: make that panic, then
+    // commit something so that a pass runs.
+    replica.set_held_dirs(std::sync::Arc::new(|| panic!("held dirs exploded")));
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(src.path().join("events/log-000001.jsonl"))
+        .unwrap();
+    std::io::Write::write_all(
+        &mut log,
+        b"{\"id\": 60, \"op\": \"create_database\", \"db\": \"other\"}\n",
+    )
+    .unwrap();
+    wait_for("the panic to be reported", Duration::from_secs(10), || {
+        replica.status().stalled.is_some()
+    });
+    let stall = replica.status().stalled.unwrap();
+    assert!(
+        stall.reason.contains("gc thread panicked") && stall.reason.contains("held dirs exploded"),
+        "{stall:?}"
+    );
+    // Stopped for good: it stays reported, and nothing moves any more.
+    let visible = replica.catalog().snapshot().visible.state_id;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(replica.catalog().snapshot().visible.state_id, visible);
+    assert_eq!(replica.status().stalled, Some(stall));
+    replica.stop();
+}

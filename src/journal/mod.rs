@@ -18,10 +18,13 @@
 //!   cursor reaches `ring_base` again. Ring and index change together under
 //!   one lock, so a follower never skips or repeats a record.
 //! - After a failed write or fsync the writer refuses further writes: what
-//!   reached the disk is unknown (fsync errors are not retryable on Linux),
-//!   and reopening runs recovery, which makes the tail consistent again.
-//! - Recovery (in [`Journal::open`]) truncates a torn or corrupt tail; it is
-//!   never replayed.
+//!   reached the disk is unknown (fsync errors are not retryable on Linux).
+//!   [`Journal::reset_after_failure`] cuts the files back to the durable
+//!   end (as reopening would) and lets the writer append again.
+//! - Recovery (in [`Journal::open`]) cuts a torn tail of the last segment; it
+//!   is never replayed. Damage anywhere else, or a cut that would drop a
+//!   committed record ([`JournalConfig::durable_through`]), stops recovery
+//!   with an error and changes nothing.
 
 mod follower;
 mod recovery;
@@ -56,6 +59,9 @@ pub struct JournalConfig {
     pub segment_bytes: u64,
     /// Durable records kept in memory; 0 makes every follower read files.
     pub ring_capacity: usize,
+    /// The newest id known to be committed (the commit record's visible
+    /// state): recovery refuses to cut any record at or below it.
+    pub durable_through: StateId,
 }
 
 impl JournalConfig {
@@ -65,6 +71,7 @@ impl JournalConfig {
             dir: dir.into(),
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             ring_capacity: DEFAULT_RING_CAPACITY,
+            durable_through: StateId(0),
         }
     }
 }
@@ -83,8 +90,8 @@ pub struct RecoveryReport {
     pub records: u64,
     /// Id of the last intact record.
     pub last_id: Option<StateId>,
-    /// Bytes removed from the tail (torn or corrupt records and everything
-    /// after them, including later segments).
+    /// Bytes removed from the tail of the last segment (a torn or corrupt
+    /// record and everything after it).
     pub truncated_bytes: u64,
     /// Why the tail was cut, if it was.
     pub reason: Option<String>,
@@ -129,12 +136,37 @@ pub enum JournalError {
         offset: u64,
         reason: String,
     },
+    /// Recovery found damage that a crash cannot explain: a bad record,
+    /// torn header or record-less segment before the last segment (the
+    /// writer syncs a segment before starting the next). Nothing was changed.
+    #[error("journal segment {} is corrupt at offset {offset} ({reason}), before the tail of the last segment, so it is not a torn write; recovery changed no file: inspect it, restore the state folder, or remove the state folder to replicate from the start", path.display())]
+    CorruptBeforeTail {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// The last segment is damaged at `offset`, but cutting there would drop
+    /// records the commit record says are committed. Nothing was changed.
+    #[error("journal segment {} is damaged at offset {offset} ({reason}); cutting the tail there would drop committed state {durable} (the last intact record is {last_intact}); recovery changed no file: inspect it, restore the state folder, or remove the state folder to replicate from the start", path.display())]
+    CutBelowCommit {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+        last_intact: StateId,
+        durable: StateId,
+    },
     /// An earlier write or fsync failed; reopen the journal to recover.
     #[error("the journal refuses writes after an earlier failure: {0}")]
     Failed(String),
 }
 
 impl JournalError {
+    /// True when the disk (or quota) is full: clears once space is freed.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, JournalError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+    }
+
     fn io(verb: &'static str, path: &Path, source: io::Error) -> JournalError {
         JournalError::Io {
             verb,
@@ -224,13 +256,16 @@ pub struct Journal {
     last_appended: StateId,
     last_durable: Option<StateId>,
     failed: Option<String>,
+    /// Segments created by a write whose sync has not succeeded yet:
+    /// [`Journal::reset_after_failure`] removes them.
+    unsynced_segments: Vec<PathBuf>,
 }
 
 impl Journal {
     /// Opens (creating if needed) the journal in `config.dir`, recovering it
     /// first: a torn or corrupt tail is truncated and reported.
     pub fn open(config: JournalConfig) -> Result<(Journal, RecoveryReport), JournalError> {
-        let recovered = recovery::recover(&config.dir)?;
+        let recovered = recovery::recover(&config.dir, config.durable_through)?;
         let report = recovered.report;
         let active = match recovered.segments.last() {
             Some(last) => {
@@ -278,6 +313,7 @@ impl Journal {
             last_appended: base,
             last_durable: report.last_id,
             failed: None,
+            unsynced_segments: Vec::new(),
         };
         Ok((journal, report))
     }
@@ -335,6 +371,62 @@ impl Journal {
         Ok(())
     }
 
+    /// Makes the writer usable again after a failed write or sync (a full
+    /// disk, say): forgets the records not yet durable (never published, so
+    /// no follower saw them), removes segments created since the last
+    /// successful sync and truncates the last durable segment back to its
+    /// durable length (fsynced), so the files are a clean prefix again. The
+    /// caller appends what it still needs. Bytes up to the durable length
+    /// were synced successfully before, so nothing durable is touched. On
+    /// error the writer stays failed; calling again retries. A no-op when
+    /// nothing failed.
+    pub fn reset_after_failure(&mut self) -> Result<(), JournalError> {
+        if self.failed.is_none() {
+            return Ok(());
+        }
+        self.pending.clear();
+        self.buf.clear();
+        self.active = None;
+        let dir = self.shared.dir.clone();
+        let durable = self.shared.lock().segments.last().copied();
+        let created = std::mem::take(&mut self.unsynced_segments);
+        for (i, path) in created.iter().enumerate() {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    // Still ours to remove on the next attempt.
+                    self.unsynced_segments = created[i..].to_vec();
+                    return Err(JournalError::io("remove unsynced journal segment", path, e));
+                }
+            }
+        }
+        if !created.is_empty() {
+            fsync_dir(&dir).map_err(|e| JournalError::io("fsync journal directory", &dir, e))?;
+        }
+        if let Some(d) = durable {
+            let path = segment::segment_path(&dir, d.first_id);
+            let file = OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(|e| JournalError::io("open journal segment for appending", &path, e))?;
+            file.set_len(d.len)
+                .map_err(|e| JournalError::io("truncate journal segment", &path, e))?;
+            file.sync_all()
+                .map_err(|e| JournalError::io("fsync truncated journal segment", &path, e))?;
+            self.active = Some(ActiveSegment {
+                first_id: d.first_id,
+                path,
+                file,
+                len: d.len,
+            });
+        }
+        self.last_appended = self.last_durable.unwrap_or_default();
+        self.failed = None;
+        tracing::info!(dir = %dir.display(), "journal writable again after a failure");
+        Ok(())
+    }
+
     /// Writes and fsyncs `pending`, rotating segments as they fill. Returns
     /// the index entries to publish, in segment order.
     fn write_pending(&mut self) -> Result<Vec<SegmentInfo>, JournalError> {
@@ -355,7 +447,9 @@ impl Journal {
                         })?;
                     }
                     created_segment = true;
-                    self.create_segment(self.pending[i].record.id)?
+                    let created = self.create_segment(self.pending[i].record.id)?;
+                    self.unsynced_segments.push(created.path.clone());
+                    created
                 }
             };
             // Take records until the segment is full; at least one, so a
@@ -400,6 +494,7 @@ impl Journal {
             fsync_dir(&self.shared.dir)
                 .map_err(|e| JournalError::io("fsync journal directory", &self.shared.dir, e))?;
         }
+        self.unsynced_segments.clear();
         Ok(written)
     }
 

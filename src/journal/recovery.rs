@@ -3,11 +3,24 @@
 //!
 //! Scans every segment in order and checks headers, lengths, CRCs, that ids
 //! strictly increase and that each segment's first record matches its name.
-//! At the first bad or torn record the segment is truncated at that record's
-//! start (fsynced) and every later segment is deleted (directory fsynced), so
-//! a torn tail is never replayed and the surviving journal is a clean prefix.
-//! Segments with no records (a crash between creating a segment and writing
-//! to it) are deleted so the next segment's name matches its first record.
+//! Only the *tail of the last segment* can be torn by a crash: the writer
+//! fdatasyncs a segment before it starts the next one, so a bad record
+//! anywhere else is corruption, not a torn write. Hence:
+//! - a bad or torn record in the last segment is cut (the segment is
+//!   truncated at that record's start and fsynced, or removed when no record
+//!   survives), so a torn tail is never replayed and the surviving journal is
+//!   a clean prefix;
+//! - but never below `durable_through`: a cut that would drop a record the
+//!   commit record says is committed (at or below that id) stops with
+//!   [`JournalError::CutBelowCommit`] instead;
+//! - a bad record, torn header or record-less segment before the last
+//!   segment stops with [`JournalError::CorruptBeforeTail`].
+//!
+//! Every check runs before anything is changed: when recovery stops with an
+//! error, every file is as it was (nothing truncated, nothing deleted), for
+//! the operator to inspect or restore. A last segment without records (a
+//! crash between creating a segment and writing to it) is removed so the
+//! next segment's name matches its first record.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, Read};
@@ -40,7 +53,10 @@ struct Scan {
     end: ScanEnd,
 }
 
-pub(super) fn recover(dir: &Path) -> Result<Recovered, JournalError> {
+/// Recovers the journal in `dir`. `durable_through` is the newest id the
+/// caller knows to be committed (the commit record's visible state): no
+/// record at or below it may be cut.
+pub(super) fn recover(dir: &Path, durable_through: StateId) -> Result<Recovered, JournalError> {
     if !dir.is_dir() {
         fs::create_dir_all(dir)
             .map_err(|e| JournalError::io("create journal directory", dir, e))?;
@@ -55,61 +71,118 @@ pub(super) fn recover(dir: &Path) -> Result<Recovered, JournalError> {
 
     let mut report = RecoveryReport::default();
     let mut segments = Vec::with_capacity(found.len());
-    let mut dir_changed = false;
+    // Decided while scanning, done only once every segment checked out.
+    let mut tail_cut: Option<TailCut> = None;
 
     for (i, (first_id, path)) in found.iter().enumerate() {
+        let is_last = i + 1 == found.len();
         let scan = scan_segment(path, *first_id, &mut report)?;
         match scan.end {
-            ScanEnd::Clean if scan.valid_len <= HEADER_LEN => {
-                tracing::debug!(segment = %path.display(), "removing journal segment without records");
-                remove(path)?;
-                dir_changed = true;
-            }
-            ScanEnd::Clean => segments.push(SegmentInfo {
+            ScanEnd::Clean if scan.valid_len > HEADER_LEN => segments.push(SegmentInfo {
                 first_id: *first_id,
                 len: scan.valid_len,
             }),
+            ScanEnd::Clean if is_last => {
+                tracing::debug!(segment = %path.display(), "removing journal segment without records");
+                tail_cut = Some(TailCut {
+                    path: path.clone(),
+                    offset: 0,
+                    file_len: scan.file_len,
+                    reason: None,
+                });
+            }
+            ScanEnd::Clean => {
+                return Err(JournalError::CorruptBeforeTail {
+                    path: path.clone(),
+                    offset: HEADER_LEN,
+                    reason: "a segment without records".to_owned(),
+                })
+            }
+            ScanEnd::Bad { offset, reason } if !is_last => {
+                return Err(JournalError::CorruptBeforeTail {
+                    path: path.clone(),
+                    offset,
+                    reason,
+                })
+            }
             ScanEnd::Bad { offset, reason } => {
-                let mut cut = scan.file_len - offset;
-                if offset <= HEADER_LEN {
-                    // No record survives: the whole file goes, header included.
-                    cut = scan.file_len;
-                    remove(path)?;
-                    dir_changed = true;
-                } else {
-                    truncate(path, offset)?;
+                let last_intact = report.last_id.unwrap_or_default();
+                if last_intact < durable_through {
+                    return Err(JournalError::CutBelowCommit {
+                        path: path.clone(),
+                        offset,
+                        reason,
+                        last_intact,
+                        durable: durable_through,
+                    });
+                }
+                if offset > HEADER_LEN {
                     segments.push(SegmentInfo {
                         first_id: *first_id,
                         len: offset,
                     });
                 }
-                let later = &found[i + 1..];
-                for (_, later_path) in later {
-                    cut += fs::metadata(later_path)
-                        .map_err(|e| JournalError::io("stat journal segment", later_path, e))?
-                        .len();
-                    remove(later_path)?;
-                    dir_changed = true;
-                }
-                let reason = format!("{reason} in {} at offset {offset}", path.display());
-                tracing::warn!(
-                    segment = %path.display(),
+                tail_cut = Some(TailCut {
+                    path: path.clone(),
                     offset,
-                    truncated_bytes = cut,
-                    later_segments_removed = later.len(),
-                    %reason,
-                    "journal tail is torn or corrupt; truncating it"
-                );
-                report.truncated_bytes = cut;
-                report.reason = Some(reason);
-                break;
+                    file_len: scan.file_len,
+                    reason: Some(reason),
+                });
             }
         }
     }
-    if dir_changed {
-        fsync_dir(dir).map_err(|e| JournalError::io("fsync journal directory", dir, e))?;
+    if let Some(cut) = tail_cut {
+        cut.apply(dir, &mut report)?;
     }
     Ok(Recovered { segments, report })
+}
+
+/// The one change recovery may make: cut the last segment at `offset`
+/// (removing it when no record survives).
+struct TailCut {
+    path: PathBuf,
+    offset: u64,
+    file_len: u64,
+    /// Why; `None` for a segment that simply holds no records.
+    reason: Option<String>,
+}
+
+impl TailCut {
+    fn apply(self, dir: &Path, report: &mut RecoveryReport) -> Result<(), JournalError> {
+        let TailCut {
+            path,
+            offset,
+            file_len,
+            reason,
+        } = self;
+        if offset <= HEADER_LEN {
+            // No record survives: the whole file goes, header included.
+            fs::remove_file(&path)
+                .map_err(|e| JournalError::io("remove journal segment", &path, e))?;
+            fsync_dir(dir).map_err(|e| JournalError::io("fsync journal directory", dir, e))?;
+        } else {
+            truncate(&path, offset)?;
+        }
+        let Some(reason) = reason else {
+            return Ok(());
+        };
+        let cut = if offset <= HEADER_LEN {
+            file_len
+        } else {
+            file_len - offset
+        };
+        let reason = format!("{reason} in {} at offset {offset}", path.display());
+        tracing::warn!(
+            segment = %path.display(),
+            offset,
+            truncated_bytes = cut,
+            %reason,
+            "journal tail is torn; truncating it"
+        );
+        report.truncated_bytes = cut;
+        report.reason = Some(reason);
+        Ok(())
+    }
 }
 
 /// Validates one segment, counting its good records into `report`.
@@ -196,8 +269,4 @@ fn truncate(path: &Path, len: u64) -> Result<(), JournalError> {
         .map_err(|e| JournalError::io("truncate journal segment", path, e))?;
     file.sync_all()
         .map_err(|e| JournalError::io("fsync truncated journal segment", path, e))
-}
-
-fn remove(path: &PathBuf) -> Result<(), JournalError> {
-    fs::remove_file(path).map_err(|e| JournalError::io("remove journal segment", path, e))
 }

@@ -1,4 +1,5 @@
 use std::fs::{self, OpenOptions};
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::thread;
@@ -26,6 +27,7 @@ fn config(dir: &Path, segment_bytes: u64, ring_capacity: usize) -> JournalConfig
         dir: dir.to_path_buf(),
         segment_bytes,
         ring_capacity,
+        durable_through: StateId(0),
     }
 }
 
@@ -162,8 +164,27 @@ fn corrupt_record_crc_truncates_from_there() {
     );
 }
 
+/// Every segment file with its bytes, to show recovery changed nothing.
+fn snapshot_files(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut files: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let bytes = fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn durable_through(mut c: JournalConfig, id: u64) -> JournalConfig {
+    c.durable_through = StateId(id);
+    c
+}
+
 #[test]
-fn corrupt_record_in_earlier_segment_removes_later_segments() {
+fn corrupt_record_in_an_earlier_segment_stops_recovery_and_keeps_every_file() {
     let dir = tempfile::tempdir().unwrap();
     {
         let (mut j, _) = Journal::open(config(dir.path(), 300, 16)).unwrap();
@@ -171,25 +192,116 @@ fn corrupt_record_in_earlier_segment_removes_later_segments() {
     }
     let segments = segment_files(dir.path());
     assert!(segments.len() >= 3);
-    let total: u64 = segments
-        .iter()
-        .map(|p| fs::metadata(p).unwrap().len())
-        .sum();
-    // Damage the first record's id in the second segment.
+    // Damage the first record's id in the second segment: not a torn tail,
+    // since the writer synced that segment before starting the third.
     let mut bytes = fs::read(&segments[1]).unwrap();
     bytes[HEADER_LEN as usize + 8] ^= 1;
     fs::write(&segments[1], &bytes).unwrap();
+    let before = snapshot_files(dir.path());
 
-    let (j, report) = Journal::open(config(dir.path(), 300, 16)).unwrap();
-    let kept = fs::metadata(&segments[0]).unwrap().len();
-    assert_eq!(segment_files(dir.path()), vec![segments[0].clone()]);
-    assert_eq!(report.truncated_bytes, total - kept);
-    let last = report.last_id.unwrap().0;
-    assert_eq!(report.records, last);
+    let err = Journal::open(config(dir.path(), 300, 16)).err().unwrap();
+    match &err {
+        JournalError::CorruptBeforeTail { path, offset, .. } => {
+            assert_eq!(path, &segments[1]);
+            assert_eq!(*offset, HEADER_LEN);
+        }
+        other => panic!("expected CorruptBeforeTail, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains(&segments[1].display().to_string()), "{msg}");
+    assert!(msg.contains(&format!("offset {HEADER_LEN}")), "{msg}");
+    assert_eq!(snapshot_files(dir.path()), before, "recovery changed files");
+    // And it keeps refusing: nothing was "repaired" by the first attempt.
+    assert!(Journal::open(config(dir.path(), 300, 16)).is_err());
+    assert_eq!(snapshot_files(dir.path()), before);
+}
+
+#[test]
+fn record_less_segment_before_the_last_stops_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+        write_ids(&mut j, 1..=3);
+    }
+    // A header-only segment that is not the last cannot come from a crash.
+    let empty = segment::segment_path(dir.path(), StateId(0));
+    fs::write(&empty, segment::encode_header()).unwrap();
+    let before = snapshot_files(dir.path());
+    match Journal::open(config(dir.path(), 1 << 20, 16))
+        .err()
+        .unwrap()
+    {
+        JournalError::CorruptBeforeTail { path, .. } => assert_eq!(path, empty),
+        other => panic!("expected CorruptBeforeTail, got {other:?}"),
+    }
+    assert_eq!(snapshot_files(dir.path()), before);
+}
+
+#[test]
+fn torn_tail_that_would_drop_a_committed_record_stops_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+        write_ids(&mut j, 1..=10);
+    }
+    let seg = segment::segment_path(dir.path(), StateId(1));
+    let offset_of_8 = HEADER_LEN + (1..8).map(framed_len).sum::<u64>();
+    let mut bytes = fs::read(&seg).unwrap();
+    bytes[(offset_of_8 as usize) + RECORD_HEADER_LEN + 1] ^= 0x10;
+    fs::write(&seg, &bytes).unwrap();
+    let before = snapshot_files(dir.path());
+
+    // State 8 is committed: cutting at record 8 would drop it.
+    for committed in [8, 10] {
+        let cfg = durable_through(config(dir.path(), 1 << 20, 16), committed);
+        let err = Journal::open(cfg).err().unwrap();
+        match &err {
+            JournalError::CutBelowCommit {
+                path,
+                offset,
+                last_intact,
+                durable,
+                ..
+            } => {
+                assert_eq!(path, &seg);
+                assert_eq!(*offset, offset_of_8);
+                assert_eq!((*last_intact, *durable), (StateId(7), StateId(committed)));
+            }
+            other => panic!("expected CutBelowCommit, got {other:?}"),
+        }
+        assert!(err.to_string().contains(&seg.display().to_string()));
+        assert_eq!(snapshot_files(dir.path()), before, "recovery changed files");
+    }
+
+    // Committed only through 7: the damaged tail is not committed, so it is cut.
+    let cfg = durable_through(config(dir.path(), 1 << 20, 16), 7);
+    let (j, report) = Journal::open(cfg).unwrap();
+    assert_eq!(report.last_id, Some(StateId(7)));
+    assert_eq!(fs::metadata(&seg).unwrap().len(), offset_of_8);
     assert_eq!(
         drain(&mut j.follower(StateId(0))),
-        (1..=last).collect::<Vec<_>>()
+        (1..=7).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn torn_header_of_the_last_segment_below_the_commit_stops_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 16)).unwrap();
+        write_ids(&mut j, 1..=3);
+    }
+    let torn = segment::segment_path(dir.path(), StateId(4));
+    fs::write(&torn, b"STGF").unwrap();
+    let before = snapshot_files(dir.path());
+    let cfg = durable_through(config(dir.path(), 1 << 20, 16), 4);
+    match Journal::open(cfg).err().unwrap() {
+        JournalError::CutBelowCommit { path, offset, .. } => {
+            assert_eq!((path, offset), (torn, 0));
+        }
+        other => panic!("expected CutBelowCommit, got {other:?}"),
+    }
+    assert_eq!(snapshot_files(dir.path()), before);
 }
 
 #[test]
@@ -512,6 +624,70 @@ fn writer_fails_closed_after_io_error() {
     ));
     assert!(matches!(j2.sync(), Err(JournalError::Failed(_))));
     drop(j);
+}
+
+#[test]
+fn writer_resumes_after_a_failure_once_reset_to_the_durable_end() {
+    let dir = tempfile::tempdir().unwrap();
+    // Tiny segments: record 3 starts a new segment.
+    let (mut j, _) = Journal::open(config(dir.path(), 64, 8)).unwrap();
+    write_ids(&mut j, 1..=2);
+    let squatter = segment::segment_path(dir.path(), StateId(3));
+    fs::write(&squatter, b"squatter").unwrap();
+    j.append(StateId(3), &payload(3)).unwrap();
+    assert!(j.sync().is_err());
+    assert!(matches!(
+        j.append(StateId(3), b"x"),
+        Err(JournalError::Failed(_))
+    ));
+
+    // Not ours: reset leaves the squatter, and the retry fails the same way.
+    j.reset_after_failure().unwrap();
+    assert!(squatter.exists());
+    j.append(StateId(3), &payload(3)).unwrap();
+    assert!(j.sync().is_err());
+
+    // Cleared (space freed, say): reset, append the same records again.
+    fs::remove_file(&squatter).unwrap();
+    j.reset_after_failure().unwrap();
+    assert_eq!(j.last_id(), Some(StateId(2)));
+    write_ids(&mut j, 3..=6);
+    let mut f = j.follower(StateId(0));
+    assert_eq!(drain(&mut f), (1..=6).collect::<Vec<_>>());
+    drop((f, j));
+    let (j, report) = Journal::open(config(dir.path(), 64, 8)).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (6, 0));
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=6).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn reset_after_a_failure_truncates_unsynced_bytes_of_the_last_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
+    write_ids(&mut j, 1..=3);
+    let seg = segment::segment_path(dir.path(), StateId(1));
+    let durable_len = fs::metadata(&seg).unwrap().len();
+    // A write that reached the file only in part before failing.
+    OpenOptions::new()
+        .append(true)
+        .open(&seg)
+        .unwrap()
+        .write_all(b"half a record")
+        .unwrap();
+    j.failed = Some("simulated write failure".to_owned());
+    j.reset_after_failure().unwrap();
+    assert_eq!(fs::metadata(&seg).unwrap().len(), durable_len);
+    write_ids(&mut j, 4..=5);
+    drop(j);
+    let (j, report) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (5, 0));
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=5).collect::<Vec<_>>()
+    );
 }
 
 #[test]
