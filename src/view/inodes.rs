@@ -80,12 +80,25 @@ pub enum Held {
     SnapshotRoot(Arc<Tree>),
 }
 
+/// How a table directory was reached through `MOUNT/<db>/<table>`.
+#[derive(Debug, Clone)]
+pub struct LiveName {
+    pub db: Name,
+    pub table: Name,
+    /// The state its last live lookup resolved in: its snapshot path is
+    /// `.stagefs/snapshots/<state>/<db>/<table>`.
+    pub state: StateId,
+    /// The adapter moved its dentry to that snapshot path (a working
+    /// directory outlived the live name); reset by the next live lookup.
+    pub spliced: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct InodeEntry {
     pub held: Held,
-    /// For a table directory reached through `MOUNT/<db>/<table>`: its name,
-    /// which is what a `user.stagefs.pin` on it applies to.
-    pub live_table: Option<(Name, Name)>,
+    /// For a table directory reached through `MOUNT/<db>/<table>`: its
+    /// name (what a `user.stagefs.pin` on it applies to) and version.
+    pub live: Option<LiveName>,
     lookups: u64,
 }
 
@@ -113,17 +126,24 @@ impl NodeTable {
     }
 
     /// Records one kernel lookup of `ino`. A later live lookup of a table
-    /// refreshes its name (a renamed table keeps its node).
-    pub fn looked_up(&self, ino: u64, held: Held, live_table: Option<(Name, Name)>) {
+    /// refreshes its name (a renamed table keeps its node) and version.
+    pub fn looked_up(&self, ino: u64, held: Held, live: Option<LiveName>) {
         let mut shard = self.shard(ino);
         let entry = shard.entry(ino).or_insert_with(|| InodeEntry {
             held,
-            live_table: None,
+            live: None,
             lookups: 0,
         });
         entry.lookups += 1;
-        if live_table.is_some() {
-            entry.live_table = live_table;
+        if live.is_some() {
+            entry.live = live;
+        }
+    }
+
+    /// `ino`'s dentry now sits at its snapshot path.
+    pub fn set_spliced(&self, ino: u64) {
+        if let Some(live) = self.shard(ino).get_mut(&ino).and_then(|e| e.live.as_mut()) {
+            live.spliced = true;
         }
     }
 
