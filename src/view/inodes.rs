@@ -85,9 +85,10 @@ pub enum Held {
 pub struct LiveName {
     pub db: Name,
     pub table: Name,
-    /// The state its last live lookup resolved in: its snapshot path is
-    /// `.stagefs/snapshots/<state>/<db>/<table>`.
-    pub state: StateId,
+    /// The tree its last live lookup resolved in: its snapshot path is
+    /// `.stagefs/snapshots/<state>/<db>/<table>`, answerable from this
+    /// tree even after retention dropped the version.
+    pub tree: Arc<Tree>,
     /// The adapter moved its dentry to that snapshot path (a working
     /// directory outlived the live name); reset by the next live lookup.
     pub spliced: bool,

@@ -414,12 +414,14 @@ impl View {
             let snapshot_path = mount
                 .join(STAGEFS_NAME)
                 .join("snapshots")
-                .join(live.state.to_string())
+                .join(live.tree.state_id.to_string())
                 .join(&**db)
                 .join(&**table);
             if live.spliced {
                 if !under(&snapshot_path) {
-                    if let Some(parent) = snapshot_db_ino(&snap, &self.nodes, live.state, db) {
+                    if let Some(parent) =
+                        snapshot_db_ino(&snap, &self.nodes, live.tree.state_id, db)
+                    {
                         out.push(DentryAction::Invalidate {
                             parent,
                             name: Name::clone(table),
@@ -535,7 +537,7 @@ impl View {
                 let live = LiveName {
                     db: Name::clone(&db),
                     table: name.into(),
-                    state: tree.state_id,
+                    tree: Arc::clone(tree),
                     spliced: false,
                 };
                 self.nodes.looked_up(ino, Held::Node(node), Some(live));
@@ -589,6 +591,11 @@ impl View {
             if let Held::SnapshotRoot(tree) = &entry.held {
                 if tree.state_id == id {
                     found = Some(Arc::clone(tree));
+                }
+            }
+            if let Some(live) = &entry.live {
+                if live.tree.state_id == id {
+                    found = Some(Arc::clone(&live.tree));
                 }
             }
         });

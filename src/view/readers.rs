@@ -18,7 +18,8 @@
 //!   newest visible state (a new query starts fresh);
 //! - once the view is `max_age` old, the first request after a pause of at
 //!   least `poll_gap` moves it (a polling loop gets new states);
-//! - a view never lives beyond `hard_age`, pause or not;
+//! - a view older than `hard_age` moves at the first pause of `hard_gap`
+//!   (a process that never pauses 40 ms still gets new states);
 //! - reading the root's `user.stagefs.visible`, opening `.stagefs/status`
 //!   or changing a pin moves it at once (read-your-check).
 //!
@@ -59,6 +60,7 @@ pub struct ViewRule {
     pub poll_gap: Duration,
     pub max_age: Duration,
     pub hard_age: Duration,
+    pub hard_gap: Duration,
 }
 
 impl Default for ViewRule {
@@ -72,6 +74,7 @@ impl Default for ViewRule {
             poll_gap: Duration::from_millis(40),
             max_age: Duration::from_secs(2),
             hard_age: Duration::from_secs(10),
+            hard_gap: Duration::from_millis(10),
         }
     }
 }
@@ -320,7 +323,7 @@ impl Readers {
         let age = now.duration_since(v.taken);
         idle >= self.rule.quiet_gap
             || (age >= self.rule.max_age && idle >= self.rule.poll_gap)
-            || age >= self.rule.hard_age
+            || (age >= self.rule.hard_age && idle >= self.rule.hard_gap)
     }
 
     /// Read-your-check: `reader` just learnt that `snap.visible` is
@@ -554,6 +557,7 @@ mod tests {
             poll_gap: Duration::from_millis(40),
             max_age: Duration::from_secs(2),
             hard_age: Duration::from_secs(10),
+            hard_gap: Duration::from_millis(10),
         }
     }
 
@@ -576,7 +580,8 @@ mod tests {
         // A young view survives a poller's pause; an old one moves.
         assert!(!r.moves_on(&view(1_000, 60, now), now));
         assert!(r.moves_on(&view(2_100, 60, now), now));
-        // Nothing outlives the hard age.
-        assert!(r.moves_on(&view(10_500, 1, now), now));
+        // Past the hard age, a 10 ms pause is enough.
+        assert!(!r.moves_on(&view(10_500, 1, now), now));
+        assert!(r.moves_on(&view(10_500, 15, now), now));
     }
 }

@@ -81,6 +81,8 @@ pub struct DaemonArgs {
     pub events: PathBuf,
     pub cm_root: Option<PathBuf>,
     pub retain: Option<usize>,
+    /// Extra environment for the daemon (e.g. `STAGEFS_VIEWS=off`).
+    pub env: Vec<(String, String)>,
 }
 
 impl DaemonArgs {
@@ -98,6 +100,7 @@ impl DaemonArgs {
             events: root.join("events"),
             cm_root: Some(root.join("cm")),
             retain: None,
+            env: Vec::new(),
         }
     }
 
@@ -174,6 +177,7 @@ impl Daemon {
         let f = File::create(&log).expect("create stderr log");
         let child = stagefs()
             .args(self.args.args())
+            .envs(self.args.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(f)

@@ -189,6 +189,14 @@ impl TestMount {
         ));
     }
 
+    /// [`TestMount::put`] of `add_files` without the read-your-check.
+    pub fn put_quietly(&self, id: u64, p: &str, name: &str, content: &[u8]) {
+        let f = self.file(&format!("default/blah/p={p}/{name}"), content);
+        self.commit_quietly(&format!(
+            r#"{{"id": {id}, "op": "add_files", "db": "default", "table": "blah", "partition": {{"p": "{p}"}}, "files": [{f}]}}"#
+        ));
+    }
+
     /// SPEC §1 up to `last` (one of 10, 20, 30, 40): create at 5/10, then
     /// inserts (a,5) at 20, (b,10) at 30, (a,15) at 40.
     pub fn seed_example(&self, last: u64) {
