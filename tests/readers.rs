@@ -31,14 +31,20 @@ fn state_of(path: &Path) -> u64 {
         .expect("decimal state-id")
 }
 
-#[test]
-fn a_burst_stays_on_one_state_until_a_check_or_a_pause() {
+/// The example at state 20, read once by this process (its view is 20),
+/// then state 30 committed without a read-your-check.
+fn at_20_then_30_unchecked() -> (TestMount, std::path::PathBuf) {
     let m = TestMount::new();
     m.seed_example(20);
     let table = m.join("default/blah");
     assert_eq!(state_of(&table), 20);
-    // A commit this process does not check: its ongoing burst stays put.
     m.put_quietly(30, "b", "000002_0", b"10\n");
+    (m, table)
+}
+
+#[test]
+fn a_burst_stays_on_one_state_until_a_check_or_a_pause() {
+    let (m, table) = at_20_then_30_unchecked();
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(600) {
         assert_eq!(state_of(&table), 20, "a burst moved to a new state");
@@ -58,11 +64,7 @@ fn a_burst_stays_on_one_state_until_a_check_or_a_pause() {
 
 #[test]
 fn a_poller_with_short_sleeps_advances_within_the_bound() {
-    let m = TestMount::new();
-    m.seed_example(20);
-    let table = m.join("default/blah");
-    assert_eq!(state_of(&table), 20);
-    m.put_quietly(30, "b", "000002_0", b"10\n");
+    let (m, table) = at_20_then_30_unchecked();
     let start = Instant::now();
     loop {
         if state_of(&table) == 30 {
@@ -197,8 +199,11 @@ fn consistent(lines: &str) -> Result<(u64, u64), String> {
     Ok((l, r))
 }
 
-#[test]
-fn one_process_joining_two_tables_sees_one_state() {
+/// Runs `procs` reader processes at once while both tables change every
+/// 5 ms; each reads both tables 150 times (list, then open by absolute
+/// path), pausing now and then. Every join of every process must be one
+/// source state; returns the distinct states seen.
+fn concurrent_joins(procs: usize) -> usize {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path());
     let t = TwoTables::new(&args);
@@ -206,9 +211,6 @@ fn one_process_joining_two_tables_sees_one_state() {
     d.wait_visible(5);
     let stop = Arc::new(AtomicBool::new(false));
     let writer = keep_committing(t, Duration::from_millis(5), Arc::clone(&stop));
-    // One process reads both tables again and again (list, then open by
-    // absolute path), pausing now and then: every join it makes must be
-    // one source state.
     let script = r#"
 import os, sys, time
 m = sys.argv[1]
@@ -220,32 +222,58 @@ for i in range(150):
     if i % 10 == 9:
         time.sleep(0.3)
 "#;
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .arg(d.mnt())
-        .output()
-        .expect("run reader");
+    let children: Vec<_> = (0..procs)
+        .map(|_| {
+            Command::new("python3")
+                .args(["-c", script])
+                .arg(d.mnt())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("run reader")
+        })
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("reader"))
+        .collect();
     stop.store(true, Ordering::Relaxed);
     let last = writer.join().expect("writer");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
     let mut seen = std::collections::BTreeSet::new();
-    for (i, read) in text.split("---\n").filter(|r| !r.is_empty()).enumerate() {
-        match consistent(read) {
-            Ok(pair) => {
-                seen.insert(pair);
+    for (p, out) in outs.iter().enumerate() {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        for (i, read) in text.split("---\n").filter(|r| !r.is_empty()).enumerate() {
+            match consistent(read) {
+                Ok(pair) => {
+                    seen.insert(pair);
+                }
+                Err(e) => panic!("process {p}, read {i}: {e}\n{read}"),
             }
-            Err(e) => panic!("read {i}: {e}\n{read}"),
         }
     }
+    eprintln!("readers: {}", d.status()["readers"]);
     eprintln!(
-        "{} distinct states over 150 joins; source wrote up to {last}",
-        seen.len()
+        "{procs} processes: {} distinct states over {} joins; source wrote up to {last}",
+        seen.len(),
+        150 * procs
     );
+    seen.len()
+}
+
+#[test]
+fn one_process_joining_two_tables_sees_one_state() {
+    concurrent_joins(1);
+}
+
+#[test]
+fn eight_concurrent_reader_processes_each_see_one_state_per_join() {
+    let states = concurrent_joins(8);
+    assert!(states > 1, "the readers should have seen commits");
 }
 
 #[test]
@@ -577,6 +605,7 @@ print(mixed, failed, len(states))
         .expect("python3 duckdb");
     stop.store(true, Ordering::Relaxed);
     let _ = writer.join();
+    eprintln!("readers: {}", d.status()["readers"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "duckdb reader: {stderr}");
     let text = String::from_utf8_lossy(&out.stdout);

@@ -419,9 +419,9 @@ impl View {
                 .join(&**table);
             if live.spliced {
                 if !under(&snapshot_path) {
-                    if let Some(parent) =
-                        snapshot_db_ino(&snap, &self.nodes, live.tree.state_id, db)
-                    {
+                    // The snapshot path's database directory, from the
+                    // tree the table was reached in (the same nodes).
+                    if let Some(parent) = live.tree.database(db).map(|d| d.meta.id.0) {
                         out.push(DentryAction::Invalidate {
                             parent,
                             name: Name::clone(table),
@@ -1106,22 +1106,6 @@ fn live_db_tables(snap: &Shown, db: &str) -> Vec<(Name, Arc<DirNode>)> {
         }
     }
     out.into_iter().collect()
-}
-
-/// The inode of database `db`'s directory under `snapshots/<state>`.
-fn snapshot_db_ino(snap: &Snapshot, nodes: &NodeTable, state: StateId, db: &str) -> Option<u64> {
-    if let Some(tree) = snap.versions.get(&state) {
-        return tree.database(db).map(|d| d.meta.id.0);
-    }
-    let mut found = None;
-    nodes.for_each(|_, entry| {
-        if let Held::SnapshotRoot(tree) = &entry.held {
-            if tree.state_id == state {
-                found = tree.database(db).map(|d| d.meta.id.0);
-            }
-        }
-    });
-    found
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -551,16 +551,6 @@ mod tests {
         assert!(is_alive(me));
     }
 
-    fn rule() -> ViewRule {
-        ViewRule {
-            quiet_gap: Duration::from_millis(250),
-            poll_gap: Duration::from_millis(40),
-            max_age: Duration::from_secs(2),
-            hard_age: Duration::from_secs(10),
-            hard_gap: Duration::from_millis(10),
-        }
-    }
-
     fn view(taken_ms: u64, last_ms: u64, now: Instant) -> ReaderView {
         ReaderView {
             tree: Arc::new(Tree::empty()),
@@ -571,7 +561,7 @@ mod tests {
 
     #[test]
     fn view_rule_keeps_bursts_and_moves_pollers() {
-        let r = Readers::new(rule(), true);
+        let r = Readers::new(ViewRule::default(), true);
         let now = Instant::now() + Duration::from_secs(60);
         // A burst several seconds long with small gaps stays.
         assert!(!r.moves_on(&view(5_000, 10, now), now));
