@@ -64,7 +64,7 @@ fn a_burst_stays_on_one_state_until_a_check_or_a_pause() {
 
 #[test]
 fn a_poller_with_short_sleeps_advances_within_the_bound() {
-    let (m, table) = at_20_then_30_unchecked();
+    let (_m, table) = at_20_then_30_unchecked();
     let start = Instant::now();
     loop {
         if state_of(&table) == 30 {
