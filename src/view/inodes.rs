@@ -141,10 +141,11 @@ impl NodeTable {
         }
     }
 
-    /// `ino`'s dentry now sits at its snapshot path.
-    pub fn set_spliced(&self, ino: u64) {
+    /// Whether `ino`'s dentry sits at its snapshot path for a working
+    /// directory (true) or no longer needs to (false).
+    pub fn set_spliced_to(&self, ino: u64, spliced: bool) {
         if let Some(live) = self.shard(ino).get_mut(&ino).and_then(|e| e.live.as_mut()) {
-            live.spliced = true;
+            live.spliced = spliced;
         }
     }
 

@@ -18,8 +18,7 @@
 //! - A table directory that the kernel still references after its live
 //!   name moved on (a working directory) is moved by the adapter to its
 //!   snapshot path ([`View::dentry_plan`]), so `getcwd()` keeps answering a
-//!   real path; directories the kernel references are GC roots
-//!   ([`View::held_dirs`]).
+//!   real path; such directories are GC roots ([`View::held_dirs`]).
 //! - Handles own what they were opened on (see [`handles`]).
 //! - Nothing here writes except pins, which go through `Catalog::set_pin`.
 
@@ -324,10 +323,9 @@ impl View {
     /// keeps the blobs below them while the handles are open. (An open file
     /// needs nothing: it holds its blob's descriptor.)
     ///
-    /// Also held: the trees readers' views show, and every directory the
-    /// kernel references (a working directory among them; unused old
-    /// entries are invalidated, see [`View::dentry_plan`], so the kernel
-    /// forgets them and they stop being roots).
+    /// Also held: the trees readers' views show, and table directories in
+    /// use after their live name moved on (working directories, see
+    /// [`View::dentry_plan`]), released once the kernel forgets them.
     pub fn held_dirs(&self) -> Vec<Arc<DirNode>> {
         let mut out = self.handles.open_dirs();
         out.extend(
@@ -336,10 +334,16 @@ impl View {
                 .into_iter()
                 .map(|t| Arc::clone(&t.root)),
         );
-        self.nodes.for_each(|_, entry| match &entry.held {
-            Held::Node(Node::Dir(d)) => out.push(Arc::clone(d)),
-            Held::SnapshotRoot(tree) => out.push(Arc::clone(&tree.root)),
-            Held::Node(Node::File(_)) => {}
+        // Table directories moved to their snapshot path because a working
+        // directory is inside (or something else still holds them): only
+        // those, not every cached dentry, or unused old entries the kernel
+        // has not evicted yet would keep their blobs.
+        self.nodes.for_each(|_, entry| {
+            if let (Held::Node(Node::Dir(d)), Some(live)) = (&entry.held, &entry.live) {
+                if live.spliced {
+                    out.push(Arc::clone(d));
+                }
+            }
         });
         out
     }
@@ -351,11 +355,11 @@ impl View {
     /// `cwds` are the working directories of processes under the mount
     /// (`mount` is its path).
     ///
-    /// - In use (a working directory inside it, or still referenced after
-    ///   the kernel unhashed it): [`DentryAction::Splice`] to the snapshot
-    ///   path of the version it was reached in.
-    /// - Otherwise: [`DentryAction::Invalidate`] the live name, so an
-    ///   unused old version is forgotten (and collected).
+    /// - A working directory inside it (at its live path, or unhashed
+    ///   there): [`DentryAction::Splice`] to the snapshot path of the
+    ///   version it was reached in.
+    /// - Otherwise, still at its live name: [`DentryAction::Invalidate`]
+    ///   it, so an unused old version is forgotten (and collected).
     /// - A table already moved to a snapshot path that no working
     ///   directory uses any more: invalidate it there, so it is forgotten
     ///   once nothing holds it; likewise a snapshot root that retention
@@ -395,6 +399,7 @@ impl View {
         let under = |path: &Path| cwds.iter().any(|c| c.starts_with(path));
         let snapshots = mount.join(STAGEFS_NAME).join("snapshots");
         let mut out = Vec::new();
+        let mut released = Vec::new();
         self.nodes.for_each(|ino, entry| {
             // A snapshot root that retention dropped stays reachable only
             // while something uses it; unused, the kernel should forget it.
@@ -419,8 +424,11 @@ impl View {
                 .join(&**table);
             if live.spliced {
                 if !under(&snapshot_path) {
-                    // The snapshot path's database directory, from the
-                    // tree the table was reached in (the same nodes).
+                    // No longer a working directory: stop holding it, and
+                    // let the kernel drop it there. The snapshot path's
+                    // database directory comes from the tree the table
+                    // was reached in (the same nodes).
+                    released.push(ino);
                     if let Some(parent) = live.tree.database(db).map(|d| d.meta.id.0) {
                         out.push(DentryAction::Invalidate {
                             parent,
@@ -435,12 +443,12 @@ impl View {
             }
             let hashed = live_names.get(&(Name::clone(db), Name::clone(table))) == Some(&ino);
             let live_path = mount.join(&**db).join(&**table);
-            if !hashed || under(&live_path) {
+            if under(&live_path) {
                 out.push(DentryAction::Splice {
                     ino,
                     path: snapshot_path,
                 });
-            } else {
+            } else if hashed {
                 let parent = self.synthetic.ino(&SynthKey::LiveDb(Name::clone(db)));
                 out.push(DentryAction::Invalidate {
                     parent,
@@ -448,13 +456,16 @@ impl View {
                 });
             }
         });
+        for ino in released {
+            self.nodes.set_spliced_to(ino, false);
+        }
         out
     }
 
     /// The adapter looked `ino`'s snapshot path up: its dentry lives there
     /// now (until a live lookup answers it again).
     pub fn spliced(&self, ino: u64) {
-        self.nodes.set_spliced(ino);
+        self.nodes.set_spliced_to(ino, true);
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {

@@ -471,6 +471,13 @@ pub fn cwds_under(mount: &Path) -> Vec<PathBuf> {
                 .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
         })
         .filter_map(|e| std::fs::read_link(e.path().join("cwd")).ok())
+        // An unhashed directory reads as "<path> (deleted)".
+        .map(
+            |p| match p.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+                Some(s) => PathBuf::from(s),
+                None => p,
+            },
+        )
         .filter(|p| p.starts_with(mount))
         .collect()
 }
