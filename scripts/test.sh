@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/setup-readers.sh
 cargo build --all-targets
 cargo test --all-targets

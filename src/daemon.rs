@@ -549,6 +549,7 @@ fn offline_status(dir: &Path) -> Result<StatusReport, DaemonError> {
     s.lag_events = s.latest.0 - s.visible.0;
     s.retained = record.retained;
     s.pins = pins.labelled();
+    s.sessions = crate::status::sessions_report(&pins);
     s.staging.in_flight = 0;
     Ok(s)
 }

@@ -45,7 +45,7 @@ use fuser::{
 };
 use tracing::{debug, error, info, warn};
 
-use crate::view::{Attr, FileKind, OpenContent, View, ViewError};
+use crate::view::{readers, Attr, Caller, DentryAction, FileKind, OpenContent, View, ViewError};
 
 /// Why mounting or unmounting failed.
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +185,11 @@ fn answer<R: ErrorReply, T>(reply: R, result: Result<T, Errno>, ok: impl FnOnce(
 
 fn span(op: &'static str, ino: u64, req: &Request) -> tracing::span::EnteredSpan {
     tracing::debug_span!("fuse", op, ino, pid = req.pid()).entered()
+}
+
+/// The request's caller, for the view layer's per-reader views.
+fn caller(req: &Request) -> Caller {
+    Caller(req.pid())
 }
 
 fn file_attr(a: &Attr) -> FileAttr {
@@ -332,7 +337,7 @@ impl Filesystem for StagefsFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _s = span("lookup", parent.0, req);
-        let r = guarded("lookup", || self.view.lookup(parent.0, name));
+        let r = guarded("lookup", || self.view.lookup(parent.0, name, caller(req)));
         answer(reply, r, |reply, e| {
             reply.entry_with_ttls(
                 &e.attr_ttl,
@@ -352,7 +357,7 @@ impl Filesystem for StagefsFs {
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _s = span("getattr", ino.0, req);
-        let r = guarded("getattr", || self.view.getattr(ino.0));
+        let r = guarded("getattr", || self.view.getattr(ino.0, caller(req)));
         answer(reply, r, |reply, (attr, ttl)| {
             reply.attr(&ttl, &file_attr(&attr))
         });
@@ -381,7 +386,7 @@ impl Filesystem for StagefsFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _s = span("opendir", ino.0, req);
-        let r = guarded("opendir", || self.view.opendir(ino.0));
+        let r = guarded("opendir", || self.view.opendir(ino.0, caller(req)));
         answer(reply, r, |reply, d| {
             let flags = if d.immutable {
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
@@ -419,19 +424,20 @@ impl Filesystem for StagefsFs {
     ) {
         let _s = span("readdirplus", ino.0, req);
         let r = guarded("readdirplus", || {
-            self.view.readdirplus(ino.0, fh.0, offset, |e, entry| {
-                // One TTL for both in fuser's readdirplus entries: the
-                // shorter one, so zero-TTL names stay zero.
-                let ttl = entry.entry_ttl.min(entry.attr_ttl);
-                reply.add(
-                    INodeNo(e.ino),
-                    e.offset,
-                    &*e.name,
-                    &ttl,
-                    &file_attr(&entry.attr),
-                    fuser::Generation(0),
-                )
-            })
+            self.view
+                .readdirplus(ino.0, fh.0, offset, caller(req), |e, entry| {
+                    // One TTL for both in fuser's readdirplus entries: the
+                    // shorter one, so zero-TTL names stay zero.
+                    let ttl = entry.entry_ttl.min(entry.attr_ttl);
+                    reply.add(
+                        INodeNo(e.ino),
+                        e.offset,
+                        &*e.name,
+                        &ttl,
+                        &file_attr(&entry.attr),
+                        fuser::Generation(0),
+                    )
+                })
         });
         answer(reply, r, |reply, ()| reply.ok());
     }
@@ -454,7 +460,7 @@ impl Filesystem for StagefsFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _s = span("open", ino.0, req);
-        let r = guarded("open", || self.view.open(ino.0, flags.0));
+        let r = guarded("open", || self.view.open(ino.0, flags.0, caller(req)));
         answer(reply, r, |reply, opened| {
             if self.no_open {
                 // A read-only open that would succeed: ENOSYS tells the
@@ -529,13 +535,13 @@ impl Filesystem for StagefsFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _s = span("getxattr", ino.0, req);
-        let r = guarded("getxattr", || self.view.getxattr(ino.0, name));
+        let r = guarded("getxattr", || self.view.getxattr(ino.0, name, caller(req)));
         answer(reply, r, |reply, data| reply_xattr(reply, size, data));
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _s = span("listxattr", ino.0, req);
-        let r = guarded("listxattr", || self.view.listxattr(ino.0));
+        let r = guarded("listxattr", || self.view.listxattr(ino.0, caller(req)));
         answer(reply, r, |reply, data| reply_xattr(reply, size, data));
     }
 
@@ -550,13 +556,17 @@ impl Filesystem for StagefsFs {
         reply: ReplyEmpty,
     ) {
         let _s = span("setxattr", ino.0, req);
-        let r = guarded("setxattr", || self.view.setxattr(ino.0, name, value));
+        let r = guarded("setxattr", || {
+            self.view.setxattr(ino.0, name, value, caller(req))
+        });
         answer(reply, r, |reply, ()| reply.ok());
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _s = span("removexattr", ino.0, req);
-        let r = guarded("removexattr", || self.view.removexattr(ino.0, name));
+        let r = guarded("removexattr", || {
+            self.view.removexattr(ino.0, name, caller(req))
+        });
         answer(reply, r, |reply, ()| reply.ok());
     }
 
@@ -720,28 +730,59 @@ pub struct Mounted {
     ended: Arc<Ended>,
 }
 
-/// Mounts `view` at `mountpoint` and starts serving it; returns once the
-/// mount answers requests.
-/// Every half second, asks the kernel to drop cached table entries under
-/// live database directories that no longer name what the path resolves to
-/// (lookups there are never cached, so this is about releasing old
-/// versions: an unused dentry goes and the kernel forgets the old inode; one
-/// in use — a working directory, an open handle — stays, as it must).
-fn invalidate_stale_entries(view: &View, notifier: &fuser::Notifier, ended: &Ended) {
+/// Keeps the kernel's table entries in line with readers (outside
+/// request handlers, FUSER-NOTES): every [`MAINTAIN_EVERY`], and at once
+/// after a catalog change, carries out [`View::dentry_plan`] — drops
+/// unused entries of old versions (the kernel then forgets them and their
+/// blobs can go) and moves table directories still in use (working
+/// directories) to their snapshot paths, so `getcwd()` keeps a real path —
+/// then ends sessions whose leader exited and forgets idle views.
+fn maintain_entries(view: &View, mountpoint: &Path, notifier: &fuser::Notifier, ended: &Ended) {
+    let mut last_snapshot = None;
+    let mut last_pass = Instant::now();
     while !*ended.lock() {
-        for (parent, name) in view.stale_live_tables() {
-            // ENOENT: the kernel had already dropped it.
-            if let Err(e) = notifier.inval_entry(INodeNo(parent), OsStr::new(&*name)) {
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    debug!(parent, name = %name, error = %e, "inval_entry failed");
+        let snapshot = view.catalog().snapshot();
+        let changed = !last_snapshot
+            .as_ref()
+            .is_some_and(|s| Arc::ptr_eq(s, &snapshot));
+        if changed || last_pass.elapsed() >= MAINTAIN_EVERY {
+            last_snapshot = Some(snapshot);
+            last_pass = Instant::now();
+            for action in view.dentry_plan(mountpoint, || readers::cwds_under(mountpoint)) {
+                match action {
+                    DentryAction::Invalidate { parent, name } => {
+                        // ENOENT: the kernel had already dropped it.
+                        match notifier.inval_entry(INodeNo(parent), OsStr::new(&*name)) {
+                            Ok(()) => view.readers().count_invalidation(),
+                            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                            Err(e) => {
+                                debug!(parent, name = %name, error = %e, "inval_entry failed")
+                            }
+                        }
+                    }
+                    DentryAction::Splice { ino, path } => match std::fs::symlink_metadata(&path) {
+                        Ok(md) if md.ino() == ino => view.spliced(ino),
+                        Ok(md) => {
+                            debug!(path = %path.display(), ino, found = md.ino(), "splice found another inode")
+                        }
+                        Err(e) => {
+                            debug!(path = %path.display(), error = %e, "splice lookup failed")
+                        }
+                    },
                 }
             }
+            view.maintain_readers();
         }
         let guard = ended.lock();
-        let _ = ended.cv.wait_timeout(guard, Duration::from_millis(500));
+        let _ = ended.cv.wait_timeout(guard, Duration::from_millis(20));
     }
 }
 
+/// How often [`maintain_entries`] runs when nothing changed.
+const MAINTAIN_EVERY: Duration = Duration::from_millis(250);
+
+/// Mounts `view` at `mountpoint` and starts serving it; returns once the
+/// mount answers requests.
 pub fn mount(
     view: Arc<View>,
     mountpoint: &Path,
@@ -778,6 +819,7 @@ pub fn mount(
     };
     let view = Arc::clone(&fs.view);
     let session = Session::new(fs, &mountpoint, &cfg).map_err(mount_err)?;
+    let maintained = mountpoint.clone();
     let notifier = session.notifier();
     let ended = Arc::new(Ended::default());
     {
@@ -786,7 +828,7 @@ pub fn mount(
         let ended = Arc::clone(&ended);
         std::thread::Builder::new()
             .name("stagefs-inval".into())
-            .spawn(move || invalidate_stale_entries(&view, &notifier, &ended))
+            .spawn(move || maintain_entries(&view, &maintained, &notifier, &ended))
             .map_err(FuseError::Spawn)?;
     }
     let thread = {

@@ -3,8 +3,8 @@
 //! The modules follow the data flow:
 //! source ([`source`]: native JSONL or Hive) → [`journal`] → [`stage`] (blobs) → [`catalog`]
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
-//! [`replicate`] runs the pipeline threads; [`daemon`] and [`demo`] are the
-//! commands; [`status`] reports on them; [`workload`] generates test
+//! [`replicate`] runs the pipeline threads; [`daemon`], [`run`] and [`demo`]
+//! are the commands; [`status`] reports on them; [`workload`] generates test
 //! warehouses.
 
 pub mod catalog;
@@ -17,6 +17,7 @@ pub mod fuse;
 pub mod hive_writer;
 pub mod journal;
 pub mod replicate;
+pub mod run;
 pub mod source;
 pub mod stage;
 pub mod status;

@@ -75,6 +75,17 @@ enum Command {
         #[arg(long)]
         watch: bool,
     },
+    /// Run COMMAND so that it and every process it starts see one state of the mount.
+    Run {
+        /// A stagefs mountpoint.
+        mountpoint: PathBuf,
+        /// The state to see: a retained state-id, or `visible` (the newest).
+        #[arg(long, value_name = "STATE|visible", default_value = "visible")]
+        at: String,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Self-contained demo: a synthetic warehouse that keeps changing, mounted.
     Demo {
         /// Where to mount (default: a new folder under /tmp).
@@ -108,6 +119,11 @@ fn main() -> ExitCode {
             state,
             watch,
         } => daemon::status(mountpoint, state, watch),
+        Command::Run {
+            mountpoint,
+            at,
+            command,
+        } => Err(stagefs::run::run(&mountpoint, &at, &command)),
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source } => daemon::replicate(replicate_args(source)),
     };

@@ -176,6 +176,52 @@ pub struct StatusReport {
     pub journal: JournalReport,
     pub staging: StagingReport,
     pub gc: GcReport,
+    /// Readers' views (SPEC §3.8); filled in by the mount's view layer,
+    /// absent when rendered without a mount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readers: Option<ReadersReport>,
+    /// `stagefs run` sessions in force.
+    #[serde(default)]
+    pub sessions: Vec<SessionReport>,
+}
+
+/// Per-process views in use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadersReport {
+    /// Processes with a view (active within the view rule's quiet gap).
+    pub views: usize,
+    /// The oldest state a view shows.
+    pub oldest_view: Option<StateId>,
+    /// Requests no process could be named for (pid 0, another pid
+    /// namespace): they see the newest visible state.
+    pub unattributed_requests: u64,
+    /// Times a view moved to a newer state.
+    pub view_moves: u64,
+    /// Table entries the mount asked the kernel to drop (old versions).
+    pub dentry_invalidations: u64,
+}
+
+/// One `stagefs run` session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionReport {
+    pub id: String,
+    pub state: StateId,
+    pub pid: u32,
+    /// Start, Unix epoch milliseconds.
+    pub since_ms: i64,
+}
+
+/// The sessions of `pins`, for status.
+pub fn sessions_report(pins: &crate::catalog::Pins) -> Vec<SessionReport> {
+    pins.sessions
+        .iter()
+        .map(|(id, h)| SessionReport {
+            id: id.clone(),
+            state: h.state,
+            pid: h.pid,
+            since_ms: h.since_ms,
+        })
+        .collect()
 }
 
 pub fn now_ms() -> i64 {
@@ -206,6 +252,8 @@ impl StatusReport {
             journal: JournalReport::default(),
             staging: StagingReport::default(),
             gc: GcReport::default(),
+            readers: None,
+            sessions: Vec::new(),
         }
     }
 
@@ -265,6 +313,8 @@ impl StatusReport {
                 removed_blobs: progress.gc_removed.load(Ordering::Relaxed),
                 freed_bytes: progress.gc_freed_bytes.load(Ordering::Relaxed),
             },
+            readers: None,
+            sessions: sessions_report(&snapshot.pins),
         }
     }
 

@@ -90,6 +90,22 @@ pub struct Pins {
     /// `"db.table"` → state.
     #[serde(default)]
     pub tables: BTreeMap<String, StateId>,
+    /// `stagefs run` sessions by id: each holds its state like a pin
+    /// (retained, never collected) until its leader exits.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sessions: BTreeMap<String, SessionHold>,
+}
+
+/// A `stagefs run` session: its state and the process that leads it
+/// (named by pid and start time, so a reused pid is not mistaken for it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionHold {
+    pub state: StateId,
+    pub pid: u32,
+    /// Clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start: u64,
+    /// When it began, Unix epoch milliseconds.
+    pub since_ms: i64,
 }
 
 impl Pins {
@@ -100,12 +116,15 @@ impl Pins {
         }
     }
 
-    /// Every pinned state-id.
+    /// Every pinned state-id (sessions included).
     pub fn states(&self) -> impl Iterator<Item = StateId> + '_ {
-        self.root.into_iter().chain(self.tables.values().copied())
+        self.root
+            .into_iter()
+            .chain(self.tables.values().copied())
+            .chain(self.sessions.values().map(|h| h.state))
     }
 
-    /// Scope label → state, for status.
+    /// Scope label → state of the pins proper (no sessions), for status.
     pub fn labelled(&self) -> BTreeMap<String, StateId> {
         let mut out = self.tables.clone();
         if let Some(r) = self.root {
@@ -347,14 +366,7 @@ impl Catalog {
     /// it returns.
     pub fn set_pin(&self, scope: &PinScope, value: &str) -> Result<StateId, PinError> {
         let mut c = self.lock();
-        let value = value.trim_end_matches(['\n', '\0']).trim();
-        let state = if value == "visible" {
-            c.visible.state_id
-        } else if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-            StateId(value.parse().map_err(|_| PinError::BadValue)?)
-        } else {
-            return Err(PinError::BadValue);
-        };
+        let state = c.parse_state(value)?;
         let tree = c.versions.get(&state).ok_or(PinError::NotRetained(state))?;
         let mut pins = c.pins.clone();
         match scope {
@@ -371,6 +383,46 @@ impl Catalog {
         c.pins = pins;
         self.published.store(Arc::new(c.snapshot()));
         Ok(state)
+    }
+
+    /// Opens session `id` at `value` (`"visible"` or a decimal id of a
+    /// retained state) for the leader in `hold` (its `state` is filled
+    /// in here). Durable before it returns; returns the state.
+    pub fn open_session(
+        &self,
+        id: &str,
+        value: &str,
+        mut hold: SessionHold,
+    ) -> Result<StateId, PinError> {
+        let mut c = self.lock();
+        let state = c.parse_state(value)?;
+        if !c.versions.contains_key(&state) {
+            return Err(PinError::NotRetained(state));
+        }
+        hold.state = state;
+        let mut pins = c.pins.clone();
+        pins.sessions.insert(id.to_owned(), hold);
+        self.persist(PINS_FILE, &pins)
+            .map_err(|e| PinError::Persist(e.to_string()))?;
+        c.pins = pins;
+        self.published.store(Arc::new(c.snapshot()));
+        Ok(state)
+    }
+
+    /// Ends session `id`; `Ok(false)` when there was none. Its state goes
+    /// at the next commit unless something else keeps it.
+    pub fn close_session(&self, id: &str) -> Result<bool, PinError> {
+        let mut c = self.lock();
+        if !c.pins.sessions.contains_key(id) {
+            return Ok(false);
+        }
+        let mut pins = c.pins.clone();
+        pins.sessions.remove(id);
+        self.persist(PINS_FILE, &pins)
+            .map_err(|e| PinError::Persist(e.to_string()))?;
+        c.pins = pins;
+        self.published.store(Arc::new(c.snapshot()));
+        Ok(true)
     }
 
     /// Removes the pin of `scope`; `Ok(false)` when there was none.
@@ -394,6 +446,18 @@ impl Catalog {
 }
 
 impl Control {
+    /// A pin or session value: `visible` or a decimal state-id.
+    fn parse_state(&self, value: &str) -> Result<StateId, PinError> {
+        let value = value.trim_end_matches(['\n', '\0']).trim();
+        if value == "visible" {
+            Ok(self.visible.state_id)
+        } else if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+            Ok(StateId(value.parse().map_err(|_| PinError::BadValue)?))
+        } else {
+            Err(PinError::BadValue)
+        }
+    }
+
     fn snapshot(&self) -> Snapshot {
         Snapshot {
             visible: Arc::clone(&self.visible),

@@ -88,12 +88,26 @@ pub enum Held {
     Rendered(Arc<[u8]>),
 }
 
+/// How a table directory was reached through `MOUNT/<db>/<table>`.
+#[derive(Debug, Clone)]
+pub struct LiveName {
+    pub db: Name,
+    pub table: Name,
+    /// The tree its last live lookup resolved in: its snapshot path is
+    /// `.stagefs/snapshots/<state>/<db>/<table>`, answerable from this
+    /// tree even after retention dropped the version.
+    pub tree: Arc<Tree>,
+    /// The adapter moved its dentry to that snapshot path (a working
+    /// directory outlived the live name); reset by the next live lookup.
+    pub spliced: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct InodeEntry {
     pub held: Held,
-    /// For a table directory reached through `MOUNT/<db>/<table>`: its name,
-    /// which is what a `user.stagefs.pin` on it applies to.
-    pub live_table: Option<(Name, Name)>,
+    /// For a table directory reached through `MOUNT/<db>/<table>`: its
+    /// name (what a `user.stagefs.pin` on it applies to) and version.
+    pub live: Option<LiveName>,
     /// A file's blob, opened at its first read without a handle (no-open
     /// mode) and kept until the kernel forgets the inode.
     pub blob: Option<Arc<File>>,
@@ -124,18 +138,26 @@ impl NodeTable {
     }
 
     /// Records one kernel lookup of `ino`. A later live lookup of a table
-    /// refreshes its name (a renamed table keeps its node).
-    pub fn looked_up(&self, ino: u64, held: Held, live_table: Option<(Name, Name)>) {
+    /// refreshes its name (a renamed table keeps its node) and version.
+    pub fn looked_up(&self, ino: u64, held: Held, live: Option<LiveName>) {
         let mut shard = self.shard(ino);
         let entry = shard.entry(ino).or_insert_with(|| InodeEntry {
             held,
-            live_table: None,
+            live: None,
             blob: None,
             lookups: 0,
         });
         entry.lookups += 1;
-        if live_table.is_some() {
-            entry.live_table = live_table;
+        if live.is_some() {
+            entry.live = live;
+        }
+    }
+
+    /// Whether `ino`'s dentry sits at its snapshot path for a working
+    /// directory (true) or no longer needs to (false).
+    pub fn set_spliced_to(&self, ino: u64, spliced: bool) {
+        if let Some(live) = self.shard(ino).get_mut(&ino).and_then(|e| e.live.as_mut()) {
+            live.spliced = spliced;
         }
     }
 

@@ -9,24 +9,31 @@
 //! - An inode ≥ `tree::FIRST_NODE_ID` is a catalog node and always denotes
 //!   the same content, so its entries and attributes get long TTLs.
 //! - Names whose target can change (children of the root and of live
-//!   database directories — where commits and pins act) get entry TTL 0
-//!   and are resolved against the current [`Snapshot`] at every lookup, so
-//!   the next path walk after a commit or a pin sees it with no cache
-//!   invalidation; a walk resolves each table once, so it never mixes
-//!   versions inside a table.
+//!   database directories — where commits, pins and readers' views act)
+//!   get entry TTL 0 and are resolved at every lookup in the state the
+//!   caller's reader sees ([`readers`]: its session's state, else its
+//!   view, with pins on top), so every walk of one reader resolves in one
+//!   whole-mount state; a walk resolves each table once, so it never
+//!   mixes versions inside a table.
+//! - A table directory that the kernel still references after its live
+//!   name moved on (a working directory) is moved by the adapter to its
+//!   snapshot path ([`View::dentry_plan`]), so `getcwd()` keeps answering a
+//!   real path; such directories are GC roots ([`View::held_dirs`]).
 //! - Handles own what they were opened on (see [`handles`]).
 //! - Nothing here writes except pins, which go through `Catalog::set_pin`.
 
 mod handles;
 mod inodes;
+pub mod readers;
 mod xattr;
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::catalog::tree::UNKNOWN_TIME;
@@ -35,8 +42,33 @@ use crate::event::{BlobId, StateId};
 
 pub use handles::{DirEntry, FileKind};
 use handles::{DirHandle, Handle, Handles, Listing};
-use inodes::{Held, NodeTable, SynthKey, Synthetic, FIRST_RENDERED};
+use inodes::{Held, LiveName, NodeTable, SynthKey, Synthetic, FIRST_RENDERED};
 pub use inodes::{ROOT, SNAPSHOTS_DIR, STAGEFS_DIR, STATUS_FILE};
+use readers::{Reader, Readers};
+
+/// Who sent a request: the pid FUSE passes (a thread id; 0 when the
+/// kernel could not name the caller in the daemon's pid namespace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller(pub u32);
+
+impl Caller {
+    /// A request with no attributable caller (unit tests, kernel-internal).
+    pub const UNKNOWN: Caller = Caller(0);
+}
+
+/// What the fuse adapter's invalidation thread should do about one table
+/// directory the kernel references (see [`View::dentry_plan`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DentryAction {
+    /// Drop the cached entry `name` under directory inode `parent` (an
+    /// unused dentry goes and its old version is forgotten; one in use
+    /// stays usable).
+    Invalidate { parent: u64, name: Name },
+    /// Look this path up from the daemon: the kernel moves the table's
+    /// directory entry there (one dentry per directory inode), so a
+    /// working directory inside it keeps a real path.
+    Splice { ino: u64, path: PathBuf },
+}
 
 /// What the view needs from the daemon for `.stagefs/status` and the
 /// root's `user.stagefs.latest`.
@@ -72,6 +104,8 @@ pub enum ViewError {
     ReadOnly,
     #[error("no such attribute")]
     NoAttr,
+    #[error("the calling process cannot be named (pid 0 or another pid namespace)")]
+    Unattributed,
     #[error("attribute `{0}` cannot be changed here")]
     XattrNotSupported(String),
     #[error("pin: {0}")]
@@ -98,6 +132,7 @@ impl ViewError {
             ViewError::IsDir => libc::EISDIR,
             ViewError::ReadOnly => libc::EROFS,
             ViewError::NoAttr => libc::ENODATA,
+            ViewError::Unattributed => libc::EPERM,
             ViewError::XattrNotSupported(_) => libc::ENOTSUP,
             ViewError::Pin(p) => match p {
                 PinError::BadValue | PinError::NotRetained(_) | PinError::NoTableAtState(..) => {
@@ -219,6 +254,38 @@ pub struct View {
     /// The kernel opens files without asking (see [`View::set_no_open`]).
     no_open: AtomicBool,
     next_rendered: AtomicU64,
+    readers: Readers,
+    /// Live table name → the inode its last lookup answered: the one the
+    /// kernel's dentry at that name now points to.
+    live_names: Mutex<HashMap<(Name, Name), u64>>,
+}
+
+/// The catalog as one reader sees it: the snapshot (pins, retained
+/// versions) and the tree its view shows where no pin applies.
+struct Shown {
+    snap: Arc<Snapshot>,
+    base: Arc<Tree>,
+}
+
+impl Shown {
+    /// The tree the mount root shows: the root pin, else the view.
+    fn root_tree(&self) -> &Arc<Tree> {
+        self.snap
+            .pins
+            .root
+            .and_then(|s| self.snap.versions.get(&s))
+            .unwrap_or(&self.base)
+    }
+
+    /// A table path resolves through its table pin, then the root's tree.
+    fn table_tree(&self, db: &str, table: &str) -> &Arc<Tree> {
+        self.snap
+            .pins
+            .tables
+            .get(&format!("{db}.{table}"))
+            .and_then(|s| self.snap.versions.get(s))
+            .unwrap_or_else(|| self.root_tree())
+    }
 }
 
 impl View {
@@ -238,6 +305,8 @@ impl View {
             handles: Handles::default(),
             no_open: AtomicBool::new(false),
             next_rendered: AtomicU64::new(FIRST_RENDERED),
+            readers: Readers::from_env(),
+            live_names: Mutex::new(HashMap::new()),
         }
     }
 
@@ -252,56 +321,188 @@ impl View {
     }
 
     fn render_status(&self) -> Arc<[u8]> {
-        let mut bytes = self.status.status_json().into_bytes();
+        let mut bytes = self.status_with_readers().into_bytes();
         if bytes.last() != Some(&b'\n') {
             bytes.push(b'\n');
         }
         bytes.into()
     }
 
-    /// Directories whose files must stay readable even after retention
-    /// lets their version go, so garbage collection keeps the blobs below
-    /// them: those readers hold open (SPEC §3.4), and in no-open mode every
-    /// directory the kernel still references (a working directory; the
-    /// parent of any file it references, since a dentry pins its parent),
-    /// because a file there is read without a handle holding its blob.
-    /// (With opens, an open file holds its blob's descriptor.)
-    pub fn held_dirs(&self) -> Vec<Arc<DirNode>> {
-        let mut dirs = self.handles.open_dirs();
-        if !self.no_open.load(Ordering::Relaxed) {
-            return dirs;
-        }
-        self.nodes.for_each(|_, entry| match &entry.held {
-            Held::Node(Node::Dir(d)) => dirs.push(Arc::clone(d)),
-            Held::SnapshotRoot(tree) => dirs.push(Arc::clone(&tree.root)),
-            Held::Node(Node::File(_)) | Held::Rendered(_) => {}
-        });
-        dirs
+    /// The readers' views and sessions of this mount.
+    pub fn readers(&self) -> &Readers {
+        &self.readers
     }
 
-    /// Table entries under live database directories that the kernel
-    /// references but that no longer name the table the path resolves to
-    /// now (a commit or a pin moved on), as (parent inode, name). The fuse
-    /// adapter invalidates them from outside request handlers, so unused
-    /// old versions are forgotten (and their blobs collected) while a
-    /// working directory or open handle keeps its own.
-    pub fn stale_live_tables(&self) -> Vec<(u64, Name)> {
+    fn reader(&self, caller: Caller) -> Reader {
+        self.readers.identify(caller.0)
+    }
+
+    /// The catalog as `reader` sees it now.
+    fn shown(&self, reader: Reader) -> Shown {
         let snap = self.catalog.snapshot();
-        let mut out = Vec::new();
-        self.nodes.for_each(|ino, entry| {
-            let Some((db, table)) = &entry.live_table else {
-                return;
-            };
-            let current = snap
-                .table_tree(db, table)
-                .table(db, table)
-                .map(|t| t.meta.id.0);
-            if current != Some(ino) {
-                let parent = self.synthetic.ino(&SynthKey::LiveDb(Name::clone(db)));
-                out.push((parent, Name::clone(table)));
+        let base = self.readers.tree_for(reader, &snap);
+        Shown { snap, base }
+    }
+
+    /// Directories readers hold open, whose files must stay readable even
+    /// after retention lets their version go (SPEC §3.4): garbage collection
+    /// keeps the blobs below them while the handles are open. (An open file
+    /// needs nothing: it holds its blob's descriptor; in no-open mode every
+    /// directory the kernel references is held, see below.)
+    ///
+    /// Also held: the trees readers' views show, and table directories in
+    /// use after their live name moved on (working directories, see
+    /// [`View::dentry_plan`]), released once the kernel forgets them.
+    pub fn held_dirs(&self) -> Vec<Arc<DirNode>> {
+        let mut out = self.handles.open_dirs();
+        if self.no_open.load(Ordering::Relaxed) {
+            // No-open mode: a file is read without a handle holding its
+            // blob, so every directory the kernel still references (a
+            // dentry pins its parent) keeps the blobs below it.
+            self.nodes.for_each(|_, entry| match &entry.held {
+                Held::Node(Node::Dir(d)) => out.push(Arc::clone(d)),
+                Held::SnapshotRoot(tree) => out.push(Arc::clone(&tree.root)),
+                Held::Node(Node::File(_)) | Held::Rendered(_) => {}
+            });
+        }
+        out.extend(
+            self.readers
+                .held_trees()
+                .into_iter()
+                .map(|t| Arc::clone(&t.root)),
+        );
+        // Table directories moved to their snapshot path because a working
+        // directory is inside (or something else still holds them): only
+        // those, not every cached dentry, or unused old entries the kernel
+        // has not evicted yet would keep their blobs.
+        self.nodes.for_each(|_, entry| {
+            if let (Held::Node(Node::Dir(d)), Some(live)) = (&entry.held, &entry.live) {
+                if live.spliced {
+                    out.push(Arc::clone(d));
+                }
             }
         });
         out
+    }
+
+    /// What to do about table directories the kernel references through
+    /// a live name (`MOUNT/<db>/<table>`) that no longer answers them: the
+    /// visible state (with pins) moved on, or another reader's lookup
+    /// answered another version there (the kernel then unhashed this one).
+    /// `cwds` are the working directories of processes under the mount
+    /// (`mount` is its path).
+    ///
+    /// - A working directory inside it (at its live path, or unhashed
+    ///   there): [`DentryAction::Splice`] to the snapshot path of the
+    ///   version it was reached in.
+    /// - Otherwise, still at its live name: [`DentryAction::Invalidate`]
+    ///   it, so an unused old version is forgotten (and collected).
+    /// - A table already moved to a snapshot path that no working
+    ///   directory uses any more: invalidate it there, so it is forgotten
+    ///   once nothing holds it; likewise a snapshot root that retention
+    ///   dropped.
+    ///
+    /// `cwds` is only called when some table needs a decision.
+    pub fn dentry_plan(
+        &self,
+        mount: &Path,
+        cwds: impl FnOnce() -> Vec<PathBuf>,
+    ) -> Vec<DentryAction> {
+        let snap = self.catalog.snapshot();
+        let live_names = lock(&self.live_names).clone();
+        let is_settled = |ino: u64, live: &LiveName| {
+            let current = snap
+                .table_tree(&live.db, &live.table)
+                .table(&live.db, &live.table)
+                .map(|t| t.meta.id.0);
+            let key = (Name::clone(&live.db), Name::clone(&live.table));
+            current == Some(ino) && live_names.get(&key) == Some(&ino)
+        };
+        let dropped_snapshot = |held: &Held| match held {
+            Held::SnapshotRoot(tree) => !snap.versions.contains_key(&tree.state_id),
+            Held::Node(_) | Held::Rendered(_) => false,
+        };
+        let mut pending = false;
+        self.nodes.for_each(|ino, entry| {
+            if let Some(live) = &entry.live {
+                pending |= live.spliced || !is_settled(ino, live);
+            }
+            pending |= dropped_snapshot(&entry.held);
+        });
+        if !pending {
+            return Vec::new();
+        }
+        let cwds = cwds();
+        let under = |path: &Path| cwds.iter().any(|c| c.starts_with(path));
+        let snapshots = mount.join(STAGEFS_NAME).join("snapshots");
+        let mut out = Vec::new();
+        let mut released = Vec::new();
+        self.nodes.for_each(|ino, entry| {
+            // A snapshot root that retention dropped stays reachable only
+            // while something uses it; unused, the kernel should forget it.
+            if let Held::SnapshotRoot(tree) = &entry.held {
+                let name = tree.state_id.to_string();
+                if dropped_snapshot(&entry.held) && !under(&snapshots.join(&name)) {
+                    out.push(DentryAction::Invalidate {
+                        parent: SNAPSHOTS_DIR,
+                        name: name.into(),
+                    });
+                }
+            }
+            let Some(live) = &entry.live else {
+                return;
+            };
+            let (db, table) = (&live.db, &live.table);
+            let snapshot_path = mount
+                .join(STAGEFS_NAME)
+                .join("snapshots")
+                .join(live.tree.state_id.to_string())
+                .join(&**db)
+                .join(&**table);
+            if live.spliced {
+                if !under(&snapshot_path) {
+                    // No longer a working directory: stop holding it, and
+                    // let the kernel drop it there. The snapshot path's
+                    // database directory comes from the tree the table
+                    // was reached in (the same nodes).
+                    released.push(ino);
+                    if let Some(parent) = live.tree.database(db).map(|d| d.meta.id.0) {
+                        out.push(DentryAction::Invalidate {
+                            parent,
+                            name: Name::clone(table),
+                        });
+                    }
+                }
+                return;
+            }
+            if is_settled(ino, live) {
+                return;
+            }
+            let hashed = live_names.get(&(Name::clone(db), Name::clone(table))) == Some(&ino);
+            let live_path = mount.join(&**db).join(&**table);
+            if under(&live_path) {
+                out.push(DentryAction::Splice {
+                    ino,
+                    path: snapshot_path,
+                });
+            } else if hashed {
+                let parent = self.synthetic.ino(&SynthKey::LiveDb(Name::clone(db)));
+                out.push(DentryAction::Invalidate {
+                    parent,
+                    name: Name::clone(table),
+                });
+            }
+        });
+        for ino in released {
+            self.nodes.set_spliced_to(ino, false);
+        }
+        out
+    }
+
+    /// The adapter looked `ino`'s snapshot path up: its dentry lives there
+    /// now (until a live lookup answers it again).
+    pub fn spliced(&self, ino: u64) {
+        self.nodes.set_spliced_to(ino, true);
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {
@@ -331,7 +532,7 @@ impl View {
             return Ok(match entry.held {
                 Held::Node(node) => Resolved::Node {
                     node,
-                    live_table: entry.live_table,
+                    live_table: entry.live.filter(|l| !l.spliced).map(|l| (l.db, l.table)),
                 },
                 Held::SnapshotRoot(tree) => Resolved::SnapshotRoot(tree.state_id, tree),
                 Held::Rendered(bytes) => Resolved::StatusFile(Some(bytes)),
@@ -343,8 +544,10 @@ impl View {
             // revalidation): serve it while the version is retained.
             Some(SynthKey::SnapshotRoot(id)) => {
                 let snap = self.catalog.snapshot();
-                let tree = snap.versions.get(&id).ok_or(ViewError::StaleInode(ino))?;
-                Ok(Resolved::SnapshotRoot(id, Arc::clone(tree)))
+                let tree = self
+                    .snapshot_tree(&snap, id)
+                    .ok_or(ViewError::StaleInode(ino))?;
+                Ok(Resolved::SnapshotRoot(id, tree))
             }
             None => Err(ViewError::StaleInode(ino)),
         }
@@ -354,7 +557,7 @@ impl View {
 
     /// Resolves `name` in `parent` and counts one kernel reference to the
     /// result.
-    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry> {
+    pub fn lookup(&self, parent: u64, name: &OsStr, caller: Caller) -> Result<Entry> {
         let name = name.to_str().ok_or(ViewError::NotFound)?;
         let snap = self.catalog.snapshot();
         match self.resolve(parent)? {
@@ -362,24 +565,32 @@ impl View {
                 if name == STAGEFS_NAME {
                     return Ok(self.fixed_entry(STAGEFS_DIR, &snap));
                 }
-                if !live_db_exists(&snap, name) {
+                let shown = self.shown(self.reader(caller));
+                if !live_db_exists(&shown, name) {
                     return Err(ViewError::NotFound);
                 }
                 let ino = self.synthetic.ino(&SynthKey::LiveDb(name.into()));
                 Ok(Entry {
-                    attr: self.live_db_attr(ino, &snap, name),
+                    attr: self.live_db_attr(ino, &shown, name),
                     entry_ttl: NO_TTL,
                     attr_ttl: SHORT_TTL,
                 })
             }
             Resolved::LiveDb(db) => {
-                let tree = snap.table_tree(&db, name);
+                let shown = self.shown(self.reader(caller));
+                let tree = shown.table_tree(&db, name);
                 let table = tree.table(&db, name).ok_or(ViewError::NotFound)?;
                 let node = Node::Dir(Arc::clone(table));
                 let ino = node.id().0;
                 let attr = self.node_attr(&node);
-                self.nodes
-                    .looked_up(ino, Held::Node(node), Some((db, name.into())));
+                let live = LiveName {
+                    db: Name::clone(&db),
+                    table: name.into(),
+                    tree: Arc::clone(tree),
+                    spliced: false,
+                };
+                self.nodes.looked_up(ino, Held::Node(node), Some(live));
+                lock(&self.live_names).insert((db, name.into()), ino);
                 Ok(Entry {
                     attr,
                     entry_ttl: NO_TTL,
@@ -389,6 +600,9 @@ impl View {
             Resolved::StagefsDir => match name {
                 "status" if self.no_open.load(Ordering::Relaxed) => {
                     let bytes = self.render_status();
+                    // Read-your-check, as at an open of the status file.
+                    self.readers
+                        .checked(self.reader(caller), &self.catalog.snapshot());
                     let ino = self.next_rendered.fetch_add(1, Ordering::Relaxed);
                     let attr = self.rendered_attr(ino, &bytes);
                     self.nodes.looked_up(ino, Held::Rendered(bytes), None);
@@ -404,11 +618,10 @@ impl View {
             },
             Resolved::SnapshotsDir => {
                 let id = parse_state_id(name).ok_or(ViewError::NotFound)?;
-                let tree = snap.versions.get(&id).ok_or(ViewError::NotFound)?;
+                let tree = self.snapshot_tree(&snap, id).ok_or(ViewError::NotFound)?;
                 let ino = self.synthetic.ino(&SynthKey::SnapshotRoot(id));
-                let attr = self.snapshot_root_attr(ino, tree);
-                self.nodes
-                    .looked_up(ino, Held::SnapshotRoot(Arc::clone(tree)), None);
+                let attr = self.snapshot_root_attr(ino, &tree);
+                self.nodes.looked_up(ino, Held::SnapshotRoot(tree), None);
                 // The name disappears when retention drops the version.
                 Ok(Entry {
                     attr,
@@ -427,6 +640,34 @@ impl View {
             }
             | Resolved::StatusFile(_) => Err(ViewError::NotDir),
         }
+    }
+
+    /// A retained version, or one a working directory still holds (the
+    /// kernel references a table reached in it): its snapshot path stays
+    /// reachable for the splice of [`View::dentry_plan`].
+    fn snapshot_tree(&self, snap: &Snapshot, id: StateId) -> Option<Arc<Tree>> {
+        if let Some(tree) = snap.versions.get(&id) {
+            return Some(Arc::clone(tree));
+        }
+        let mut found = None;
+        self.nodes.for_each(|_, entry| {
+            if let Held::SnapshotRoot(tree) = &entry.held {
+                if tree.state_id == id {
+                    found = Some(Arc::clone(tree));
+                }
+            }
+            if let Some(live) = &entry.live {
+                if live.tree.state_id == id {
+                    found = Some(Arc::clone(&live.tree));
+                }
+            }
+        });
+        found.or_else(|| {
+            self.readers
+                .held_trees()
+                .into_iter()
+                .find(|t| t.state_id == id)
+        })
     }
 
     fn child_entry(&self, dir: &DirNode, name: &str) -> Result<Entry> {
@@ -463,16 +704,22 @@ impl View {
         self.nodes.lookups(ino)
     }
 
-    pub fn getattr(&self, ino: u64) -> Result<(Attr, Duration)> {
+    pub fn getattr(&self, ino: u64, caller: Caller) -> Result<(Attr, Duration)> {
         let snap = self.catalog.snapshot();
         Ok(match self.resolve(ino)? {
-            Resolved::Root => (self.fixed_attr(ROOT, &snap), SHORT_TTL),
+            Resolved::Root => {
+                let shown = self.shown(self.reader(caller));
+                (self.root_attr(&shown), SHORT_TTL)
+            }
             Resolved::StatusFile(Some(bytes)) => (self.rendered_attr(ino, &bytes), LONG_TTL),
             r @ (Resolved::StagefsDir | Resolved::StatusFile(None) | Resolved::SnapshotsDir) => {
                 let e = self.fixed_entry(fixed_ino(&r), &snap);
                 (e.attr, e.attr_ttl)
             }
-            Resolved::LiveDb(db) => (self.live_db_attr(ino, &snap, &db), SHORT_TTL),
+            Resolved::LiveDb(db) => {
+                let shown = self.shown(self.reader(caller));
+                (self.live_db_attr(ino, &shown, &db), SHORT_TTL)
+            }
             Resolved::SnapshotRoot(_, tree) => (self.snapshot_root_attr(ino, &tree), LONG_TTL),
             Resolved::Node { node, .. } => (self.node_attr(&node), LONG_TTL),
         })
@@ -522,14 +769,15 @@ impl View {
         }
     }
 
+    fn root_attr(&self, shown: &Shown) -> Attr {
+        let tree = shown.root_tree();
+        // + 1 for `.stagefs`, a subdirectory even if unlisted.
+        let dbs = root_listing(shown).len() + 1;
+        self.dir_attr(ROOT, dbs, tree.root.meta.time_ms)
+    }
+
     fn fixed_attr(&self, ino: u64, snap: &Snapshot) -> Attr {
         match ino {
-            ROOT => {
-                let tree = snap.root_tree();
-                // + 1 for `.stagefs`, a subdirectory even if unlisted.
-                let dbs = root_listing(snap).len() + 1;
-                self.dir_attr(ROOT, dbs, tree.root.meta.time_ms)
-            }
             STATUS_FILE => Attr {
                 ino,
                 kind: FileKind::RegularFile,
@@ -563,9 +811,9 @@ impl View {
         }
     }
 
-    fn live_db_attr(&self, ino: u64, snap: &Snapshot, db: &str) -> Attr {
-        let tables = live_db_tables(snap, db).len();
-        let time = live_db_node(snap, db).map_or(UNKNOWN_TIME, |d| d.meta.time_ms);
+    fn live_db_attr(&self, ino: u64, shown: &Shown, db: &str) -> Attr {
+        let tables = live_db_tables(shown, db).len();
+        let time = live_db_node(shown, db).map_or(UNKNOWN_TIME, |d| d.meta.time_ms);
         self.dir_attr(ino, tables, time)
     }
 
@@ -575,12 +823,12 @@ impl View {
 
     // ---- directories ----------------------------------------------------
 
-    pub fn opendir(&self, ino: u64) -> Result<OpenedDir> {
+    pub fn opendir(&self, ino: u64, caller: Caller) -> Result<OpenedDir> {
         let snap = self.catalog.snapshot();
         let listing = match self.resolve(ino)? {
             Resolved::Root => {
                 let mut entries = dots(ino, ROOT);
-                for (name, _) in root_listing(&snap) {
+                for (name, _) in root_listing(&self.shown(self.reader(caller))) {
                     let child = self.synthetic.ino(&SynthKey::LiveDb(Name::clone(&name)));
                     push(&mut entries, child, FileKind::Directory, name);
                 }
@@ -617,7 +865,7 @@ impl View {
             }
             Resolved::LiveDb(db) => {
                 let mut entries = dots(ino, ROOT);
-                for (name, table) in live_db_tables(&snap, &db) {
+                for (name, table) in live_db_tables(&self.shown(self.reader(caller)), &db) {
                     push(&mut entries, table.meta.id.0, FileKind::Directory, name);
                 }
                 Listing::Fixed(entries)
@@ -680,6 +928,7 @@ impl View {
         dir: u64,
         fh: u64,
         offset: u64,
+        caller: Caller,
         mut add: impl FnMut(&DirEntry, &Entry) -> bool,
     ) -> Result<()> {
         let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
@@ -697,7 +946,7 @@ impl View {
                 };
                 return add(&e, &entry);
             }
-            match self.lookup(dir, OsStr::new(&*e.name)) {
+            match self.lookup(dir, OsStr::new(&*e.name), caller) {
                 Ok(entry) => {
                     e.ino = entry.attr.ino;
                     let full = add(&e, &entry);
@@ -730,7 +979,7 @@ impl View {
     // ---- files ----------------------------------------------------------
 
     /// Opens a file for reading; any write intent is `EROFS`.
-    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened> {
+    pub fn open(&self, ino: u64, flags: i32, caller: Caller) -> Result<Opened> {
         let writes = (flags & libc::O_ACCMODE) != libc::O_RDONLY
             || flags & (libc::O_TRUNC | libc::O_APPEND | libc::O_CREAT) != 0;
         let handle = match self.resolve(ino)? {
@@ -738,7 +987,12 @@ impl View {
                 if writes {
                     return Err(ViewError::ReadOnly);
                 }
-                Handle::Generated(rendered.unwrap_or_else(|| self.render_status()))
+                let bytes = rendered.unwrap_or_else(|| self.render_status());
+                // Read-your-check: whoever read the status sees at least
+                // the visible state it reports.
+                self.readers
+                    .checked(self.reader(caller), &self.catalog.snapshot());
+                Handle::Generated(bytes)
             }
             Resolved::Node {
                 node: Node::File(f),
@@ -782,6 +1036,33 @@ impl View {
         };
         let fh = self.handles.insert(handle);
         Ok(Opened { fh, content })
+    }
+
+    /// The status JSON with this mount's `readers` and `sessions` added
+    /// (SPEC §7): views are the view layer's, not replication's.
+    fn status_with_readers(&self) -> String {
+        let json = self.status.status_json();
+        let Ok(serde_json::Value::Object(mut map)) = serde_json::from_str(&json) else {
+            return json;
+        };
+        let snap = self.catalog.snapshot();
+        let r = self.readers.summary();
+        let readers = crate::status::ReadersReport {
+            views: r.views,
+            oldest_view: r.oldest_view,
+            unattributed_requests: r.unattributed_requests,
+            view_moves: r.view_moves,
+            dentry_invalidations: r.dentry_invalidations,
+        };
+        let sessions = crate::status::sessions_report(&snap.pins);
+        if let (Ok(readers), Ok(sessions)) = (
+            serde_json::to_value(readers),
+            serde_json::to_value(sessions),
+        ) {
+            map.insert("readers".into(), readers);
+            map.insert("sessions".into(), sessions);
+        }
+        serde_json::to_string_pretty(&map).unwrap_or(json)
     }
 
     /// Reads up to `size` bytes at `offset` (short only at end of file).
@@ -949,8 +1230,10 @@ fn parse_state_id(s: &str) -> Option<StateId> {
 }
 
 /// `(db, table)` of every table pin.
-fn table_pins(snap: &Snapshot) -> impl Iterator<Item = (&str, &str)> {
-    snap.pins
+fn table_pins(shown: &Shown) -> impl Iterator<Item = (&str, &str)> {
+    shown
+        .snap
+        .pins
         .tables
         .keys()
         .filter_map(|label| label.split_once('.'))
@@ -958,7 +1241,7 @@ fn table_pins(snap: &Snapshot) -> impl Iterator<Item = (&str, &str)> {
 
 /// The databases the root lists: those of the tree the root shows, plus
 /// those that exist only through a table pin.
-fn root_listing(snap: &Snapshot) -> std::collections::BTreeMap<Name, ()> {
+fn root_listing(snap: &Shown) -> std::collections::BTreeMap<Name, ()> {
     let mut out: std::collections::BTreeMap<Name, ()> = snap
         .root_tree()
         .root
@@ -974,13 +1257,13 @@ fn root_listing(snap: &Snapshot) -> std::collections::BTreeMap<Name, ()> {
     out
 }
 
-fn live_db_exists(snap: &Snapshot, db: &str) -> bool {
+fn live_db_exists(snap: &Shown, db: &str) -> bool {
     live_db_node(snap, db).is_some()
 }
 
 /// The database node a live database directory takes its attributes from:
 /// the root's tree, else the tree of a table pin inside it.
-fn live_db_node<'a>(snap: &'a Snapshot, db: &str) -> Option<&'a Arc<DirNode>> {
+fn live_db_node<'a>(snap: &'a Shown, db: &str) -> Option<&'a Arc<DirNode>> {
     if let Some(node) = snap.root_tree().database(db) {
         return Some(node);
     }
@@ -995,7 +1278,7 @@ fn live_db_node<'a>(snap: &'a Snapshot, db: &str) -> Option<&'a Arc<DirNode>> {
 
 /// The tables a live database directory lists, each resolved through its
 /// own pin (table pin, else root pin, else visible).
-fn live_db_tables(snap: &Snapshot, db: &str) -> Vec<(Name, Arc<DirNode>)> {
+fn live_db_tables(snap: &Shown, db: &str) -> Vec<(Name, Arc<DirNode>)> {
     let mut out = std::collections::BTreeMap::new();
     if let Some(d) = snap.root_tree().database(db) {
         for name in d.children.keys() {
@@ -1012,6 +1295,11 @@ fn live_db_tables(snap: &Snapshot, db: &str) -> Vec<(Name, Arc<DirNode>)> {
         }
     }
     out.into_iter().collect()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Single map operations only: never half-updated.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -101,7 +101,7 @@ impl Fixture {
     }
 
     fn lookup(&self, parent: u64, name: &str) -> Result<Entry> {
-        self.view.lookup(parent, OsStr::new(name))
+        self.view.lookup(parent, OsStr::new(name), Caller::UNKNOWN)
     }
 
     /// Walks `path` from the root like the kernel would.
@@ -121,7 +121,7 @@ impl Fixture {
     }
 
     fn list(&self, ino: u64) -> Vec<String> {
-        let dir = self.view.opendir(ino).unwrap();
+        let dir = self.view.opendir(ino, Caller::UNKNOWN).unwrap();
         let names = self.list_fh(dir.fh);
         self.view.releasedir(dir.fh);
         names
@@ -140,7 +140,10 @@ impl Fixture {
     }
 
     fn read_all(&self, ino: u64) -> Vec<u8> {
-        let opened = self.view.open(ino, libc::O_RDONLY).unwrap();
+        let opened = self
+            .view
+            .open(ino, libc::O_RDONLY, Caller::UNKNOWN)
+            .unwrap();
         let data = self.view.read(opened.fh, 0, 1 << 20).unwrap();
         self.view.release(opened.fh);
         data
@@ -148,13 +151,17 @@ impl Fixture {
 
     fn xattr(&self, ino: u64, name: &str) -> Result<String> {
         self.view
-            .getxattr(ino, OsStr::new(name))
+            .getxattr(ino, OsStr::new(name), Caller::UNKNOWN)
             .map(|v| String::from_utf8(v).unwrap())
     }
 
     fn set_pin(&self, ino: u64, value: &str) -> Result<()> {
-        self.view
-            .setxattr(ino, OsStr::new(xattr::PIN), value.as_bytes())
+        self.view.setxattr(
+            ino,
+            OsStr::new(xattr::PIN),
+            value.as_bytes(),
+            Caller::UNKNOWN,
+        )
     }
 }
 
@@ -189,17 +196,25 @@ fn stagefs_is_reachable_but_not_listed() {
     assert_eq!(fx.ino(".stagefs"), STAGEFS_DIR);
     assert_eq!(fx.list(STAGEFS_DIR), vec!["status", "snapshots"]);
     let status = fx.ino(".stagefs/status");
-    let opened = fx.view.open(status, libc::O_RDONLY).unwrap();
+    let opened = fx
+        .view
+        .open(status, libc::O_RDONLY, Caller::UNKNOWN)
+        .unwrap();
     assert!(matches!(opened.content, OpenContent::Generated));
     let data = fx.view.read(opened.fh, 0, 4096).unwrap();
-    assert_eq!(data, b"{\"visible\": 0}\n");
+    assert_eq!(data.last(), Some(&b'\n'));
+    let json: serde_json::Value = serde_json::from_slice(&data).unwrap();
+    assert_eq!(json["visible"], 0);
+    // The view layer adds its readers and sessions.
+    assert_eq!(json["sessions"], serde_json::json!([]));
+    assert_eq!(json["readers"]["unattributed_requests"], 1);
 }
 
 #[test]
 fn attributes_are_read_only_owned_and_exact() {
     let fx = Fixture::new();
     fx.seed();
-    let (root, _) = fx.view.getattr(ROOT).unwrap();
+    let (root, _) = fx.view.getattr(ROOT, Caller::UNKNOWN).unwrap();
     assert_eq!((root.perm, root.uid, root.gid), (0o555, 1234, 5678));
     assert_eq!(root.kind, FileKind::Directory);
     let e = fx.walk("default/blah/p=b/000002_0").unwrap();
@@ -236,9 +251,12 @@ fn missing_names_and_wrong_kinds_have_their_errno() {
     assert_eq!(errno(fx.walk(".stagefs/snapshots/040")), libc::ENOENT);
     let f = fx.ino("default/blah/p=a/000001_0");
     assert_eq!(errno(fx.lookup(f, "x")), libc::ENOTDIR);
-    assert_eq!(errno(fx.view.opendir(f)), libc::ENOTDIR);
-    assert_eq!(errno(fx.view.open(ROOT, libc::O_RDONLY)), libc::EISDIR);
-    assert_eq!(errno(fx.view.getattr(999)), libc::ESTALE);
+    assert_eq!(errno(fx.view.opendir(f, Caller::UNKNOWN)), libc::ENOTDIR);
+    assert_eq!(
+        errno(fx.view.open(ROOT, libc::O_RDONLY, Caller::UNKNOWN)),
+        libc::EISDIR
+    );
+    assert_eq!(errno(fx.view.getattr(999, Caller::UNKNOWN)), libc::ESTALE);
 }
 
 #[test]
@@ -247,10 +265,10 @@ fn every_write_intent_is_erofs() {
     fx.seed();
     let f = fx.ino("default/blah/p=a/000001_0");
     for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC] {
-        assert_eq!(errno(fx.view.open(f, flags)), libc::EROFS);
+        assert_eq!(errno(fx.view.open(f, flags, Caller::UNKNOWN)), libc::EROFS);
     }
     assert_eq!(
-        errno(fx.view.open(STATUS_FILE, libc::O_WRONLY)),
+        errno(fx.view.open(STATUS_FILE, libc::O_WRONLY, Caller::UNKNOWN)),
         libc::EROFS
     );
     assert_eq!(errno(fx.view.access(f, libc::W_OK)), libc::EROFS);
@@ -262,7 +280,7 @@ fn xattrs_per_node_kind() {
     let fx = Fixture::new();
     fx.seed();
     let list = |ino| {
-        let raw = fx.view.listxattr(ino).unwrap();
+        let raw = fx.view.listxattr(ino, Caller::UNKNOWN).unwrap();
         String::from_utf8(raw).unwrap().replace('\0', " ")
     };
     assert_eq!(
@@ -306,7 +324,10 @@ fn xattrs_per_node_kind() {
     assert_eq!(errno(fx.xattr(ROOT, xattr::PIN)), libc::ENODATA);
     assert_eq!(errno(fx.xattr(table, "security.selinux")), libc::ENODATA);
     assert_eq!(
-        errno(fx.view.setxattr(table, OsStr::new("user.other"), b"1")),
+        errno(
+            fx.view
+                .setxattr(table, OsStr::new("user.other"), b"1", Caller::UNKNOWN)
+        ),
         libc::ENOTSUP
     );
     assert_eq!(errno(fx.set_pin(f, "20")), libc::ENOTSUP);
@@ -323,15 +344,24 @@ fn xattrs_per_node_kind() {
     assert_eq!(errno(fx.set_pin(table, "7")), libc::EINVAL);
     assert_eq!(errno(fx.set_pin(table, "5")), libc::EINVAL); // no table at 5
     assert_eq!(
-        errno(fx.view.removexattr(table, OsStr::new(xattr::PIN))),
+        errno(
+            fx.view
+                .removexattr(table, OsStr::new(xattr::PIN), Caller::UNKNOWN)
+        ),
         libc::ENODATA
     );
     assert_eq!(
-        errno(fx.view.removexattr(table, OsStr::new(xattr::STATE_ID))),
+        errno(
+            fx.view
+                .removexattr(table, OsStr::new(xattr::STATE_ID), Caller::UNKNOWN)
+        ),
         libc::ENOTSUP
     );
     assert_eq!(
-        errno(fx.view.removexattr(table, OsStr::new("user.nothing"))),
+        errno(
+            fx.view
+                .removexattr(table, OsStr::new("user.nothing"), Caller::UNKNOWN)
+        ),
         libc::ENODATA
     );
 }
@@ -355,11 +385,17 @@ fn table_pin_wins_over_root_pin() {
     assert_eq!(fx.list(fx.ino("default/blah")), vec!["p=a"]);
     // Unpin the table: the root pin (30) applies.
     fx.view
-        .removexattr(fx.ino("default/blah"), OsStr::new(xattr::PIN))
+        .removexattr(
+            fx.ino("default/blah"),
+            OsStr::new(xattr::PIN),
+            Caller::UNKNOWN,
+        )
         .unwrap();
     assert_eq!(fx.list(fx.ino("default/blah")), vec!["p=a", "p=b"]);
     // Unpin the root: newest visible.
-    fx.view.removexattr(ROOT, OsStr::new(xattr::PIN)).unwrap();
+    fx.view
+        .removexattr(ROOT, OsStr::new(xattr::PIN), Caller::UNKNOWN)
+        .unwrap();
     assert_eq!(fx.list(fx.ino("default/blah")), vec!["p=a", "p=b", "p=c"]);
     assert_eq!(fx.xattr(ROOT, xattr::STATE_ID).unwrap(), "50");
     // `visible` pins the current visible state.
@@ -377,7 +413,11 @@ fn pinned_table_stays_listed_after_drop() {
     assert_eq!(fx.list(fx.ino("default")), vec!["blah"]);
     assert_eq!(fx.list(fx.ino("default/blah")), vec!["p=a", "p=b"]);
     fx.view
-        .removexattr(fx.ino("default/blah"), OsStr::new(xattr::PIN))
+        .removexattr(
+            fx.ino("default/blah"),
+            OsStr::new(xattr::PIN),
+            Caller::UNKNOWN,
+        )
         .unwrap();
     assert!(fx.list(ROOT).is_empty());
     assert_eq!(errno(fx.walk("default")), libc::ENOENT);
@@ -387,12 +427,15 @@ fn pinned_table_stays_listed_after_drop() {
 fn open_directory_keeps_its_version() {
     let fx = Fixture::new();
     fx.seed();
-    let table = fx.view.opendir(fx.ino("default/blah")).unwrap();
+    let table = fx
+        .view
+        .opendir(fx.ino("default/blah"), Caller::UNKNOWN)
+        .unwrap();
     assert!(table.immutable);
     let pa = fx.ino("default/blah/p=a");
     let file = fx
         .view
-        .open(fx.ino("default/blah/p=a/000001_0"), 0)
+        .open(fx.ino("default/blah/p=a/000001_0"), 0, Caller::UNKNOWN)
         .unwrap();
     fx.commit(r#"{"id": 50, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "a"}}"#);
     assert_eq!(fx.list(fx.ino("default/blah")), vec!["p=b"]);
@@ -416,7 +459,10 @@ fn readdir_resumes_from_its_cursor_and_from_any_offset() {
         r#"{{"id": 50, "op": "add_files", "db": "default", "table": "blah", "partition": {{"p": "z"}}, "files": [{}]}}"#,
         files.join(",")
     ));
-    let dir = fx.view.opendir(fx.ino("default/blah/p=z")).unwrap();
+    let dir = fx
+        .view
+        .opendir(fx.ino("default/blah/p=z"), Caller::UNKNOWN)
+        .unwrap();
     // Pages of 7 entries, resuming from the last offset each time.
     let mut all = Vec::new();
     let mut offset = 0;
@@ -462,7 +508,7 @@ fn forget_frees_old_versions() {
     assert_eq!(fx.view.lookup_count(f), 1);
     fx.view.forget(f, 1);
     assert_eq!(fx.view.lookup_count(f), 0);
-    assert_eq!(errno(fx.view.getattr(f)), libc::ESTALE);
+    assert_eq!(errno(fx.view.getattr(f, Caller::UNKNOWN)), libc::ESTALE);
     // Forgetting every reference empties the table.
     let inos = [fx.ino("default/blah"), fx.ino("default/blah/p=a")];
     for ino in inos {
@@ -517,10 +563,10 @@ impl Fixture {
     /// One `readdirplus` of a fresh handle: (name, inode, entry TTL,
     /// attr TTL) of each entry but `.` and `..`.
     fn list_plus(&self, ino: u64) -> Vec<(String, u64, Duration, Duration)> {
-        let dir = self.view.opendir(ino).unwrap();
+        let dir = self.view.opendir(ino, Caller::UNKNOWN).unwrap();
         let mut out = Vec::new();
         self.view
-            .readdirplus(ino, dir.fh, 0, |e, entry| {
+            .readdirplus(ino, dir.fh, 0, Caller::UNKNOWN, |e, entry| {
                 assert_eq!(e.ino, entry.attr.ino);
                 if &*e.name != "." && &*e.name != ".." {
                     out.push((
@@ -571,10 +617,10 @@ fn readdirplus_entry_refused_by_a_full_reply_is_not_counted() {
     let fx = Fixture::new();
     fx.seed();
     let pa = fx.ino("default/blah/p=a");
-    let dir = fx.view.opendir(pa).unwrap();
+    let dir = fx.view.opendir(pa, Caller::UNKNOWN).unwrap();
     let mut taken = Vec::new();
     fx.view
-        .readdirplus(pa, dir.fh, 0, |e, entry| {
+        .readdirplus(pa, dir.fh, 0, Caller::UNKNOWN, |e, entry| {
             if taken.len() == 3 {
                 return true; // `.`, `..`, the first file fit; the second not
             }
@@ -610,16 +656,20 @@ fn readdirplus_at_root_and_database_level_follows_commits_and_pins() {
     fx.commit(r#"{"id": 60, "op": "drop_database", "db": "default"}"#);
     assert_eq!(fx.list_plus(ROOT).len(), 1);
     fx.view
-        .removexattr(fx.ino("default/blah"), OsStr::new(xattr::PIN))
+        .removexattr(
+            fx.ino("default/blah"),
+            OsStr::new(xattr::PIN),
+            Caller::UNKNOWN,
+        )
         .unwrap();
     assert!(fx.list_plus(ROOT).is_empty());
     // A handle opened before a drop leaves out the name that went.
     fx.commit(r#"{"id": 70, "op": "create_database", "db": "other"}"#);
-    let root = fx.view.opendir(ROOT).unwrap();
+    let root = fx.view.opendir(ROOT, Caller::UNKNOWN).unwrap();
     fx.commit(r#"{"id": 80, "op": "drop_database", "db": "other"}"#);
     let mut names = Vec::new();
     fx.view
-        .readdirplus(ROOT, root.fh, 0, |e, _| {
+        .readdirplus(ROOT, root.fh, 0, Caller::UNKNOWN, |e, _| {
             names.push(e.name.to_string());
             false
         })

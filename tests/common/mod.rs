@@ -156,8 +156,20 @@ impl TestMount {
         )
     }
 
-    /// Applies one event line on the newest state and commits it.
+    /// Applies one event line on the newest state and commits it, then
+    /// reads the root's `user.stagefs.visible` as a script waiting for the
+    /// state would: that read-your-check moves this process's view
+    /// (SPEC §3.8) to it, so the test's next walk sees it.
     pub fn commit(&self, line: &str) {
+        self.commit_quietly(line);
+        let seen = getxattr(&self.mnt, "user.stagefs.visible").expect("read visible");
+        let tree = self.tree.lock().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(seen, tree.state_id.to_string(), "visible after commit");
+    }
+
+    /// Commits like [`TestMount::commit`] without the read-your-check:
+    /// this process's view stays where the view rule puts it.
+    pub fn commit_quietly(&self, line: &str) {
         let event = Event::parse_line(line.as_bytes()).expect("valid event");
         let mut tree = self.tree.lock().unwrap_or_else(|p| p.into_inner());
         let next = Arc::new(tree.apply(&event).expect("event applies").0);
@@ -172,6 +184,14 @@ impl TestMount {
         let f = self.file(&format!("default/blah/p={p}/{name}"), content);
         self.commit(&format!(
             r#"{{"id": {id}, "op": "{op}", "db": "default", "table": "blah", "partition": {{"p": "{p}"}}, "files": [{f}]}}"#
+        ));
+    }
+
+    /// [`TestMount::put`] of `add_files` without the read-your-check.
+    pub fn put_quietly(&self, id: u64, p: &str, name: &str, content: &[u8]) {
+        let f = self.file(&format!("default/blah/p={p}/{name}"), content);
+        self.commit_quietly(&format!(
+            r#"{{"id": {id}, "op": "add_files", "db": "default", "table": "blah", "partition": {{"p": "{p}"}}, "files": [{f}]}}"#
         ));
     }
 
