@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use crate::catalog::load_durable;
 use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
+use crate::redact::Redactor;
 use crate::replicate::{state_in_use, Replica, ReplicaConfig, ReplicaError};
 use crate::status::StatusReport;
 use crate::view::{StatusSource, View, ViewConfig};
@@ -92,6 +93,19 @@ fn require_dir(flag: &str, path: &Path) -> Result<(), DaemonError> {
 }
 
 impl ReplicateArgs {
+    /// Hides these folders in what other users read.
+    fn redactor(&self) -> Redactor {
+        let mut roots = vec![
+            (self.source_root.as_path(), "<source-root>"),
+            (self.events.as_path(), "<events>"),
+            (self.state.as_path(), "<state>"),
+        ];
+        if let Some(cm) = &self.cm_root {
+            roots.push((cm.as_path(), "<cm-root>"));
+        }
+        Redactor::new(roots)
+    }
+
     fn config(&self) -> Result<ReplicaConfig, DaemonError> {
         require_dir("--source-root", &self.source_root)?;
         require_dir("--events", &self.events)?;
@@ -168,11 +182,26 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     Ok(())
 }
 
-struct ReplicaStatus(Arc<Replica>);
+/// The status served as `.stagefs/status`; with `--allow-other` its host
+/// paths are redacted (other users read it).
+struct ReplicaStatus(Arc<Replica>, Option<Redactor>);
 
 impl StatusSource for ReplicaStatus {
     fn status_json(&self) -> String {
-        self.0.status().to_json()
+        let report = self.0.status();
+        let Some(redactor) = &self.1 else {
+            return report.to_json();
+        };
+        match serde_json::to_value(&report) {
+            Ok(mut v) => {
+                redactor.redact_json(&mut v);
+                let mut s = serde_json::to_string_pretty(&v)
+                    .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+                s.push('\n');
+                s
+            }
+            Err(e) => format!("{{\"error\": \"{e}\"}}\n"),
+        }
     }
 
     fn latest(&self) -> crate::event::StateId {
@@ -317,7 +346,10 @@ pub fn serve(
     let view = Arc::new(View::new(
         Arc::clone(replica.catalog()),
         blob_path,
-        Arc::new(ReplicaStatus(Arc::clone(replica))),
+        Arc::new(ReplicaStatus(
+            Arc::clone(replica),
+            args.allow_other.then(|| args.replicate.redactor()),
+        )),
         ViewConfig {
             uid,
             gid,
