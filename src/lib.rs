@@ -14,6 +14,7 @@ pub mod demo;
 pub mod durable;
 pub mod event;
 pub mod fuse;
+pub mod fusermount;
 pub mod ingest;
 pub mod journal;
 pub mod redact;
