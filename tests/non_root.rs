@@ -62,6 +62,21 @@ fn run_as(u: &User, cmd: &str, args: &[&std::ffi::OsStr]) -> Output {
         .unwrap_or_else(|e| panic!("running {cmd}: {e}"))
 }
 
+/// `setfattr -n user.stagefs.pin -v VALUE PATH` as `u`.
+fn set_pin(u: &User, path: &Path, value: &str) -> Output {
+    run_as(
+        u,
+        "setfattr",
+        &[
+            os("-n"),
+            os("user.stagefs.pin"),
+            os("-v"),
+            os(value),
+            path.as_os_str(),
+        ],
+    )
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -251,17 +266,7 @@ fn ordinary_user_mounts_pins_gets_erofs_and_stops_cleanly_on_sigterm() {
 
     // The mounting user pins (no default_permissions: the daemon decides).
     let table = mnt.join("db/t");
-    let pin = run_as(
-        &owner,
-        "setfattr",
-        &[
-            os("-n"),
-            os("user.stagefs.pin"),
-            os("-v"),
-            os("visible"),
-            table.as_os_str(),
-        ],
-    );
+    let pin = set_pin(&owner, &table, "visible");
     assert!(
         pin.status.success(),
         "pin by the mounting user: {}",
@@ -330,23 +335,8 @@ fn with_allow_other_another_user_reads_but_cannot_pin() {
     assert!(cat.status.success(), "another user reads: {}", stderr(&cat));
     assert_eq!(cat.stdout, w.content);
     let table = mnt.join("db/t");
-    for args in [
-        vec![
-            os("-n"),
-            os("user.stagefs.pin"),
-            os("-v"),
-            os("visible"),
-            table.as_os_str(),
-        ],
-        vec![
-            os("-n"),
-            os("user.stagefs.pin"),
-            os("-v"),
-            os("visible"),
-            mnt.as_os_str(),
-        ],
-    ] {
-        let pin = run_as(&nobody, "setfattr", &args);
+    for target in [&table, &mnt] {
+        let pin = set_pin(&nobody, target, "visible");
         assert!(!pin.status.success(), "another user pinned");
         assert!(
             stderr(&pin).contains("Operation not permitted"),
@@ -367,17 +357,7 @@ fn with_allow_other_another_user_reads_but_cannot_pin() {
         &[os("-n"), os("user.stagefs.pin"), table.as_os_str()],
     );
     assert!(!pins.status.success(), "a pin was set by another user");
-    let pin = run_as(
-        &owner,
-        "setfattr",
-        &[
-            os("-n"),
-            os("user.stagefs.pin"),
-            os("-v"),
-            os("visible"),
-            mnt.as_os_str(),
-        ],
-    );
+    let pin = set_pin(&owner, &mnt, "visible");
     assert!(pin.status.success(), "owner pin: {}", stderr(&pin));
     assert!(
         d.terminate(),
