@@ -48,3 +48,17 @@ fi
 if [ -d /sys/fs/fuse/connections ] && ! mountpoint -q /sys/fs/fuse/connections; then
   mount -t fusectl none /sys/fs/fuse/connections 2>/dev/null || true
 fi
+# The non-root mount tests (tests/non_root.rs) mount as this ordinary user,
+# and need `user_allow_other` for its --allow-other mount. fusermount3 must
+# be setuid root (the fuse3 package installs it so).
+if [ "$(id -u)" -eq 0 ]; then
+  id stagefs-test >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin stagefs-test
+  if [ -f /etc/fuse.conf ] && ! grep -q '^user_allow_other' /etc/fuse.conf; then
+    echo user_allow_other >> /etc/fuse.conf
+  fi
+  # Debian's udev gives /dev/fuse mode 0666; machines without udev leave it
+  # 0600, and then even the setuid fusermount3 cannot open it for a user.
+  if [ -e /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" != 666 ]; then chmod 0666 /dev/fuse; fi
+  fm=$(command -v fusermount3 || true)
+  if [ -n "$fm" ] && [ ! -u "$fm" ]; then chmod u+s "$fm"; fi
+fi

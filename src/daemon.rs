@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use crate::catalog::{self, load_durable};
 use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
+use crate::redact::Redactor;
 use crate::replicate::{state_in_use, Replica, ReplicaConfig, ReplicaError};
 use crate::source::hive::map::SourceMap;
 use crate::source::hive::{HiveConfig, HiveRows};
@@ -123,6 +124,28 @@ fn require_dir(flag: &str, path: &Path) -> Result<(), DaemonError> {
 }
 
 impl ReplicateArgs {
+    /// Hides these folders in what other users read.
+    fn redactor(&self) -> Redactor {
+        let mut roots = vec![(self.state.as_path(), "<state>")];
+        if let Some(root) = &self.source_root {
+            roots.push((root.as_path(), "<source-root>"));
+        }
+        if let Some(events) = &self.events {
+            roots.push((events.as_path(), "<events>"));
+        }
+        if let Some(cm) = &self.cm_root {
+            roots.push((cm.as_path(), "<cm-root>"));
+        }
+        // Hive: the local folders of --source-map PREFIX=DIR.
+        for map in &self.hive.source_map {
+            // Split as SourceMap::parse does: at the first `=/`.
+            if let Some(at) = map.find("=/") {
+                roots.push((Path::new(&map[at + 1..]), "<source-map>"));
+            }
+        }
+        Redactor::new(roots)
+    }
+
     fn config(&self) -> Result<ReplicaConfig, DaemonError> {
         let hive = self.hive_config()?;
         let (source_root, events) = match (&hive, &self.source_root, &self.events) {
@@ -255,11 +278,26 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     Ok(())
 }
 
-struct ReplicaStatus(Arc<Replica>);
+/// The status served as `.stagefs/status`; with `--allow-other` its host
+/// paths are redacted (other users read it).
+struct ReplicaStatus(Arc<Replica>, Option<Redactor>);
 
 impl StatusSource for ReplicaStatus {
     fn status_json(&self) -> String {
-        self.0.status().to_json()
+        let report = self.0.status();
+        let Some(redactor) = &self.1 else {
+            return report.to_json();
+        };
+        match serde_json::to_value(&report) {
+            Ok(mut v) => {
+                redactor.redact_json(&mut v);
+                let mut s = serde_json::to_string_pretty(&v)
+                    .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+                s.push('\n');
+                s
+            }
+            Err(e) => format!("{{\"error\": \"{e}\"}}\n"),
+        }
     }
 
     fn latest(&self) -> crate::event::StateId {
@@ -407,7 +445,10 @@ pub fn serve(
     let view = Arc::new(View::new(
         Arc::clone(replica.catalog()),
         blob_path,
-        Arc::new(ReplicaStatus(Arc::clone(replica))),
+        Arc::new(ReplicaStatus(
+            Arc::clone(replica),
+            args.allow_other.then(|| args.replicate.redactor()),
+        )),
         ViewConfig {
             uid,
             gid,

@@ -24,7 +24,12 @@
 //!
 //! [`mount`] mounts read-write at the VFS level — with `ro` the kernel would
 //! refuse `setxattr` (pins) itself — and every data-changing operation is
-//! answered `EROFS` here. Called by the daemon and the mount tests.
+//! answered `EROFS` here. There is no `default_permissions`: the kernel
+//! asks the daemon, which answers `EROFS` for every change (also to users
+//! who could not write by the modes), lets every user the mount admits read,
+//! and lets only the mounting user and root change pins (`EPERM` for others).
+//! Not running as root, it mounts and unmounts through `fusermount3`
+//! ([`crate::fusermount`]). Called by the daemon and the mount tests.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -45,6 +50,7 @@ use fuser::{
 };
 use tracing::{debug, error, info, warn};
 
+use crate::fusermount;
 use crate::view::{readers, Attr, Caller, DentryAction, FileKind, OpenContent, View, ViewError};
 
 /// Why mounting or unmounting failed.
@@ -116,6 +122,8 @@ struct Backing {
 
 struct StagefsFs {
     view: Arc<View>,
+    /// The mounting user: with root, the only one who may change pins.
+    owner_uid: u32,
     passthrough: bool,
     /// Asked for by the mount options; `no_open` once the kernel agreed.
     want_no_open: bool,
@@ -238,6 +246,19 @@ fn read_only<R: ErrorReply>(op: &'static str, ino: u64, req: &Request, reply: R)
 }
 
 impl StagefsFs {
+    /// Pins are the mounting user's (and root's): other users, let in by
+    /// `--allow-other`, only read (`EPERM`). The mount has no
+    /// `default_permissions`, so this check is the daemon's, not the kernel's.
+    fn may_change_pins(&self, req: &Request) -> Result<(), Errno> {
+        let uid = req.uid();
+        if uid == 0 || uid == self.owner_uid {
+            Ok(())
+        } else {
+            debug!(uid, "refused: only the mounting user and root change pins");
+            Err(Errno::EPERM)
+        }
+    }
+
     fn lock_backing(&self) -> MutexGuard<'_, Backing> {
         // Map updates are single inserts/removes; a poisoned lock is still
         // consistent.
@@ -556,6 +577,9 @@ impl Filesystem for StagefsFs {
         reply: ReplyEmpty,
     ) {
         let _s = span("setxattr", ino.0, req);
+        if let Err(e) = self.may_change_pins(req) {
+            return reply.error(e);
+        }
         let r = guarded("setxattr", || {
             self.view.setxattr(ino.0, name, value, caller(req))
         });
@@ -564,6 +588,9 @@ impl Filesystem for StagefsFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _s = span("removexattr", ino.0, req);
+        if let Err(e) = self.may_change_pins(req) {
+            return reply.error(e);
+        }
         let r = guarded("removexattr", || {
             self.view.removexattr(ino.0, name, caller(req))
         });
@@ -723,6 +750,8 @@ impl Ended {
 /// A live mount. Dropping it without [`Mounted::unmount`] still unmounts
 /// (lazily, logged), so no dead mount is left behind.
 pub struct Mounted {
+    /// Mounted by `fusermount3` (not root): unmounted by it too.
+    via_fusermount: bool,
     mountpoint: PathBuf,
     /// `st_dev` of the mount: its FUSE connection id is the minor.
     dev: u64,
@@ -797,7 +826,6 @@ pub fn mount(
     cfg.mount_options = vec![
         MountOption::FSName("stagefs".into()),
         MountOption::Subtype("stagefs".into()),
-        MountOption::DefaultPermissions,
         MountOption::NoSuid,
         MountOption::NoDev,
         MountOption::NoExec,
@@ -811,6 +839,8 @@ pub fn mount(
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = opts.threads > 1;
     let fs = StagefsFs {
+        // SAFETY: getuid cannot fail.
+        owner_uid: unsafe { libc::getuid() },
         view,
         passthrough: false,
         want_no_open: opts.no_open,
@@ -818,7 +848,22 @@ pub fn mount(
         backing: Mutex::new(Backing::default()),
     };
     let view = Arc::clone(&fs.view);
-    let session = Session::new(fs, &mountpoint, &cfg).map_err(mount_err)?;
+    let via_fusermount = fusermount::needed();
+    let session = if via_fusermount {
+        // Not root: /dev/fuse may be closed to us and mount(2) is root's.
+        let mut options = "fsname=stagefs,subtype=stagefs,nosuid,nodev,noexec,noatime".to_owned();
+        if opts.allow_other {
+            options.push_str(",allow_other");
+        }
+        let fd = fusermount::mount(&mountpoint, &options).map_err(mount_err)?;
+        let acl = cfg.acl;
+        Session::from_fd(fs, fd, acl, cfg).map_err(|e| {
+            let _ = fusermount::unmount(&mountpoint, true);
+            mount_err(e)
+        })?
+    } else {
+        Session::new(fs, &mountpoint, &cfg).map_err(mount_err)?
+    };
     let maintained = mountpoint.clone();
     let notifier = session.notifier();
     let ended = Arc::new(Ended::default());
@@ -847,6 +892,7 @@ pub fn mount(
             .map_err(FuseError::Spawn)?
     };
     let mut mounted = Mounted {
+        via_fusermount,
         mountpoint: mountpoint.clone(),
         dev: 0,
         thread: Some(thread),
@@ -892,6 +938,15 @@ fn umount2(path: &Path, flags: i32) -> std::io::Result<()> {
 impl Mounted {
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// Unmounts (`lazy`: detaches) directly as root, else via `fusermount3`.
+    fn umount(&self, lazy: bool) -> std::io::Result<()> {
+        if self.via_fusermount {
+            fusermount::unmount(&self.mountpoint, lazy)
+        } else {
+            umount2(&self.mountpoint, if lazy { libc::MNT_DETACH } else { 0 })
+        }
     }
 
     /// Whether the session has ended (unmounted, possibly from outside).
@@ -941,12 +996,12 @@ impl Mounted {
         if !self.is_ended() {
             let deadline = Instant::now() + BUSY_RETRY;
             loop {
-                match umount2(&self.mountpoint, 0) {
+                match self.umount(false) {
                     Ok(()) => break,
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                         if Instant::now() >= deadline {
                             warn!(mountpoint = %self.mountpoint.display(), "mount still busy; detaching lazily");
-                            if let Err(e) = umount2(&self.mountpoint, libc::MNT_DETACH) {
+                            if let Err(e) = self.umount(true) {
                                 warn!(error = %e, "lazy unmount failed");
                             }
                             break;
@@ -1024,7 +1079,7 @@ impl Drop for Mounted {
         if self.thread.is_some() {
             if let Err(e) = self.unmount_inner() {
                 error!(error = %e, "unmount on drop failed; detaching");
-                let _ = umount2(&self.mountpoint, libc::MNT_DETACH);
+                let _ = self.umount(true);
             }
         }
     }

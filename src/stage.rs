@@ -23,8 +23,13 @@
 //! - [`BlobStore::staged_bytes`] is the total size of the stored blobs: scanned
 //!   on open, then kept up to date by fetch and remove.
 //!
+//! Source and change-management files are opened only beneath their root
+//! and only when regular ([`crate::source_open`]): a symlink out of the
+//! root, a FIFO or a device node is a source problem like a missing file.
+//!
 //! Errors split by side: whatever is wrong at the *source* (missing, not
-//! readable, wrong size, wrong sha256, read error) makes that copy unusable and
+//! readable, escaping its root, not a regular file, wrong size, wrong
+//! sha256, read error) makes that copy unusable and
 //! the next place is tried; when none is usable the fetch fails with
 //! [`StageError::Unavailable`] naming what was found where. Failures in the
 //! *store* itself end the fetch at once: [`StageError::NoSpace`] for a full
@@ -49,6 +54,7 @@ use sha2::{Digest, Sha256};
 
 use crate::durable::fsync_dir;
 use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
+use crate::source_open::open_beneath;
 
 /// Read → hash → write in chunks this large: big enough that syscall and
 /// per-call hashing overhead vanish, small enough to stay in L2/L3.
@@ -349,7 +355,7 @@ impl BlobStore {
                     if origin == FetchOutcome::FromChangeManagement {
                         tracing::info!(
                             path = %file.path,
-                            from = %place.display(),
+                            from = %place.shown().display(),
                             source_problem = %findings.join("; "),
                             "fetched from change management"
                         );
@@ -361,7 +367,7 @@ impl BlobStore {
                         size,
                     });
                 }
-                Err(problem) => findings.push(format!("{}: {problem}", place.display())),
+                Err(problem) => findings.push(format!("{}: {problem}", place.shown().display())),
             }
         }
         match (&file.verify, &file.cm_path) {
@@ -414,23 +420,15 @@ impl BlobStore {
     /// is unusable (try the next place).
     fn copy_verified(
         &self,
-        place: &Path,
+        place: &Place,
         file: &FileRef,
         sync: bool,
     ) -> Result<Result<(TempBlob, BlobId, u64), String>, StageError> {
-        // O_NONBLOCK: opening a FIFO (or a device) planted at a source path
-        // must not block the fetch; for regular files it changes nothing,
-        // and anything else is refused right below.
-        let opened = {
-            use std::os::unix::fs::OpenOptionsExt;
-            OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(place)
-        };
-        let mut src = match opened {
+        // Beneath its root, never through a link out of it, and only if it
+        // is a regular file (a FIFO or device is refused unopened).
+        let mut src = match open_beneath(&place.root, &place.relative) {
             Ok(f) => f,
-            Err(e) => return Ok(Err(describe_open_error(&e))),
+            Err(e) => return Ok(Err(e.to_string())),
         };
         let known = file.known();
         let expected = match (src.metadata(), known) {
@@ -1023,6 +1021,27 @@ impl Drop for TempBlob {
     }
 }
 
+/// A place a file may be read from: a path that must resolve beneath its
+/// root ([`open_beneath`]).
+struct Place {
+    root: PathBuf,
+    relative: PathBuf,
+}
+
+impl Place {
+    fn new(root: &Path, relative: impl Into<PathBuf>) -> Place {
+        Place {
+            root: root.to_owned(),
+            relative: relative.into(),
+        }
+    }
+
+    /// The joined path, for messages.
+    fn shown(&self) -> PathBuf {
+        self.root.join(&self.relative)
+    }
+}
+
 /// The places to look for `file`, in order, with the outcome each stands for.
 /// Native: the source root, then `<cm-root>/<name>_<sha256>`. Hive: the
 /// mapped source path, then the URI's change-management copy (only a file
@@ -1031,41 +1050,39 @@ fn candidate_places(
     file: &FileRef,
     source_root: &Path,
     cm_root: Option<&Path>,
-) -> Vec<(PathBuf, FetchOutcome)> {
+) -> Vec<(Place, FetchOutcome)> {
     let Some((sha, _)) = file.known() else {
-        let mut places = vec![(PathBuf::from(&file.path), FetchOutcome::FromSource)];
+        // Hive: already mapped to absolute local paths through
+        // --source-map (checked for `..` and empty components); opened
+        // beneath `/`, which refuses magic links and non-regular files.
+        let absolute = |p: &str| Place::new(Path::new("/"), p.trim_start_matches('/'));
+        let mut places = vec![(absolute(&file.path), FetchOutcome::FromSource)];
         if let (Verify::Hdfs { .. }, Some(cm)) = (&file.verify, &file.cm_path) {
-            places.push((PathBuf::from(cm), FetchOutcome::FromChangeManagement));
+            places.push((absolute(cm), FetchOutcome::FromChangeManagement));
         }
         return places;
     };
-    let mut places = vec![(source_root.join(&file.path), FetchOutcome::FromSource)];
+    let mut places = vec![(
+        Place::new(source_root, &file.path),
+        FetchOutcome::FromSource,
+    )];
     if let Some(cm) = cm_root {
         let hex = sha.to_hex();
         let base = file.path.rsplit('/').next().unwrap_or(&file.path);
         places.push((
-            cm.join(format!("{base}_{hex}")),
+            Place::new(cm, format!("{base}_{hex}")),
             FetchOutcome::FromChangeManagement,
         ));
         // The source names cm copies after the file; `name` can differ from
         // the path's last component, so look under both.
         if file.name != base {
             places.push((
-                cm.join(format!("{}_{hex}", file.name)),
+                Place::new(cm, format!("{}_{hex}", file.name)),
                 FetchOutcome::FromChangeManagement,
             ));
         }
     }
     places
-}
-
-fn describe_open_error(e: &io::Error) -> String {
-    match e.kind() {
-        io::ErrorKind::NotFound => "missing".to_owned(),
-        io::ErrorKind::PermissionDenied => format!("not readable ({e})"),
-        _ if e.raw_os_error() == Some(libc::ENOTDIR) => "missing".to_owned(),
-        _ => format!("cannot open: {e}"),
-    }
 }
 
 /// Classifies a store-side I/O error: a full disk is its own kind so the

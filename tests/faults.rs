@@ -10,7 +10,10 @@
 //!   once space is freed; a full disk under the journal stalls ingest only
 //!   until space returns, without a restart;
 //! - an unreadable source file (a directory, a FIFO) is retried and
-//!   reported, and replication continues once it is fixed.
+//!   reported, and replication continues once it is fixed;
+//! - a source path that leaves the source root through a symlink, or is a
+//!   device node, is refused unopened and reported (with `--allow-other`
+//!   the status names no host path), and the mount keeps serving.
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -132,6 +135,11 @@ impl Setup {
     }
 
     fn start(&self, state: &Path) -> DaemonProcess {
+        self.start_with(state, &[])
+    }
+
+    /// [`Setup::start`] with more flags (e.g. `--allow-other`).
+    fn start_with(&self, state: &Path, extra: &[&str]) -> DaemonProcess {
         let root = &self.src.root;
         let flags = mount_flags(
             state,
@@ -140,7 +148,8 @@ impl Setup {
             &root.join("cm"),
             None,
         );
-        let args: Vec<&OsStr> = flags.iter().map(|f| f.as_os_str()).collect();
+        let mut args: Vec<&OsStr> = flags.iter().map(|f| f.as_os_str()).collect();
+        args.extend(extra.iter().map(OsStr::new));
         DaemonProcess::start(
             Path::new(env!("CARGO_BIN_EXE_stagefs")),
             &self.mnt(),
@@ -572,4 +581,92 @@ impl NonBlock for std::fs::OpenOptions {
         use std::os::unix::fs::OpenOptionsExt;
         self.custom_flags(libc::O_NONBLOCK)
     }
+}
+
+/// Waits until the stall names `path`, then returns its reason.
+fn wait_stall_naming(s: &Setup, path: &str) -> (Option<StateId>, String) {
+    wait_for("the stall", 20, || {
+        stall_reason(s).is_some_and(|(_, r)| r.contains(path))
+    });
+    stall_reason(s).unwrap()
+}
+
+#[test]
+fn source_symlink_out_of_the_root_is_refused_and_no_host_path_is_shown() {
+    let s = Setup::new();
+    // The file's bytes exist, but outside the source root: following the
+    // link would stage (and serve to every reader) a file the source does
+    // not own, as /etc/shadow would be with a link to it.
+    let f = bytes(30, 1500);
+    let outside = s.dir.path().join("outside-secret");
+    std::fs::write(&outside, &f).unwrap();
+    let link = s.src.source("db/t/p=a/f");
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&outside, &link).unwrap();
+    s.src
+        .event(3, "add_files", "a", &[Source::file_ref("a", "f", &f)]);
+    let _d = s.start_with(&s.dir.path().join("state"), &["--allow-other"]);
+    let (id, reason) = wait_stall_naming(&s, "db/t/p=a/f");
+    assert_eq!(id, Some(StateId(3)));
+    assert!(reason.contains("leaves its root"), "{reason}");
+    assert_eq!(visible(&s.mnt()).unwrap(), StateId(2));
+    assert!(
+        s.file("p=a/f").is_err(),
+        "a file outside the root was served"
+    );
+    // Readers of the status (any user, with --allow-other) see paths
+    // relative to the roots, never the host's folders.
+    let text = std::fs::read_to_string(s.mnt().join(".stagefs/status")).unwrap();
+    let host = s.dir.path().canonicalize().unwrap();
+    assert!(
+        !text.contains(&*s.dir.path().to_string_lossy())
+            && !text.contains(&*host.to_string_lossy()),
+        "{text}"
+    );
+    assert!(text.contains("<source-root>/db/t/p=a/f"), "{text}");
+    // Fixed at the source: a regular file replaces the link.
+    std::fs::remove_file(&link).unwrap();
+    s.src.put("a", "f", &f);
+    wait_visible(&s, 3, 30);
+    assert_eq!(s.file("p=a/f").unwrap(), f);
+}
+
+#[test]
+fn source_path_that_is_a_device_node_is_refused_unopened_and_reported() {
+    let s = Setup::new();
+    let f = bytes(31, 800);
+    let dev = s.src.source("db/t/p=a/f");
+    std::fs::create_dir_all(dev.parent().unwrap()).unwrap();
+    let c = std::ffi::CString::new(dev.as_os_str().to_str().unwrap()).unwrap();
+    // Major 240 (local use) has no driver: opening it fails with ENXIO, so
+    // a reason naming the device kind shows it was never opened.
+    // SAFETY: a valid NUL-terminated path.
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o644, libc::makedev(240, 0)) };
+    assert_eq!(
+        rc,
+        0,
+        "mknod (needs root): {}",
+        std::io::Error::last_os_error()
+    );
+    let g = bytes(32, 100);
+    s.src
+        .event(3, "add_files", "a", &[Source::file_ref("a", "f", &f)]);
+    let _d = s.start(&s.dir.path().join("state"));
+    let (id, reason) = wait_stall_naming(&s, "db/t/p=a/f");
+    assert_eq!(id, Some(StateId(3)));
+    assert!(
+        reason.contains("not a regular file (a character device); refused without opening it"),
+        "{reason}"
+    );
+    // The mount keeps serving while the state waits.
+    assert_eq!(visible(&s.mnt()).unwrap(), StateId(2));
+    assert!(s.mnt().join("db/t").is_dir());
+    std::fs::remove_file(&dev).unwrap();
+    s.src.put("a", "f", &f);
+    s.src.put("b", "g", &g);
+    s.src
+        .event(4, "add_files", "b", &[Source::file_ref("b", "g", &g)]);
+    wait_visible(&s, 4, 30);
+    assert_eq!(s.file("p=a/f").unwrap(), f);
+    assert_eq!(s.file("p=b/g").unwrap(), g);
 }

@@ -1,0 +1,367 @@
+//! stagefs mounted by an ordinary user keeps its contract (issue 13 item 8,
+//! docs/SEMANTICS.md "Permissions"): the mount goes through `fusermount3`
+//! (here `/dev/fuse` is 0600), the mounting user pins, creating a file is
+//! `EROFS` (not the kernel's `EACCES` from the modes), another user may read
+//! with `--allow-other` but not pin (`EPERM`), and SIGTERM unmounts and exits 0.
+//!
+//! Runs as root (CI) and starts the daemon as the user `stagefs-test`, which
+//! scripts/setup.sh creates (with `user_allow_other` in /etc/fuse.conf);
+//! the other user is `nobody`.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use stagefs::checker::{detach, is_mounted};
+
+struct User {
+    uid: u32,
+    gid: u32,
+}
+
+fn user(name: &str) -> User {
+    let c = CString::new(name).unwrap();
+    // SAFETY: a valid NUL-terminated name; the result is read at once.
+    let pw = unsafe { libc::getpwnam(c.as_ptr()) };
+    assert!(
+        !pw.is_null(),
+        "user {name} is missing: run scripts/setup.sh (as root) first"
+    );
+    // SAFETY: non-null getpwnam result.
+    unsafe {
+        User {
+            uid: (*pw).pw_uid,
+            gid: (*pw).pw_gid,
+        }
+    }
+}
+
+fn chown_tree(path: &Path, u: &User) {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::lchown(c.as_ptr(), u.uid, u.gid) }, 0);
+    if path.is_dir() && !path.is_symlink() {
+        for e in std::fs::read_dir(path).unwrap() {
+            chown_tree(&e.unwrap().path(), u);
+        }
+    }
+}
+
+/// Runs `cmd args` as `u`, returning its output.
+fn run_as(u: &User, cmd: &str, args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .uid(u.uid)
+        .gid(u.gid)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd}: {e}"))
+}
+
+/// `setfattr -n user.stagefs.pin -v VALUE PATH` as `u`.
+fn set_pin(u: &User, path: &Path, value: &str) -> Output {
+    run_as(
+        u,
+        "setfattr",
+        &[
+            os("-n"),
+            os("user.stagefs.pin"),
+            os("-v"),
+            os(value),
+            path.as_os_str(),
+        ],
+    )
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The daemon run as the ordinary user; dropping it stops it and detaches
+/// whatever mount is left (root may).
+struct Daemon {
+    child: Option<Child>,
+    mnt: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(u: &User, mnt: &Path, flags: &[&str], log: &Path) -> Daemon {
+        let out = std::fs::File::create(log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_stagefs"))
+            .arg("mount")
+            .arg(mnt)
+            .args(flags)
+            .uid(u.uid)
+            .gid(u.gid)
+            .env("STAGEFS_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        let mut d = Daemon {
+            child: Some(child),
+            mnt: mnt.to_owned(),
+            log: log.to_owned(),
+        };
+        let start = Instant::now();
+        while !is_mounted(mnt) {
+            if let Some(status) = d.child.as_mut().unwrap().try_wait().unwrap() {
+                d.child = None;
+                panic!(
+                    "the daemon exited with {status} before mounting:\n{}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no mount after 20 s:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    /// SIGTERM; true when it exited 0 within 10 s with the mount gone.
+    fn terminate(&mut self) -> bool {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.success() && !is_mounted(&self.mnt);
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if is_mounted(&self.mnt) {
+            detach(&self.mnt);
+        }
+    }
+}
+
+/// A warehouse with one table holding one file, owned by `u`.
+struct Warehouse {
+    dir: tempfile::TempDir,
+    content: Vec<u8>,
+}
+
+impl Warehouse {
+    fn new(u: &User) -> Warehouse {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for d in ["source/db/t/p=a", "events", "cm", "mnt"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let content = b"rows written by the source\n".to_vec();
+        std::fs::write(root.join("source/db/t/p=a/f"), &content).unwrap();
+        let sha: String = Sha256::digest(&content)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let log = [
+            r#"{"id": 1, "op": "create_database", "db": "db"}"#.to_owned(),
+            r#"{"id": 2, "op": "create_table", "db": "db", "table": "t", "partition_keys": ["p"]}"#
+                .to_owned(),
+            format!(
+                r#"{{"id": 3, "op": "add_files", "db": "db", "table": "t", "partition": {{"p": "a"}}, "files": [{{"path": "db/t/p=a/f", "size": {}, "sha256": "{sha}"}}]}}"#,
+                content.len()
+            ),
+        ];
+        std::fs::write(root.join("events/log-000001.jsonl"), log.join("\n") + "\n").unwrap();
+        chown_tree(root, u);
+        Warehouse { dir, content }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn flags(&self) -> Vec<String> {
+        let p = |r: &str| self.path(r).to_string_lossy().into_owned();
+        vec![
+            "--state".into(),
+            p("state"),
+            "--source-root".into(),
+            p("source"),
+            "--events".into(),
+            p("events"),
+            "--cm-root".into(),
+            p("cm"),
+        ]
+    }
+}
+
+fn os(s: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(s)
+}
+
+/// Waits until `u` reads `user.stagefs.visible` = 3 on the mount root.
+fn wait_visible_as(u: &User, mnt: &Path, d: &Daemon) {
+    let start = Instant::now();
+    loop {
+        let o = run_as(
+            u,
+            "getfattr",
+            &[
+                os("--only-values"),
+                os("-n"),
+                os("user.stagefs.visible"),
+                mnt.as_os_str(),
+            ],
+        );
+        if o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "3" {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "visible never reached 3: {}\n{}",
+            stderr(&o),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ordinary_user_mounts_pins_gets_erofs_and_stops_cleanly_on_sigterm() {
+    let owner = user("stagefs-test");
+    let w = Warehouse::new(&owner);
+    let mnt = w.path("mnt");
+    let flags = w.flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut d = Daemon::start(&owner, &mnt, &flags, &w.path("daemon.log"));
+    wait_visible_as(&owner, &mnt, &d);
+    let file = mnt.join("db/t/p=a/f");
+    let cat = run_as(&owner, "cat", &[file.as_os_str()]);
+    assert!(cat.status.success(), "{}", stderr(&cat));
+    assert_eq!(cat.stdout, w.content);
+
+    // The mounting user pins (no default_permissions: the daemon decides).
+    let table = mnt.join("db/t");
+    let pin = set_pin(&owner, &table, "visible");
+    assert!(
+        pin.status.success(),
+        "pin by the mounting user: {}",
+        stderr(&pin)
+    );
+    let unpin = run_as(
+        &owner,
+        "setfattr",
+        &[os("-x"), os("user.stagefs.pin"), table.as_os_str()],
+    );
+    assert!(unpin.status.success(), "unpin: {}", stderr(&unpin));
+
+    // Creating a file is EROFS, as for root, not EACCES from the modes.
+    let created = table.join("new");
+    let touch = run_as(&owner, "touch", &[created.as_os_str()]);
+    assert!(!touch.status.success());
+    assert!(
+        stderr(&touch).contains("Read-only file system"),
+        "touch: {}",
+        stderr(&touch)
+    );
+    let mkdir = run_as(&owner, "mkdir", &[mnt.join("db/x").as_os_str()]);
+    assert!(
+        stderr(&mkdir).contains("Read-only file system"),
+        "mkdir: {}",
+        stderr(&mkdir)
+    );
+    // Without --allow-other no other user gets in at all.
+    let nobody = user("nobody");
+    let other = run_as(&nobody, "cat", &[file.as_os_str()]);
+    assert!(
+        !other.status.success(),
+        "another user read without --allow-other"
+    );
+
+    assert!(
+        d.terminate(),
+        "SIGTERM: clean exit 0 and unmounted:\n{}",
+        d.log()
+    );
+}
+
+#[test]
+fn with_allow_other_another_user_reads_but_cannot_pin() {
+    let owner = user("stagefs-test");
+    let nobody = user("nobody");
+    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
+    assert!(
+        conf.lines().any(|l| l.trim() == "user_allow_other"),
+        "/etc/fuse.conf lacks user_allow_other: run scripts/setup.sh (as root) first"
+    );
+    let w = Warehouse::new(&owner);
+    let mnt = w.path("mnt");
+    // `nobody` must be able to reach the mountpoint.
+    for p in [w.dir.path().to_owned(), mnt.clone()] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut flags = w.flags();
+    flags.push("--allow-other".into());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut d = Daemon::start(&owner, &mnt, &flags, &w.path("daemon.log"));
+    wait_visible_as(&owner, &mnt, &d);
+    let file = mnt.join("db/t/p=a/f");
+    let cat = run_as(&nobody, "cat", &[file.as_os_str()]);
+    assert!(cat.status.success(), "another user reads: {}", stderr(&cat));
+    assert_eq!(cat.stdout, w.content);
+    let table = mnt.join("db/t");
+    for target in [&table, &mnt] {
+        let pin = set_pin(&nobody, target, "visible");
+        assert!(!pin.status.success(), "another user pinned");
+        assert!(
+            stderr(&pin).contains("Operation not permitted"),
+            "pin by another user: {}",
+            stderr(&pin)
+        );
+    }
+    let touch = run_as(&nobody, "touch", &[table.join("new").as_os_str()]);
+    assert!(
+        stderr(&touch).contains("Read-only file system"),
+        "touch: {}",
+        stderr(&touch)
+    );
+    // The owner still pins, and nobody's attempt changed nothing.
+    let pins = run_as(
+        &owner,
+        "getfattr",
+        &[os("-n"), os("user.stagefs.pin"), table.as_os_str()],
+    );
+    assert!(!pins.status.success(), "a pin was set by another user");
+    let pin = set_pin(&owner, &mnt, "visible");
+    assert!(pin.status.success(), "owner pin: {}", stderr(&pin));
+    assert!(
+        d.terminate(),
+        "SIGTERM: clean exit 0 and unmounted:\n{}",
+        d.log()
+    );
+}
