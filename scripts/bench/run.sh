@@ -211,16 +211,17 @@ prepare_data() {
         touch "$DATA/.staged"
     fi
     # One state per extra daemon: blobs hard-linked (same inodes: same page
-    # cache), the journal and commit record copied. main's binary gets no
-    # commit record (it reads commit.json, not commits.log): it re-commits
-    # from the journal, whose blobs are all there.
+    # cache), the journal and commit record copied. main's binary gets
+    # neither: it cannot read this branch's commit log or journal records
+    # (the other way round works), so it ingests the events itself; every
+    # blob is already there.
     local s f
     for s in state-user state-noopen state-main; do
         [[ -d $DATA/$s ]] && continue
         mkdir -p "$DATA/$s"
         cp -al "$DATA/state/blobs" "$DATA/$s/blobs"
-        cp -a "$DATA/state/journal" "$DATA/$s/"
         [[ $s == state-main ]] && continue
+        cp -a "$DATA/state/journal" "$DATA/$s/"
         for f in commits.log commit.json pins.json; do
             if [[ -f $DATA/state/$f ]]; then cp -a "$DATA/state/$f" "$DATA/$s/"; fi
         done
@@ -251,6 +252,7 @@ mount_all() {
         main)
             [[ -n $MAIN_STAGEFS && -x $MAIN_STAGEFS ]] || { log "note: MAIN_STAGEFS not set, main skipped"; continue; }
             BIN=$MAIN_STAGEFS start_stagefs main "$DATA/state-main" "$DATA/source" "$DATA/events"
+            wait_visible "$MNT/main" "$LAST_ID" 600 || die "main did not stage (see $OUT/main.log)"
             ROOT_OF[$s]=$MNT/main
             ;;
         bindfs)
