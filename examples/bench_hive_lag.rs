@@ -18,6 +18,10 @@ mod dbserver;
 #[path = "../tests/common/hive_writer.rs"]
 mod hive_writer;
 
+#[path = "bench_common/mod.rs"]
+mod bench_common;
+
+use bench_common::{percentile, visible};
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -41,34 +45,6 @@ fn opt(args: &[String], name: &str, default: &str) -> String {
         .and_then(|i| args.get(i + 1))
         .cloned()
         .unwrap_or_else(|| default.to_string())
-}
-
-fn visible(mnt: &CString, name: &CString) -> u64 {
-    let mut buf = [0u8; 32];
-    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
-    let n = unsafe {
-        libc::getxattr(
-            mnt.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n <= 0 {
-        return 0;
-    }
-    std::str::from_utf8(&buf[..n as usize])
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// Native event lines → Hive rows (as `stagefs::hive_writer` writes them).

@@ -22,6 +22,10 @@
 //! `user.stagefs.visible` with getxattr every U µs. Lag of an event = time
 //! its line was appended → first poll that sees visible ≥ its id.
 
+#[path = "bench_common/mod.rs"]
+mod bench_common;
+
+use bench_common::{percentile, visible};
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -259,27 +263,6 @@ fn readfiles(args: &[String]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `user.stagefs.visible` of the mount root, or 0 when unreadable.
-fn visible(mnt: &CString, name: &CString) -> u64 {
-    let mut buf = [0u8; 32];
-    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
-    let n = unsafe {
-        libc::getxattr(
-            mnt.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n <= 0 {
-        return 0;
-    }
-    std::str::from_utf8(&buf[..n as usize])
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 fn wait_visible(mnt: &CString, name: &CString, id: u64, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
@@ -289,14 +272,6 @@ fn wait_visible(mnt: &CString, name: &CString, id: u64, limit: Duration) -> bool
         std::thread::sleep(Duration::from_millis(1));
     }
     false
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn lag(args: &[String]) -> std::io::Result<()> {
