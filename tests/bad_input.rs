@@ -180,7 +180,9 @@ fn a_table_with_100000_partition_keys_stalls_clearly_and_the_daemon_serves_and_r
 
     let mut d = Daemon::start(args);
     for run in 0..2 {
-        let s = d.wait_status("the partition-key stall", |s| !s["stalled"].is_null());
+        let s = d.wait_status("the partition-key stall at state 3", |s| {
+            !s["stalled"].is_null() && visible(s) == 3
+        });
         let stall = &s["stalled"];
         assert_eq!(stall["state_id"], 4, "run {run}: {s}");
         assert_eq!(stall["line"], 4, "run {run}: {s}");
