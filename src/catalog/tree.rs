@@ -441,6 +441,16 @@ fn apply_change(
             root.children.update(c.db.as_str().into(), Node::Dir(db)),
         )
     };
+    // The database holding `table` under the change's table name.
+    let with_table = |db: &Arc<DirNode>, table: Arc<DirNode>| {
+        with_db(
+            db.with_children(
+                meta(),
+                db.children
+                    .update(c.table.as_str().into(), Node::Dir(table)),
+            ),
+        )
+    };
     Ok(match c.op {
         Op::Noop => Arc::clone(root),
         Op::CreateDatabase => {
@@ -523,13 +533,7 @@ fn apply_change(
                 return Err(ApplyError::NoTable(c.db.clone(), c.table.clone()));
             };
             let table = empty_leaves(table, partition_keys.len(), meta);
-            with_db(
-                db.with_children(
-                    meta(),
-                    db.children
-                        .update(c.table.as_str().into(), Node::Dir(table)),
-                ),
-            )
+            with_table(db, table)
         }
         Op::MarkTable => {
             let (db, table) = existing_table(root, c)?;
@@ -544,24 +548,12 @@ fn apply_change(
                 },
                 children: table.children.clone(),
             });
-            with_db(
-                db.with_children(
-                    meta(),
-                    db.children
-                        .update(c.table.as_str().into(), Node::Dir(table)),
-                ),
-            )
+            with_table(db, table)
         }
         Op::RenamePartition => {
             let (db, table) = existing_table(root, c)?;
             let table = rename_partition(table, c, meta)?;
-            with_db(
-                db.with_children(
-                    meta(),
-                    db.children
-                        .update(c.table.as_str().into(), Node::Dir(table)),
-                ),
-            )
+            with_table(db, table)
         }
         Op::AddPartition | Op::AddFiles | Op::ReplaceFiles | Op::DropPartition => {
             let (db, table) = existing_table(root, c)?;
@@ -573,13 +565,7 @@ fn apply_change(
                 dir.extend(part_path.iter().cloned());
                 put_files(table, &part_path, 0, c, meta, &dir, added)?
             };
-            with_db(
-                db.with_children(
-                    meta(),
-                    db.children
-                        .update(c.table.as_str().into(), Node::Dir(new_table)),
-                ),
-            )
+            with_table(db, new_table)
         }
     })
 }

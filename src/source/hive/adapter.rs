@@ -987,52 +987,19 @@ mod tests {
         assert!(apply_all_with(&msgs, true).unwrap().not_in_log().is_empty());
 
         let cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
-        let rows = NoTxnLog(vec![NotificationRow {
-            event_type: "COMMIT_TXN".into(),
-            message: Some(r#"{"txnid": 7, "timestamp": 1}"#.into()),
-            ..row(1)
-        }]);
+        let rows = Flaky {
+            rows: vec![NotificationRow {
+                event_type: "COMMIT_TXN".into(),
+                message: Some(r#"{"txnid": 7, "timestamp": 1}"#.into()),
+                ..row(1)
+            }],
+            failures: 0,
+            txn_log: false,
+        };
         let mut src = HiveSource::new(Box::new(rows), &cfg, 0);
         let got = src.poll(10).unwrap();
         let e = src.decode(&got[0], &old).unwrap();
         assert_eq!((e.id, e.changes.len()), (StateId(1), 0));
-    }
-
-    /// A source without TXN_WRITE_NOTIFICATION_LOG: asking for a
-    /// transaction's writes is a mistake.
-    struct NoTxnLog(Vec<NotificationRow>);
-
-    impl RowSource for NoTxnLog {
-        fn poll(
-            &mut self,
-            after: i64,
-            limit: usize,
-        ) -> Result<Vec<NotificationRow>, RowSourceError> {
-            Ok(self
-                .0
-                .iter()
-                .filter(|r| r.event_id > after)
-                .take(limit)
-                .cloned()
-                .collect())
-        }
-        fn txn_writes(
-            &mut self,
-            _: i64,
-        ) -> Result<Vec<super::super::model::TxnWriteRow>, RowSourceError> {
-            Err(RowSourceError::Fatal(
-                "no TXN_WRITE_NOTIFICATION_LOG".into(),
-            ))
-        }
-        fn records_txn_writes(&mut self) -> Result<bool, RowSourceError> {
-            Ok(false)
-        }
-        fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
-            Ok(None)
-        }
-        fn describe(&self) -> String {
-            "old metastore".into()
-        }
     }
 
     #[test]
@@ -1198,10 +1165,13 @@ mod tests {
         assert!(err.contains("does not match its partition keys"), "{err}");
     }
 
-    /// Rows that fail as unavailable `failures` times, then come.
+    /// Rows that fail as unavailable `failures` times, then come; without
+    /// `txn_log`, a source older than Hive 3.2 (asking for a transaction's
+    /// writes is then a mistake).
     struct Flaky {
         rows: Vec<NotificationRow>,
         failures: u32,
+        txn_log: bool,
     }
 
     impl RowSource for Flaky {
@@ -1226,7 +1196,15 @@ mod tests {
             &mut self,
             _: i64,
         ) -> Result<Vec<super::super::model::TxnWriteRow>, RowSourceError> {
-            Ok(Vec::new())
+            match self.txn_log {
+                true => Ok(Vec::new()),
+                false => Err(RowSourceError::Fatal(
+                    "no TXN_WRITE_NOTIFICATION_LOG".into(),
+                )),
+            }
+        }
+        fn records_txn_writes(&mut self) -> Result<bool, RowSourceError> {
+            Ok(self.txn_log)
         }
         fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
             Ok(self.rows.last().map(|r| r.event_id))
@@ -1255,6 +1233,7 @@ mod tests {
         let rows = Flaky {
             rows: (1..=5).map(row).collect(),
             failures: 2,
+            txn_log: true,
         };
         let cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
         let mut src = HiveSource::new(Box::new(rows), &cfg, 2);
