@@ -791,6 +791,7 @@ fn rewrite_journal_until_synced(
 /// Ends ingest at a line that can never be accepted: reports it and waits
 /// for shutdown. The operator corrects the log and restarts.
 fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
+    progress.events_rejected.fetch_add(1, Ordering::Relaxed);
     progress.set_ingest_stall(Some(stall));
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
@@ -1010,7 +1011,7 @@ impl Stager {
                     any = true;
                 }
                 Err(e) => {
-                    self.progress.fetch_failures.fetch_add(1, Ordering::Relaxed);
+                    self.progress.count_fetch_failure(e.kind_label());
                     let attempt = self.errors.get(&key).map_or(0, |(a, _)| a + 1);
                     if attempt == 0 {
                         warn!(path = %file.source_label(), error = %e, "cannot stage a file yet; retrying with backoff");
@@ -1121,6 +1122,7 @@ impl Stager {
         let id = tree.state_id;
         let span = info_span!("commit", state_id = %id);
         let _g = span.enter();
+        let started = Instant::now();
         self.publish_staged()?;
         // Durability order: blobs, then what the files resolved to, then
         // the commit record.
@@ -1132,6 +1134,7 @@ impl Stager {
             Ok(dropped) => {
                 debug!(dropped = dropped.len(), "committed");
                 self.progress.commits.fetch_add(1, Ordering::Relaxed);
+                self.progress.commit_duration.observe(started.elapsed());
                 for b in self.pending.committed(id) {
                     self.retries.remove(&b);
                     self.errors.remove(&b);
