@@ -302,9 +302,9 @@ fn stall_reason(progress: &Progress) -> Option<&'static str> {
     if held(&progress.failure) {
         Some("failed")
     } else if held(&progress.ingest_stall) {
-        // A rejection stops ingest until restart, so once one was counted
-        // the ingest stall is that rejection; otherwise the source cannot
-        // be read (retrying).
+        // A rejected event stops ingest until restart, so once one was
+        // counted the ingest stall is that rejection; otherwise the source
+        // cannot be read (retrying, or fatal: a bad metastore URL, ...).
         if progress.events_rejected.load(Ordering::Relaxed) > 0 {
             Some("rejected_event")
         } else {

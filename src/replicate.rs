@@ -698,6 +698,7 @@ fn run_ingest<S: Source>(
         }
         progress.set_source(source.report());
         if let Some(r) = rejected {
+            progress.events_rejected.fetch_add(1, Ordering::Relaxed);
             error!(rejection = %r, "rejected a source event; replication stops at the last good state");
             stop_at_rejection(progress, r.stall(), stop);
             return;
@@ -791,7 +792,6 @@ fn rewrite_journal_until_synced(
 /// Ends ingest at a line that can never be accepted: reports it and waits
 /// for shutdown. The operator corrects the log and restarts.
 fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
-    progress.events_rejected.fetch_add(1, Ordering::Relaxed);
     progress.set_ingest_stall(Some(stall));
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
