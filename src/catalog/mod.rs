@@ -663,7 +663,7 @@ impl Pending {
         }
         self.latest = Arc::clone(&tree);
         use crate::event::Op;
-        let renamed: Vec<([Name; 2], [Name; 2])> = event
+        let renamed: Vec<(Vec<Name>, Vec<Name>)> = event
             .changes
             .iter()
             .filter_map(|c| match c.op {
@@ -720,7 +720,7 @@ impl Pending {
         &mut self,
         tree: Arc<Tree>,
         added: Vec<AddedFile>,
-        renamed: Vec<([Name; 2], [Name; 2])>,
+        renamed: Vec<(Vec<Name>, Vec<Name>)>,
         may_unreference: bool,
     ) {
         let Some(newest) = self.states.back_mut() else {
@@ -728,9 +728,8 @@ impl Pending {
         };
         for (from, to) in &renamed {
             for f in newest.added.iter_mut() {
-                if f.dir.len() >= 2 && f.dir[..2] == from[..] {
-                    f.dir[0] = Name::clone(&to[0]);
-                    f.dir[1] = Name::clone(&to[1]);
+                if f.dir.starts_with(from) {
+                    f.dir.splice(..from.len(), to.iter().cloned());
                 }
             }
         }
