@@ -204,9 +204,13 @@ fn span(op: &'static str, ino: u64, req: &Request) -> tracing::span::EnteredSpan
     tracing::debug_span!("fuse", op, ino, pid = req.pid()).entered()
 }
 
-/// The request's caller, for the view layer's per-reader views.
+/// The request's caller, for the view layer's per-reader views and the
+/// bound on what other users' handles hold.
 fn caller(req: &Request) -> Caller {
-    Caller(req.pid())
+    Caller {
+        pid: req.pid(),
+        uid: req.uid(),
+    }
 }
 
 fn file_attr(a: &Attr) -> FileAttr {

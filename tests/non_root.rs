@@ -365,3 +365,208 @@ fn with_allow_other_another_user_reads_but_cannot_pin() {
         d.log()
     );
 }
+
+/// `bash` as `u` reading commands from a pipe: each `exec N<DIR` keeps a
+/// directory handle open until the shell is killed (on drop).
+struct Holder {
+    shell: Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Holder {
+    fn new(u: &User) -> Holder {
+        let mut shell = Command::new("bash")
+            .uid(u.uid)
+            .gid(u.gid)
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(shell.stdout.take().unwrap());
+        Holder { shell, out }
+    }
+
+    /// Opens `dir` on descriptor `fd` and keeps it open.
+    fn hold(&mut self, fd: u32, dir: &Path) {
+        use std::io::{BufRead, Write};
+        // Quiet past the readers' quiet gap, the shell's view takes the
+        // newest visible state (docs/SEMANTICS.md "Readers").
+        std::thread::sleep(Duration::from_millis(300));
+        let stdin = self.shell.stdin.as_mut().unwrap();
+        writeln!(
+            stdin,
+            "exec {fd}<'{}' && echo held || echo failed",
+            dir.display()
+        )
+        .unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "held", "opening {} as a holder", dir.display());
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.shell.kill();
+        let _ = self.shell.wait();
+    }
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    Sha256::digest(b)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The mount's status JSON, read by `u`.
+fn status_as(u: &User, mnt: &Path) -> serde_json::Value {
+    let o = run_as(u, "cat", &[mnt.join(".stagefs/status").as_os_str()]);
+    assert!(o.status.success(), "status: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn blob_count(state: &Path) -> usize {
+    let mut n = 0;
+    for shard in std::fs::read_dir(state.join("blobs")).unwrap() {
+        let shard = shard.unwrap();
+        if shard.file_name().len() == 2 && shard.path().is_dir() {
+            n += std::fs::read_dir(shard.path()).unwrap().count();
+        }
+    }
+    n
+}
+
+/// Replaces the partition's files with one new file (state `id`) and waits
+/// until the owner sees it visible.
+fn next_state(w: &Warehouse, owner: &User, id: u64, d: &Daemon) {
+    use std::io::Write;
+    let content = format!("rows of state {id}\n");
+    let rel = format!("db/t/p=a/f{id}");
+    std::fs::write(w.path("source").join(&rel), &content).unwrap();
+    chown_tree(&w.path("source").join(&rel), owner);
+    let line = format!(
+        r#"{{"id": {id}, "op": "replace_files", "db": "db", "table": "t", "partition": {{"p": "a"}}, "files": [{{"path": "{rel}", "size": {}, "sha256": "{}"}}]}}"#,
+        content.len(),
+        sha256_hex(content.as_bytes())
+    );
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(w.path("events/log-000001.jsonl"))
+        .unwrap();
+    writeln!(log, "{line}").unwrap();
+    let mnt = w.path("mnt");
+    let start = Instant::now();
+    loop {
+        let o = run_as(
+            owner,
+            "getfattr",
+            &[
+                os("--only-values"),
+                os("-n"),
+                os("user.stagefs.visible"),
+                mnt.as_os_str(),
+            ],
+        );
+        if String::from_utf8_lossy(&o.stdout).trim() == id.to_string() {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "state {id} never visible:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls the status (as the owner) until `ok` holds, for up to 20 s.
+fn wait_status(
+    owner: &User,
+    mnt: &Path,
+    d: &Daemon,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) {
+    let start = Instant::now();
+    loop {
+        let s = status_as(owner, mnt);
+        if ok(&s) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: status {}\n{}",
+            s["holds"],
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn another_users_directory_handles_keep_at_most_the_hold_limit_of_old_versions() {
+    const LIMIT: u64 = stagefs::view::HOLD_LIMIT as u64;
+    let owner = user("stagefs-test");
+    let nobody = user("nobody");
+    let w = Warehouse::new(&owner);
+    let mnt = w.path("mnt");
+    for p in [w.dir.path().to_owned(), mnt.clone()] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut flags = w.flags();
+    flags.extend(["--allow-other".into(), "--retain".into(), "1".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let d = Daemon::start(&owner, &mnt, &flags, &w.path("daemon.log"));
+    wait_visible_as(&owner, &mnt, &d);
+    let partition = mnt.join("db/t/p=a");
+
+    // `nobody` holds the partition of every state from 3 to 3 + LIMIT + 3:
+    // LIMIT + 3 of them go old, each with its own blob.
+    let mut other = Holder::new(&nobody);
+    let mut id = 3;
+    for fd in 10..10 + LIMIT + 4 {
+        if id > 3 {
+            next_state(&w, &owner, id, &d);
+        }
+        other.hold(fd as u32, &partition);
+        id += 1;
+    }
+    wait_status(&owner, &mnt, &d, "nobody's holds bounded", |s| {
+        s["holds"]["old_versions_held"] == LIMIT && s["holds"]["released_handles"] == 3
+    });
+
+    // The owner's holds are not limited: each old version it holds keeps
+    // its blob, and nobody's count stays at the limit.
+    let mut mine = Holder::new(&owner);
+    let owner_states = LIMIT + 2;
+    for fd in 10..10 + owner_states {
+        next_state(&w, &owner, id, &d);
+        mine.hold(fd as u32, &partition);
+        id += 1;
+    }
+    // Blobs kept: nobody's newest LIMIT versions (the newest also by its
+    // shell's view), the owner's holds (the newest of which is visible).
+    // Released holds keep nothing.
+    let want = (LIMIT + owner_states) as usize;
+    let start = Instant::now();
+    while blob_count(&w.path("state")) != want {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "blobs: {} want {want}; status {}\n{}",
+            blob_count(&w.path("state")),
+            status_as(&owner, &mnt)["holds"],
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // State 3 + LIMIT + 3 went old too: one more of nobody's released.
+    let s = status_as(&owner, &mnt);
+    assert_eq!(s["holds"]["old_versions_held"], LIMIT, "{}", s["holds"]);
+    assert_eq!(s["holds"]["released_handles"], 4, "{}", s["holds"]);
+
+    drop(mine);
+    drop(d);
+}

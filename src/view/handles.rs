@@ -11,14 +11,21 @@
 //! remembers the last entry it returned, so the usual sequential resume is
 //! an `OrdMap::range` from that name — O(log n) even for a partition with a
 //! million files; only a `seekdir` elsewhere costs a scan.
+//!
+//! A directory handle that a user other than the mounting user and root
+//! opened on an immutable directory carries a [`Hold`]: the uid and the
+//! state it was reached in, so the view can bound what such users keep
+//! from garbage collection (`View::held_dirs`). A released hold is no GC
+//! root any more and its handle answers `ESTALE`; release is final.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::catalog::{DirNode, Name, Node};
+use crate::event::StateId;
 
 /// The kind of a directory entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,20 +65,55 @@ pub enum Listing {
     },
 }
 
+/// What a directory handle of a user other than the mounting user and
+/// root holds: its version, counted against that user's limit.
+#[derive(Debug)]
+pub struct Hold {
+    pub uid: u32,
+    pub state: StateId,
+    released: AtomicBool,
+}
+
+impl Hold {
+    pub fn new(uid: u32, state: StateId) -> Hold {
+        Hold {
+            uid,
+            state,
+            released: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Relaxed)
+    }
+
+    /// Stops holding: no GC root from now on. True if it was held.
+    pub fn release(&self) -> bool {
+        !self.released.swap(true, Ordering::Relaxed)
+    }
+}
+
 pub struct DirHandle {
     listing: Listing,
     /// Offset and name of the last child returned, for O(log n) resume.
     cursor: Mutex<Option<(u64, Name)>>,
+    hold: Option<Hold>,
 }
 
 const FIRST_CHILD_OFFSET: u64 = 3;
 
 impl DirHandle {
-    pub fn new(listing: Listing) -> DirHandle {
+    pub fn new(listing: Listing, hold: Option<Hold>) -> DirHandle {
         DirHandle {
             listing,
             cursor: Mutex::new(None),
+            hold,
         }
+    }
+
+    /// Whether its hold was released (its listing may name deleted blobs).
+    pub fn is_released(&self) -> bool {
+        self.hold.as_ref().is_some_and(Hold::is_released)
     }
 
     /// Feeds entries after `offset` to `add` until it reports the reply
@@ -190,21 +232,21 @@ impl Handles {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
-    /// The immutable directories open handles list.
-    pub fn open_dirs(&self) -> Vec<Arc<DirNode>> {
-        let mut out = Vec::new();
+    /// Calls `f` on each immutable directory open handles list, with the
+    /// handle's hold (if another user's). Shards are visited one at a time.
+    pub fn for_each_open_dir(&self, mut f: impl FnMut(&Arc<DirNode>, Option<&Hold>)) {
         for shard in self.shards.iter() {
             for handle in lock(shard).values() {
                 if let Handle::Dir(DirHandle {
                     listing: Listing::Tree { dir, .. },
+                    hold,
                     ..
                 }) = &**handle
                 {
-                    out.push(Arc::clone(dir));
+                    f(dir, hold.as_ref());
                 }
             }
         }
-        out
     }
 }
 

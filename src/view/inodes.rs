@@ -111,6 +111,10 @@ pub struct InodeEntry {
     /// A file's blob, opened at its first read without a handle (no-open
     /// mode) and kept until the kernel forgets the inode.
     pub blob: Option<Arc<File>>,
+    /// The newest state it was reached in (a node may be shared by several
+    /// versions): what a directory handle on it holds (`None` for what
+    /// belongs to no version, like a rendered status copy).
+    pub state: Option<StateId>,
     lookups: u64,
 }
 
@@ -137,20 +141,23 @@ impl NodeTable {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records one kernel lookup of `ino`. A later live lookup of a table
-    /// refreshes its name (a renamed table keeps its node) and version.
-    pub fn looked_up(&self, ino: u64, held: Held, live: Option<LiveName>) {
+    /// Records one kernel lookup of `ino`, reached in `state`. A later live
+    /// lookup of a table refreshes its name (a renamed table keeps its
+    /// node) and version; a lookup in a newer state moves `state` forward.
+    pub fn looked_up(&self, ino: u64, held: Held, live: Option<LiveName>, state: Option<StateId>) {
         let mut shard = self.shard(ino);
         let entry = shard.entry(ino).or_insert_with(|| InodeEntry {
             held,
             live: None,
             blob: None,
+            state: None,
             lookups: 0,
         });
         entry.lookups += 1;
         if live.is_some() {
             entry.live = live;
         }
+        entry.state = entry.state.max(state);
     }
 
     /// Whether `ino`'s dentry sits at its snapshot path for a working

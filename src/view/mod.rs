@@ -27,7 +27,7 @@ mod inodes;
 pub mod readers;
 mod xattr;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -41,20 +41,33 @@ use crate::catalog::{Catalog, DirKind, DirNode, Name, Node, PinError, Snapshot, 
 use crate::event::{BlobId, StateId};
 
 pub use handles::{DirEntry, FileKind};
-use handles::{DirHandle, Handle, Handles, Listing};
+use handles::{DirHandle, Handle, Handles, Hold, Listing};
 use inodes::{Held, LiveName, NodeTable, SynthKey, Synthetic, FIRST_RENDERED};
 pub use inodes::{ROOT, SNAPSHOTS_DIR, STAGEFS_DIR, STATUS_FILE};
 use readers::{Reader, Readers};
 
 /// Who sent a request: the pid FUSE passes (a thread id; 0 when the
-/// kernel could not name the caller in the daemon's pid namespace).
+/// kernel could not name the caller in the daemon's pid namespace) and the
+/// caller's uid (what its directory handles count against, see
+/// [`HOLD_LIMIT`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller(pub u32);
+pub struct Caller {
+    pub pid: u32,
+    pub uid: u32,
+}
 
 impl Caller {
-    /// A request with no attributable caller (unit tests, kernel-internal).
-    pub const UNKNOWN: Caller = Caller(0);
+    /// A request with no attributable caller (unit tests, kernel-internal):
+    /// root, so nothing it holds is limited.
+    pub const UNKNOWN: Caller = Caller { pid: 0, uid: 0 };
 }
+
+/// Old versions (neither retained nor pinned) that the directory handles
+/// of one user other than the mounting user and root may keep from
+/// garbage collection. Past it, that user's handles on its oldest such
+/// versions are released: GC no longer keeps their blobs and `readdir` on
+/// them answers `ESTALE` (docs/SEMANTICS.md "Bounds").
+pub const HOLD_LIMIT: usize = 8;
 
 /// What the fuse adapter's invalidation thread should do about one table
 /// directory the kernel references (see [`View::dentry_plan`]).
@@ -96,6 +109,10 @@ pub enum ViewError {
     StaleInode(u64),
     #[error("file handle {0} is not open")]
     BadHandle(u64),
+    #[error(
+        "directory handle {0} was released: its user held more than {HOLD_LIMIT} old versions"
+    )]
+    Released(u64),
     #[error("not a directory")]
     NotDir,
     #[error("is a directory")]
@@ -126,7 +143,7 @@ impl ViewError {
     pub fn errno(&self) -> i32 {
         match self {
             ViewError::NotFound => libc::ENOENT,
-            ViewError::StaleInode(_) => libc::ESTALE,
+            ViewError::StaleInode(_) | ViewError::Released(_) => libc::ESTALE,
             ViewError::BadHandle(_) => libc::EBADF,
             ViewError::NotDir => libc::ENOTDIR,
             ViewError::IsDir => libc::EISDIR,
@@ -240,6 +257,8 @@ enum Resolved {
     Node {
         node: Node,
         live_table: Option<(Name, Name)>,
+        /// The newest state it was reached in.
+        state: Option<StateId>,
     },
 }
 
@@ -258,6 +277,8 @@ pub struct View {
     /// Live table name → the inode its last lookup answered: the one the
     /// kernel's dentry at that name now points to.
     live_names: Mutex<HashMap<(Name, Name), u64>>,
+    /// Directory handles released by [`View::enforce_holds`] so far.
+    released_holds: AtomicU64,
 }
 
 /// The catalog as one reader sees it: the snapshot (pins, retained
@@ -307,6 +328,7 @@ impl View {
             next_rendered: AtomicU64::new(FIRST_RENDERED),
             readers: Readers::from_env(),
             live_names: Mutex::new(HashMap::new()),
+            released_holds: AtomicU64::new(0),
         }
     }
 
@@ -334,7 +356,7 @@ impl View {
     }
 
     fn reader(&self, caller: Caller) -> Reader {
-        self.readers.identify(caller.0)
+        self.readers.identify(caller.pid)
     }
 
     /// The catalog as `reader` sees it now.
@@ -353,8 +375,19 @@ impl View {
     /// Also held: the trees readers' views show, and table directories in
     /// use after their live name moved on (working directories, see
     /// [`View::dentry_plan`]), released once the kernel forgets them.
+    ///
+    /// Handles of users other than the mounting user and root hold at most
+    /// [`HOLD_LIMIT`] old versions per user: holds past it are released
+    /// here, oldest first, and are no roots (see [`View::enforce_holds`]).
     pub fn held_dirs(&self) -> Vec<Arc<DirNode>> {
-        let mut out = self.handles.open_dirs();
+        let snap = self.catalog.snapshot();
+        self.enforce_holds(&snap);
+        let mut out = Vec::new();
+        self.handles.for_each_open_dir(|dir, hold| {
+            if !hold.is_some_and(Hold::is_released) {
+                out.push(Arc::clone(dir));
+            }
+        });
         if self.no_open.load(Ordering::Relaxed) {
             // No-open mode: a file is read without a handle holding its
             // blob, so every directory the kernel still references (a
@@ -383,6 +416,64 @@ impl View {
             }
         });
         out
+    }
+
+    /// Whether `uid`'s holds count against [`HOLD_LIMIT`]: every user but
+    /// the mounting user and root (only `--allow-other` lets them in).
+    fn is_limited(&self, uid: u32) -> bool {
+        uid != 0 && uid != self.cfg.uid
+    }
+
+    /// Per limited user, the old versions (neither retained nor pinned in
+    /// `snap`) its unreleased holds keep.
+    fn old_holds(&self, snap: &Snapshot) -> HashMap<u32, BTreeSet<StateId>> {
+        let mut old: HashMap<u32, BTreeSet<StateId>> = HashMap::new();
+        self.handles.for_each_open_dir(|_, hold| {
+            if let Some(h) = hold.filter(|h| !h.is_released()) {
+                if !snap.versions.contains_key(&h.state) {
+                    old.entry(h.uid).or_default().insert(h.state);
+                }
+            }
+        });
+        old
+    }
+
+    /// Releases, per limited user, its holds on old versions past the
+    /// newest [`HOLD_LIMIT`] distinct ones (counted in the status).
+    fn enforce_holds(&self, snap: &Snapshot) {
+        // Per user over the limit, the oldest version it may keep.
+        let floor: HashMap<u32, StateId> = self
+            .old_holds(snap)
+            .into_iter()
+            .filter_map(|(uid, states)| Some((uid, *states.iter().rev().nth(HOLD_LIMIT)?)))
+            .collect();
+        if floor.is_empty() {
+            return;
+        }
+        let mut released = 0;
+        self.handles.for_each_open_dir(|_, hold| {
+            let Some(h) = hold else { return };
+            let too_old = floor.get(&h.uid).is_some_and(|f| h.state <= *f);
+            if too_old && !snap.versions.contains_key(&h.state) && h.release() {
+                released += 1;
+            }
+        });
+        self.released_holds.fetch_add(released, Ordering::Relaxed);
+        tracing::warn!(
+            released,
+            limit = HOLD_LIMIT,
+            "released directory handles of users who held too many old versions"
+        );
+    }
+
+    /// The `holds` object of the status (docs/SEMANTICS.md "Bounds").
+    fn holds_report(&self, snap: &Snapshot) -> serde_json::Value {
+        let old = self.old_holds(snap);
+        serde_json::json!({
+            "limit_per_user": HOLD_LIMIT,
+            "old_versions_held": old.values().map(BTreeSet::len).sum::<usize>(),
+            "released_handles": self.released_holds.load(Ordering::Relaxed),
+        })
     }
 
     /// What to do about table directories the kernel references through
@@ -533,6 +624,7 @@ impl View {
                 Held::Node(node) => Resolved::Node {
                     node,
                     live_table: entry.live.filter(|l| !l.spliced).map(|l| (l.db, l.table)),
+                    state: entry.state,
                 },
                 Held::SnapshotRoot(tree) => Resolved::SnapshotRoot(tree.state_id, tree),
                 Held::Rendered(bytes) => Resolved::StatusFile(Some(bytes)),
@@ -589,7 +681,9 @@ impl View {
                     tree: Arc::clone(tree),
                     spliced: false,
                 };
-                self.nodes.looked_up(ino, Held::Node(node), Some(live));
+                let state = Some(tree.state_id);
+                self.nodes
+                    .looked_up(ino, Held::Node(node), Some(live), state);
                 lock(&self.live_names).insert((db, name.into()), ino);
                 Ok(Entry {
                     attr,
@@ -605,7 +699,7 @@ impl View {
                         .checked(self.reader(caller), &self.catalog.snapshot());
                     let ino = self.next_rendered.fetch_add(1, Ordering::Relaxed);
                     let attr = self.rendered_attr(ino, &bytes);
-                    self.nodes.looked_up(ino, Held::Rendered(bytes), None);
+                    self.nodes.looked_up(ino, Held::Rendered(bytes), None, None);
                     Ok(Entry {
                         attr,
                         entry_ttl: NO_TTL,
@@ -621,7 +715,8 @@ impl View {
                 let tree = self.snapshot_tree(&snap, id).ok_or(ViewError::NotFound)?;
                 let ino = self.synthetic.ino(&SynthKey::SnapshotRoot(id));
                 let attr = self.snapshot_root_attr(ino, &tree);
-                self.nodes.looked_up(ino, Held::SnapshotRoot(tree), None);
+                self.nodes
+                    .looked_up(ino, Held::SnapshotRoot(tree), None, Some(id));
                 // The name disappears when retention drops the version.
                 Ok(Entry {
                     attr,
@@ -629,11 +724,12 @@ impl View {
                     attr_ttl: LONG_TTL,
                 })
             }
-            Resolved::SnapshotRoot(_, tree) => self.child_entry(&tree.root, name),
+            Resolved::SnapshotRoot(id, tree) => self.child_entry(&tree.root, name, Some(id)),
             Resolved::Node {
                 node: Node::Dir(dir),
+                state,
                 ..
-            } => self.child_entry(&dir, name),
+            } => self.child_entry(&dir, name, state),
             Resolved::Node {
                 node: Node::File(_),
                 ..
@@ -670,11 +766,12 @@ impl View {
         })
     }
 
-    fn child_entry(&self, dir: &DirNode, name: &str) -> Result<Entry> {
+    /// A child of `dir`, which was reached in `state`.
+    fn child_entry(&self, dir: &DirNode, name: &str, state: Option<StateId>) -> Result<Entry> {
         let node = dir.child(name).ok_or(ViewError::NotFound)?.clone();
         let ino = node.id().0;
         let attr = self.node_attr(&node);
-        self.nodes.looked_up(ino, Held::Node(node), None);
+        self.nodes.looked_up(ino, Held::Node(node), None, state);
         Ok(Entry {
             attr,
             entry_ttl: LONG_TTL,
@@ -825,6 +922,8 @@ impl View {
 
     pub fn opendir(&self, ino: u64, caller: Caller) -> Result<OpenedDir> {
         let snap = self.catalog.snapshot();
+        // The version an immutable listing belongs to.
+        let mut version = None;
         let listing = match self.resolve(ino)? {
             Resolved::Root => {
                 let mut entries = dots(ino, ROOT);
@@ -870,28 +969,38 @@ impl View {
                 }
                 Listing::Fixed(entries)
             }
-            Resolved::SnapshotRoot(_, tree) => Listing::Tree {
-                dir: Arc::clone(&tree.root),
-                ino,
-                parent: SNAPSHOTS_DIR,
-            },
+            Resolved::SnapshotRoot(id, tree) => {
+                version = Some(id);
+                Listing::Tree {
+                    dir: Arc::clone(&tree.root),
+                    ino,
+                    parent: SNAPSHOTS_DIR,
+                }
+            }
             Resolved::Node {
                 node: Node::Dir(dir),
+                state,
                 ..
-            } => Listing::Tree {
-                dir,
-                ino,
-                // `..` of an immutable node is ambiguous (shared between
-                // versions); the kernel resolves `..` itself.
-                parent: ino,
-            },
+            } => {
+                version = state;
+                Listing::Tree {
+                    dir,
+                    ino,
+                    // `..` of an immutable node is ambiguous (shared between
+                    // versions); the kernel resolves `..` itself.
+                    parent: ino,
+                }
+            }
             Resolved::Node {
                 node: Node::File(_),
                 ..
             }
             | Resolved::StatusFile(_) => return Err(ViewError::NotDir),
         };
-        let handle = DirHandle::new(listing);
+        let hold = version
+            .filter(|_| self.is_limited(caller.uid))
+            .map(|state| Hold::new(caller.uid, state));
+        let handle = DirHandle::new(listing, hold);
         let immutable = handle.is_immutable();
         let fh = self.handles.insert(Handle::Dir(handle));
         Ok(OpenedDir { fh, immutable })
@@ -907,6 +1016,7 @@ impl View {
     ) -> Result<()> {
         let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
         match &*handle {
+            Handle::Dir(dir) if dir.is_released() => Err(ViewError::Released(fh)),
             Handle::Dir(dir) => {
                 dir.read(offset, &mut add);
                 Ok(())
@@ -935,6 +1045,9 @@ impl View {
         let Handle::Dir(listing) = &*handle else {
             return Err(ViewError::NotDir);
         };
+        if listing.is_released() {
+            return Err(ViewError::Released(fh));
+        }
         let mut taken = 0usize;
         let mut failed = None;
         listing.read(offset, &mut |mut e| {
@@ -1063,6 +1176,7 @@ impl View {
             map.insert("readers".into(), readers);
             map.insert("sessions".into(), sessions);
         }
+        map.insert("holds".into(), self.holds_report(&snap));
         serde_json::to_string_pretty(&map).unwrap_or(json)
     }
 

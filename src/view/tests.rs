@@ -677,3 +677,42 @@ fn readdirplus_at_root_and_database_level_follows_commits_and_pins() {
     fx.view.releasedir(root.fh);
     assert_eq!(names, vec![".", ".."]);
 }
+
+#[test]
+fn other_users_holds_past_the_limit_are_released_oldest_first_and_owners_are_not() {
+    let fx = Fixture::new();
+    fx.seed();
+    let other = Caller { pid: 0, uid: 4321 };
+    let owner = Caller { pid: 0, uid: 1234 };
+    // Each insert makes a new p=a; both users hold every one. 16 are
+    // retained, so the first LIMIT + 3 go old.
+    let total = 16 + HOLD_LIMIT + 3;
+    let mut held = Vec::new();
+    for i in 0..total {
+        fx.insert(
+            100 + i as u64,
+            "a",
+            &format!("f{i}"),
+            format!("{i}\n").as_bytes(),
+        );
+        let pa = fx.ino("default/blah/p=a");
+        let theirs = fx.view.opendir(pa, other).unwrap().fh;
+        let mine = fx.view.opendir(pa, owner).unwrap().fh;
+        held.push((theirs, mine));
+    }
+    let roots = fx.view.held_dirs();
+    // Released: the other user's 3 oldest; everything else is a root.
+    assert_eq!(roots.len(), 2 * total - 3);
+    let readdir = |fh| fx.view.readdir(fh, 0, |_| false);
+    for (i, (theirs, mine)) in held.iter().enumerate() {
+        assert!(readdir(*mine).is_ok(), "owner's hold {i} released");
+        match readdir(*theirs) {
+            Err(e) if i < 3 => assert_eq!(e.errno(), libc::ESTALE),
+            Ok(()) if i >= 3 => {}
+            got => panic!("hold {i}: {got:?}"),
+        }
+    }
+    let holds = fx.view.holds_report(&fx.view.catalog().snapshot());
+    assert_eq!(holds["old_versions_held"], HOLD_LIMIT);
+    assert_eq!(holds["released_handles"], 3);
+}

@@ -230,6 +230,7 @@ fn pin_scope(resolved: &Resolved) -> Option<PinScope> {
         Resolved::Node {
             live_table: Some((db, table)),
             node: Node::Dir(_),
+            ..
         } => Some(PinScope::Table {
             db: db.to_string(),
             table: table.to_string(),
