@@ -285,7 +285,7 @@ struct Mapper<'a> {
 }
 
 /// Hive's db and table names, lower-cased, as stagefs directory names.
-fn name(raw: &str, what: &str) -> Result<String, String> {
+pub(crate) fn name(raw: &str, what: &str) -> Result<String, String> {
     let lower = raw.to_ascii_lowercase();
     if is_valid_name(&lower) {
         Ok(lower)
