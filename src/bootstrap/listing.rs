@@ -118,8 +118,10 @@ pub enum Staged {
 }
 
 const STAGED_LOG: &str = "staged.log";
-/// Copies published (made durable) together.
-const PUBLISH_GROUP: usize = 256;
+/// Copies published (made durable) together: each group costs one fsync
+/// per fan-out directory it touches (up to 256), so groups are large; each
+/// copy holds a descriptor until it is published.
+const PUBLISH_GROUP: usize = 1024;
 
 /// Copies listed files into the blob store; see the module docs.
 pub struct FileStager {

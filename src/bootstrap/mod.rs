@@ -75,8 +75,10 @@ pub struct BootstrapConfig {
     /// it: a Hive write puts its files in place before its event commits.
     pub settle: Duration,
     pub copy_threads: usize,
-    /// Tables listed and staged together.
+    /// Tables listed and staged together (at most; a chunk also ends at
+    /// `files_per_chunk` files).
     pub tables_per_chunk: usize,
+    pub files_per_chunk: usize,
     /// How often the progress line is logged.
     pub report_every: Duration,
 }
@@ -89,7 +91,8 @@ impl BootstrapConfig {
             max_rounds: 6,
             settle: Duration::from_secs(1),
             copy_threads: 4,
-            tables_per_chunk: 32,
+            tables_per_chunk: 512,
+            files_per_chunk: 4096,
             report_every: Duration::from_secs(5),
         }
     }
@@ -401,11 +404,18 @@ impl Driver<'_> {
         self.progress
             .start_round(round, snap.event_id, tables.len() as u64, partitions);
         let mut bases = Vec::with_capacity(tables.len());
-        for chunk in tables.chunks(self.cfg.tables_per_chunk.max(1)) {
+        let mut rest = tables;
+        while !rest.is_empty() {
             self.check_stop()?;
-            let mut listed = Vec::with_capacity(chunk.len());
+            let mut listed = Vec::new();
             let mut files: Vec<ListedFile> = Vec::new();
-            for t in chunk {
+            while let Some((t, more)) = rest.split_first() {
+                if listed.len() >= self.cfg.tables_per_chunk.max(1)
+                    || files.len() >= self.cfg.files_per_chunk.max(1)
+                {
+                    break;
+                }
+                rest = more;
                 let found = list_table(t, &self.cfg.hive.source_map)?;
                 let first = files.len();
                 if let Ok(locations) = &found {
@@ -413,7 +423,7 @@ impl Driver<'_> {
                         files.extend(loc.files.iter().map(|(_, f)| f.clone()));
                     }
                 }
-                listed.push((t, found, first));
+                listed.push((*t, found, first));
             }
             let staged = self.stager.stage(&files, self.progress);
             for (t, found, first) in listed {

@@ -85,6 +85,8 @@ pub struct DaemonArgs {
     pub env: Vec<(String, String)>,
     /// Follow a Hive metastore instead of the native events.
     pub hive: Option<HiveMetastoreArgs>,
+    /// More flags, after the others (`--bootstrap`).
+    pub extra: Vec<String>,
 }
 
 /// `--hive-metastore URL --source-map M... --hive-poll-ms N`, with the
@@ -114,7 +116,14 @@ impl DaemonArgs {
             retain: None,
             env: Vec::new(),
             hive: None,
+            extra: Vec::new(),
         }
+    }
+
+    /// One more flag.
+    pub fn arg(mut self, flag: &str) -> DaemonArgs {
+        self.extra.push(flag.into());
+        self
     }
 
     pub fn env(mut self, name: &str, value: &str) -> DaemonArgs {
@@ -162,6 +171,7 @@ impl DaemonArgs {
             a.push("--retain".into());
             a.push(n.to_string().into());
         }
+        a.extend(self.extra.iter().map(OsString::from));
         a
     }
 }
