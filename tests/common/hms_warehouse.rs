@@ -312,6 +312,19 @@ impl HmsWarehouse {
         self.record();
     }
 
+    /// The `SDS` row of a table or partition at `uri`.
+    fn sds_row(&self, sd_id: i64, uri: &str) -> String {
+        let q = |n: &str| self.q(n);
+        format!(
+            "INSERT INTO {} ({}, {}, {}, {}) VALUES ({sd_id}, false, '{uri}', -1)",
+            q("SDS"),
+            q("SD_ID"),
+            q("IS_COMPRESSED"),
+            q("LOCATION"),
+            q("NUM_BUCKETS")
+        )
+    }
+
     fn table_rows(
         &self,
         tbl_id: i64,
@@ -323,14 +336,7 @@ impl HmsWarehouse {
     ) -> Vec<String> {
         let q = |n: &str| self.q(n);
         let mut out = vec![
-            format!(
-                "INSERT INTO {} ({}, {}, {}, {}) VALUES ({sd_id}, false, '{uri}', -1)",
-                q("SDS"),
-                q("SD_ID"),
-                q("IS_COMPRESSED"),
-                q("LOCATION"),
-                q("NUM_BUCKETS")
-            ),
+            self.sds_row(sd_id, uri),
             format!(
                 "INSERT INTO {} ({}, {}, {}, {}, {}, {}, {}, {}) VALUES ({tbl_id}, 0, {db_id}, 0, 0, {sd_id}, '{name}', 'MANAGED_TABLE')",
                 q("TBLS"),
@@ -374,14 +380,7 @@ impl HmsWarehouse {
     ) -> Vec<String> {
         let q = |n: &str| self.q(n);
         vec![
-            format!(
-                "INSERT INTO {} ({}, {}, {}, {}) VALUES ({sd_id}, false, '{uri}', -1)",
-                q("SDS"),
-                q("SD_ID"),
-                q("IS_COMPRESSED"),
-                q("LOCATION"),
-                q("NUM_BUCKETS")
-            ),
+            self.sds_row(sd_id, uri),
             format!(
                 "INSERT INTO {} ({}, {}, {}, {}, {}, {}) VALUES ({part_id}, 0, 0, 'p={v}', {sd_id}, {tbl_id})",
                 q("PARTITIONS"),
@@ -513,8 +512,7 @@ impl HmsWarehouse {
         Arc::new(content)
     }
 
-    /// The oracle entry at the last id: every table, or (`changed`) the
-    /// current content with these tables updated (`gone`: removed).
+    /// The oracle entry at the last id, every table rebuilt.
     fn record(&mut self) {
         let keys: Vec<(String, String)> = self.tables.keys().cloned().collect();
         let mut all = WarehouseContent::new();
@@ -525,6 +523,8 @@ impl HmsWarehouse {
         self.history.insert(self.next_id - 1, all);
     }
 
+    /// The oracle entry at the last id: the current content with
+    /// `changed` updated (and `gone`, a renamed table's old name, removed).
     fn record_change(&mut self, changed: &(String, String), gone: Option<&(String, String)>) {
         if let Some(g) = gone {
             self.current.remove(&format!("{}.{}", g.0, g.1));
