@@ -87,6 +87,8 @@ pub struct HiveArgs {
     pub rows: Option<HiveRows>,
     pub source_map: Vec<String>,
     pub poll_ms: u64,
+    /// `--bootstrap`: build the first state from the metastore's tables.
+    pub bootstrap: bool,
 }
 
 impl ReplicateArgs {
@@ -265,7 +267,9 @@ fn write_status_file(state: &Path, report: &StatusReport) {
 pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     let cfg = args.config()?;
     install_signal_handlers();
+    bootstrap_if_asked(&args, &cfg)?;
     let replica = Replica::start(cfg)?;
+    show_bootstrap(&replica, &args.state);
     info!(state = %args.state.display(), "replicating (headless)");
     let mut tick = 0u32;
     while !stop_requested() {
@@ -278,6 +282,90 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     write_status_file(&args.state, &replica.status());
     replica.stop();
     info!("stopped");
+    Ok(())
+}
+
+/// `--bootstrap`: builds the first state before replication starts
+/// (nothing is mounted meanwhile; `stagefs status --state` and the log
+/// show progress). A state folder that already replicates is left as it is.
+fn bootstrap_if_asked(args: &ReplicateArgs, cfg: &ReplicaConfig) -> Result<(), DaemonError> {
+    if !args.hive.bootstrap {
+        return Ok(());
+    }
+    let Some(hive) = &cfg.hive else {
+        return Err(DaemonError::Usage(
+            "--bootstrap needs --hive-metastore URL".into(),
+        ));
+    };
+    run_bootstrap(&args.state, hive).map(|_| ())
+}
+
+/// Runs a bootstrap into `state`, writing `status.json` every second.
+fn run_bootstrap(
+    state: &Path,
+    hive: &HiveConfig,
+) -> Result<crate::bootstrap::Outcome, DaemonError> {
+    use crate::bootstrap::{self, BootstrapConfig, BootstrapError, BootstrapProgress};
+    let cfg = BootstrapConfig::new(state, hive.clone());
+    let progress = BootstrapProgress::default();
+    let finished = AtomicBool::new(false);
+    let result = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut tick = 0u32;
+            while !finished.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                tick += 1;
+                if tick % 20 == 0 {
+                    let mut report = StatusReport::empty();
+                    report.running = true;
+                    report.bootstrap = Some(progress.report());
+                    write_status_file(state, &report);
+                }
+            }
+        });
+        let result = bootstrap::run(&cfg, &progress, &stop_requested);
+        finished.store(true, Ordering::Relaxed);
+        result
+    });
+    let mut report = StatusReport::empty();
+    report.bootstrap = Some(progress.report());
+    if !matches!(result, Ok(bootstrap::Outcome::AlreadyReplicating(_))) {
+        write_status_file(state, &report);
+    }
+    result.map_err(|e| match e {
+        BootstrapError::Usage(u) => DaemonError::Usage(u),
+        other => DaemonError::Io(other.to_string()),
+    })
+}
+
+/// Puts the recorded bootstrap outcome into the replica's status.
+fn show_bootstrap(replica: &Replica, state: &Path) {
+    if let Some(report) = crate::bootstrap::last_report(state) {
+        *replica
+            .progress()
+            .bootstrap
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(report);
+    }
+}
+
+/// `stagefs bootstrap`: the bootstrap alone, without replicating after it.
+pub fn bootstrap(args: ReplicateArgs) -> Result<(), DaemonError> {
+    let cfg = args.config()?;
+    install_signal_handlers();
+    let Some(hive) = &cfg.hive else {
+        return Err(DaemonError::Usage(
+            "bootstrap needs --hive-metastore URL and --source-map".into(),
+        ));
+    };
+    match run_bootstrap(&args.state, hive)? {
+        crate::bootstrap::Outcome::Bootstrapped(id) => {
+            info!(state_id = %id, "bootstrapped; `stagefs mount` or `replicate` on the same --state continues from here")
+        }
+        crate::bootstrap::Outcome::AlreadyReplicating(id) => {
+            info!(latest = %id, "the state folder already replicates; nothing to do")
+        }
+    }
     Ok(())
 }
 
@@ -429,7 +517,9 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
         .transpose()
         .map_err(|e| DaemonError::Usage(e.to_string()))?;
     install_signal_handlers();
+    bootstrap_if_asked(&args.replicate, &cfg)?;
     let replica = Arc::new(Replica::start(cfg)?);
+    show_bootstrap(&replica, &args.replicate.state);
     let state = args.replicate.state.clone();
     let result = serve(&args, &replica, exporter, stop_requested, |_| {});
     write_status_file(&state, &replica.status());

@@ -7,6 +7,7 @@
 //! are the commands; [`status`] reports on them ([`metrics`] exports it to
 //! Prometheus); [`workload`] generates test warehouses.
 
+pub mod bootstrap;
 pub mod catalog;
 pub mod checker;
 pub mod daemon;

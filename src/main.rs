@@ -47,6 +47,10 @@ struct SourceArgs {
     /// Change-management root: copies named <file name>_<sha256>.
     #[arg(long = "cm-root", value_name = "DIR")]
     cm_root: Option<PathBuf>,
+    /// Build the first state from the metastore's tables (databases, tables,
+    /// partitions, their files) before following its events.
+    #[arg(long, requires = "hive_metastore")]
+    bootstrap: bool,
     /// Newest unpinned versions kept browsable under .stagefs/snapshots.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     retain: u64,
@@ -103,6 +107,12 @@ enum Command {
         #[command(flatten)]
         source: SourceArgs,
     },
+    /// Bootstrap a state folder from the Hive metastore's tables, then exit
+    /// (`mount` or `replicate` with the same --state continues from it).
+    Bootstrap {
+        #[command(flatten)]
+        source: SourceArgs,
+    },
 }
 
 fn main() -> ExitCode {
@@ -132,6 +142,7 @@ fn main() -> ExitCode {
         } => Err(stagefs::run::run(&mountpoint, &at, &command)),
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source } => daemon::replicate(replicate_args(source)),
+        Command::Bootstrap { source } => daemon::bootstrap(replicate_args(source)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -162,6 +173,7 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
             rows: hive_rows,
             source_map: s.source_map,
             poll_ms: s.hive_poll_ms,
+            bootstrap: s.bootstrap,
         },
     }
 }

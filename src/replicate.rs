@@ -131,7 +131,7 @@ fn decode(id: StateId, payload: &[u8]) -> Result<JournalEntry, ReplicaError> {
 }
 
 /// Takes the state folder's lock: one daemon per state folder.
-fn lock_state(dir: &Path) -> Result<File, ReplicaError> {
+pub(crate) fn lock_state(dir: &Path) -> Result<File, ReplicaError> {
     let path = dir.join("lock");
     let f = File::options()
         .create(true)

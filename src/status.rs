@@ -73,6 +73,8 @@ pub struct Progress {
     pub unverified_files: AtomicU64,
     /// The source, as its ingest thread last reported it.
     pub source: Mutex<SourceReport>,
+    /// The bootstrap that built this state folder's first state, if any.
+    pub bootstrap: Mutex<Option<crate::bootstrap::BootstrapReport>>,
     /// Replication stopped for good (a pipeline thread panicked): shown
     /// before any other stall, never cleared until restart.
     pub failure: Mutex<Option<Stall>>,
@@ -102,6 +104,7 @@ impl Default for Progress {
             stage_stall: Mutex::new(None),
             unverified_files: AtomicU64::new(0),
             source: Mutex::new(SourceReport::default()),
+            bootstrap: Mutex::new(None),
             failure: Mutex::new(None),
         }
     }
@@ -218,6 +221,9 @@ pub struct StatusReport {
     /// `stagefs run` sessions in force.
     #[serde(default)]
     pub sessions: Vec<SessionReport>,
+    /// Bootstrap progress while one runs, then its outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<crate::bootstrap::BootstrapReport>,
 }
 
 /// Per-process views in use.
@@ -295,6 +301,7 @@ impl StatusReport {
             gc: GcReport::default(),
             readers: None,
             sessions: Vec::new(),
+            bootstrap: None,
         }
     }
 
@@ -362,6 +369,7 @@ impl StatusReport {
             },
             readers: None,
             sessions: sessions_report(&snapshot.pins),
+            bootstrap: lock(&progress.bootstrap).clone(),
         }
     }
 

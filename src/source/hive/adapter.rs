@@ -420,7 +420,7 @@ fn ctas_partitions(
 }
 
 /// Hive's db and table names, lower-cased, as stagefs directory names.
-fn name(raw: &str, what: &str) -> Result<String, String> {
+pub(crate) fn name(raw: &str, what: &str) -> Result<String, String> {
     let lower = raw.to_ascii_lowercase();
     if is_valid_name(&lower) {
         Ok(lower)

@@ -73,6 +73,44 @@ pub fn connect(url: &str, password: Option<String>) -> Result<Box<dyn RowSource>
     )?))
 }
 
+/// Where a metastore is and how to log in, for a caller that opens its
+/// own connection (the bootstrap's snapshot transaction,
+/// `crate::bootstrap::snapshot`). The password is never in `Debug`.
+pub(crate) struct Endpoint {
+    pub postgres: bool,
+    pub user: String,
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+    pub password: Option<String>,
+    /// `scheme://user@host:port/db`, for errors and status.
+    pub described: String,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.described)
+    }
+}
+
+/// Parses `url` as [`connect`] does (a `?password_file=` wins over `password`).
+pub(crate) fn endpoint(url: &str, password: Option<String>) -> Result<Endpoint, RowSourceError> {
+    let (target, password_file) = Target::parse(url)?;
+    let password = match password_file {
+        Some(path) => Some(read_password_file(&path)?.0),
+        None => password,
+    };
+    Ok(Endpoint {
+        postgres: target.dialect == Dialect::Postgres,
+        described: target.describe(),
+        user: target.user,
+        host: target.host,
+        port: target.port,
+        database: target.database,
+        password,
+    })
+}
+
 /// A metastore database polled for notification rows.
 ///
 /// [`MetastoreSource::open`] fails only on what cannot work (a bad URL, an

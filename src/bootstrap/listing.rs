@@ -1,0 +1,380 @@
+//! Listing a table's or partition's location and staging what is there.
+//!
+//! Listing follows Hive's readers: regular files below the location, in
+//! subdirectories too (union and ACID directories), names starting with
+//! `_` or `.` skipped at every level (`_SUCCESS`, `.hive-staging…`,
+//! `.name.crc`). A location that does not exist is an empty partition, as
+//! for Hive. Symbolic links and other special files are skipped.
+//!
+//! Staging copies each file into the content-addressed blob store
+//! (`stage::BlobStore`: temp file, sha256 while copying, then published in
+//! groups: fdatasync, rename, directory fsync). A file that changed while
+//! it was copied (size or mtime differ after the copy) or vanished is not
+//! staged: its table is listed again in a later round.
+//!
+//! `<state>/bootstrap/staged.log` remembers each staged file as
+//! `<sha256> <size> <mtime ns> <inode> <path>`, appended and fdatasynced
+//! after every published group. A bootstrap started again after a crash
+//! does not copy a file whose path, size, mtime and inode are unchanged and
+//! whose blob is still stored: "copy each blob once" across `kill -9`.
+//! (The trust is Hive's: warehouse files are written once; a rewrite gets a
+//! new mtime.)
+//!
+//! Called by the bootstrap driver; the copies run on a few threads.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use crate::event::{BlobId, FileRef, Verify};
+use crate::stage::{BlobStore, Unsynced};
+
+use super::progress::BootstrapProgress;
+
+/// One file found below a location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedFile {
+    pub path: PathBuf,
+    /// Path relative to the location (`delta_1_1/bucket_0`, `000000_0`).
+    pub rel: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ino: u64,
+}
+
+impl ListedFile {
+    /// `(subdirectory, file name)` of [`ListedFile::rel`].
+    pub fn split(&self) -> (Option<&str>, &str) {
+        match self.rel.rsplit_once('/') {
+            Some((dir, name)) => (Some(dir), name),
+            None => (None, self.rel.as_str()),
+        }
+    }
+}
+
+fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+    m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec()
+}
+
+/// Every file below `dir` (Hive's rules, see the module docs), sorted.
+pub fn list_location(dir: &Path) -> Result<Vec<ListedFile>, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), String::new())];
+    while let Some((d, rel)) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("listing {}: {e}", d.display())),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("listing {}: {e}", d.display()))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                return Err(format!("{}: a file name that is not UTF-8", d.display()));
+            };
+            if name.starts_with('_') || name.starts_with('.') {
+                continue;
+            }
+            let child_rel = if rel.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let meta = match entry.metadata() {
+                Ok(m) => m,
+                // Gone between readdir and stat: a change, seen as such
+                // by the events that follow or by the next listing.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(format!("{}: {e}", entry.path().display())),
+            };
+            if meta.is_dir() {
+                stack.push((entry.path(), child_rel));
+            } else if meta.is_file() {
+                out.push(ListedFile {
+                    path: entry.path(),
+                    rel: child_rel,
+                    size: meta.len(),
+                    mtime_ns: mtime_ns(&meta),
+                    ino: meta.ino(),
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(out)
+}
+
+/// What staging one listed file gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Staged {
+    /// Stored (copied now, or already from an earlier run).
+    Stored { blob: BlobId, size: u64 },
+    /// Not staged: why (changed while copied, vanished, unreadable).
+    Changed(String),
+}
+
+const STAGED_LOG: &str = "staged.log";
+/// Copies published (made durable) together: each group costs one fsync
+/// per fan-out directory it touches (up to 256), so groups are large; each
+/// copy holds a descriptor until it is published.
+const PUBLISH_GROUP: usize = 1024;
+
+/// Copies listed files into the blob store; see the module docs.
+pub struct FileStager {
+    blobs: Arc<BlobStore>,
+    /// path → (size, mtime, inode, blob), from `staged.log`.
+    known: Mutex<HashMap<PathBuf, (u64, i64, u64, BlobId)>>,
+    log: Mutex<File>,
+    threads: usize,
+}
+
+impl FileStager {
+    /// Opens `<dir>/staged.log` (created when missing).
+    pub fn open(dir: &Path, blobs: Arc<BlobStore>, threads: usize) -> Result<FileStager, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let path = dir.join(STAGED_LOG);
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        };
+        let mut known = HashMap::new();
+        // Only whole lines count: a torn tail was never synced.
+        for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            if let Some((p, entry)) = parse_line(line) {
+                known.insert(p, entry);
+            }
+        }
+        let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("opening {}: {e}", path.display()))?;
+        if complete < text.len() {
+            log.set_len(complete as u64)
+                .map_err(|e| format!("cutting {}: {e}", path.display()))?;
+        }
+        Ok(FileStager {
+            blobs,
+            known: Mutex::new(known),
+            log: Mutex::new(log),
+            threads: threads.max(1),
+        })
+    }
+
+    /// Stages `files` (on up to `threads` threads), counting in `progress`.
+    pub fn stage(&self, files: &[ListedFile], progress: &BootstrapProgress) -> Vec<Staged> {
+        let mut results: Vec<Option<Staged>> = vec![None; files.len()];
+        let mut to_copy = Vec::new();
+        {
+            let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+            for (i, f) in files.iter().enumerate() {
+                match known.get(&f.path) {
+                    Some(&(size, mtime, ino, blob))
+                        if (size, mtime, ino) == (f.size, f.mtime_ns, f.ino)
+                            && self.blobs.contains(&blob) =>
+                    {
+                        progress.reused(size);
+                        results[i] = Some(Staged::Stored { blob, size });
+                    }
+                    _ => to_copy.push(i),
+                }
+            }
+        }
+        let next = AtomicUsize::new(0);
+        let (tx, rx) = mpsc::channel::<(usize, Result<(BlobId, u64, Unsynced), String>)>();
+        std::thread::scope(|scope| {
+            for _ in 0..self.threads.min(to_copy.len()) {
+                let tx = tx.clone();
+                let (next, to_copy) = (&next, &to_copy);
+                scope.spawn(move || loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&i) = to_copy.get(n) else { return };
+                    if tx.send((i, self.copy(&files[i]))).is_err() {
+                        return;
+                    }
+                });
+            }
+            drop(tx);
+            let mut group: Vec<(usize, BlobId, u64, Unsynced)> = Vec::new();
+            for (i, result) in rx {
+                match result {
+                    Ok((blob, size, copy)) => group.push((i, blob, size, copy)),
+                    Err(reason) => results[i] = Some(Staged::Changed(reason)),
+                }
+                if group.len() >= PUBLISH_GROUP {
+                    self.publish(std::mem::take(&mut group), files, &mut results, progress);
+                }
+            }
+            self.publish(group, files, &mut results, progress);
+        });
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Staged::Changed("not staged".into())))
+            .collect()
+    }
+
+    /// One file into `tmp/`, checked against its listing afterwards.
+    fn copy(&self, f: &ListedFile) -> Result<(BlobId, u64, Unsynced), String> {
+        let (_, name) = f.split();
+        let file = FileRef {
+            path: f.path.to_string_lossy().into_owned(),
+            name: name.to_owned(),
+            subdir: None,
+            verify: Verify::None,
+            key: Some(BlobId([0xbb; 32])),
+            cm_path: None,
+            uri: None,
+        };
+        let fetched = self
+            .blobs
+            .fetch_unsynced(&file, Path::new("/"), None)
+            .map_err(|e| e.to_string())?;
+        let after = std::fs::metadata(&f.path)
+            .map_err(|e| format!("{} is gone after its copy: {e}", f.path.display()))?;
+        if fetched.size != f.size || after.len() != f.size || mtime_ns(&after) != f.mtime_ns {
+            return Err(format!("{} changed while it was copied", f.path.display()));
+        }
+        let copy = fetched
+            .copy
+            .ok_or_else(|| format!("{}: no copy to publish", f.path.display()))?;
+        Ok((fetched.blob, fetched.size, copy))
+    }
+
+    fn publish(
+        &self,
+        group: Vec<(usize, BlobId, u64, Unsynced)>,
+        files: &[ListedFile],
+        results: &mut [Option<Staged>],
+        progress: &BootstrapProgress,
+    ) {
+        if group.is_empty() {
+            return;
+        }
+        let mut copies = Vec::with_capacity(group.len());
+        let mut done = Vec::with_capacity(group.len());
+        for (i, blob, size, copy) in group {
+            copies.push(copy);
+            done.push((i, blob, size));
+        }
+        let failed: Vec<BlobId> = match self.blobs.publish(copies) {
+            Ok(()) => Vec::new(),
+            Err((e, failed)) => {
+                tracing::warn!(error = %e, blobs = failed.len(), "cannot make staged files durable");
+                failed
+            }
+        };
+        let mut lines = String::new();
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, blob, size) in done {
+            if failed.contains(&blob) {
+                results[i] = Some(Staged::Changed(format!(
+                    "{}: the copy could not be made durable",
+                    files[i].path.display()
+                )));
+                continue;
+            }
+            let f = &files[i];
+            progress.copied(size);
+            results[i] = Some(Staged::Stored { blob, size });
+            let shown = f.path.to_string_lossy();
+            if !shown.contains('\n') {
+                lines.push_str(&format!("{blob} {size} {} {} {shown}\n", f.mtime_ns, f.ino));
+                known.insert(f.path.clone(), (size, f.mtime_ns, f.ino, blob));
+            }
+        }
+        drop(known);
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        // Losing this only costs copying again after a crash.
+        if let Err(e) = log
+            .write_all(lines.as_bytes())
+            .and_then(|()| log.sync_data())
+        {
+            tracing::warn!(error = %e, "cannot record staged files; a restart copies them again");
+        }
+    }
+}
+
+fn parse_line(line: &[u8]) -> Option<(PathBuf, (u64, i64, u64, BlobId))> {
+    let text = std::str::from_utf8(line).ok()?;
+    let mut parts = text.splitn(5, ' ');
+    let blob = BlobId::from_hex(parts.next()?)?;
+    let size = parts.next()?.parse().ok()?;
+    let mtime = parts.next()?.parse().ok()?;
+    let ino = parts.next()?.parse().ok()?;
+    let path = PathBuf::from(parts.next()?);
+    Some((path, (size, mtime, ino, blob)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listing_skips_hidden_and_underscore_names_at_every_level() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("delta_1_1/.tmp")).unwrap();
+        std::fs::create_dir_all(d.join("_staging")).unwrap();
+        for f in [
+            "000000_0",
+            "_SUCCESS",
+            ".000000_0.crc",
+            "delta_1_1/bucket_0",
+            "delta_1_1/_flush",
+            "delta_1_1/.tmp/x",
+            "_staging/y",
+        ] {
+            std::fs::write(d.join(f), f).unwrap();
+        }
+        let got: Vec<String> = list_location(d)
+            .unwrap()
+            .into_iter()
+            .map(|f| f.rel)
+            .collect();
+        assert_eq!(got, vec!["000000_0", "delta_1_1/bucket_0"]);
+        assert!(list_location(&d.join("absent")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_second_stager_on_the_same_state_copies_nothing_again() {
+        let state = tempfile::tempdir().unwrap();
+        let src = tempfile::tempdir().unwrap();
+        for i in 0..5 {
+            std::fs::write(src.path().join(format!("f{i}")), format!("content {i}")).unwrap();
+        }
+        std::fs::write(src.path().join("same"), "content 0").unwrap();
+        let blobs = Arc::new(BlobStore::open(state.path()).unwrap());
+        let files = list_location(src.path()).unwrap();
+        let progress = BootstrapProgress::default();
+        let stager =
+            FileStager::open(&state.path().join("bootstrap"), Arc::clone(&blobs), 3).unwrap();
+        let first = stager.stage(&files, &progress);
+        assert!(first.iter().all(|r| matches!(r, Staged::Stored { .. })));
+        assert_eq!(progress.report().files_copied, 6);
+        drop(stager);
+        let again = BootstrapProgress::default();
+        let stager = FileStager::open(&state.path().join("bootstrap"), blobs, 3).unwrap();
+        assert_eq!(stager.stage(&files, &again), first);
+        let r = again.report();
+        assert_eq!((r.files_copied, r.files_reused), (0, 6));
+    }
+
+    #[test]
+    fn a_vanished_file_is_reported_not_staged() {
+        let state = tempfile::tempdir().unwrap();
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("a"), "a").unwrap();
+        let files = list_location(src.path()).unwrap();
+        std::fs::remove_file(src.path().join("a")).unwrap();
+        let blobs = Arc::new(BlobStore::open(state.path()).unwrap());
+        let stager = FileStager::open(&state.path().join("bootstrap"), blobs, 1).unwrap();
+        let got = stager.stage(&files, &BootstrapProgress::default());
+        assert!(matches!(&got[0], Staged::Changed(_)), "{got:?}");
+    }
+}

@@ -1,0 +1,532 @@
+//! The metastore's own tables read in ONE consistent database snapshot,
+//! together with the event id that snapshot is at (HIVE.md "Bootstrap").
+//!
+//! Owns one short-lived connection per snapshot (not the polling
+//! connection of `source::hive::metastore`): PostgreSQL runs the reads in
+//! `BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY` (one snapshot taken
+//! at the first read), MySQL/MariaDB in `START TRANSACTION WITH
+//! CONSISTENT SNAPSHOT, READ ONLY` under REPEATABLE READ. Hive's listener
+//! bumps `NOTIFICATION_SEQUENCE` in the same transaction as the metadata
+//! change it logs, so `NEXT_EVENT_ID - 1` read in the snapshot is exactly
+//! the id whose state the other tables show.
+//!
+//! Tables read: `DBS`, `TBLS`, `SDS`, `PARTITION_KEYS`, `PARTITIONS`,
+//! `PARTITION_KEY_VALS`, `TABLE_PARAMS` (transactional flags only) and the
+//! sequence. Keys and values are ordered by `INTEGER_IDX`, never by name.
+//! Values arrive as text (PostgreSQL's simple query protocol, MySQL's text
+//! protocol) and are parsed here, so column widths (int4/int8) do not
+//! matter. Every statement is bounded by the server's statement timeout
+//! and the client's read timeout.
+//!
+//! Called by the bootstrap driver once per round.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::source::hive::metastore::{endpoint, Endpoint, PASSWORD_ENV};
+
+/// A table in the snapshot, with Hive's raw names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableMeta {
+    pub db: String,
+    pub name: String,
+    pub table_type: Option<String>,
+    pub location: Option<String>,
+    pub partition_keys: Vec<String>,
+    /// `transactional`, `transactional_properties` (keys lower-cased).
+    pub params: BTreeMap<String, String>,
+    pub partitions: Vec<PartitionMeta>,
+}
+
+impl TableMeta {
+    /// `TABLE_PARAMS.transactional` = true, any case (ACID or insert-only).
+    pub fn is_transactional(&self) -> bool {
+        self.params
+            .get("transactional")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionMeta {
+    /// `PART_NAME` (`k1=v1/k2=v2`, escaped).
+    pub name: String,
+    /// Raw values in key order.
+    pub values: Vec<String>,
+    pub location: Option<String>,
+}
+
+/// Everything one snapshot holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The event id the snapshot is at.
+    pub event_id: i64,
+    pub databases: Vec<String>,
+    pub tables: Vec<TableMeta>,
+}
+
+impl Snapshot {
+    pub fn partition_count(&self) -> usize {
+        self.tables.iter().map(|t| t.partitions.len()).sum()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// Worth retrying (server down, timeout, serialization failure).
+    #[error("the metastore is unavailable: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// How long one snapshot's statements may take.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads one snapshot of the metastore at `url` (password as for polling).
+pub fn read(url: &str) -> Result<Snapshot, SnapshotError> {
+    let ep = endpoint(url, std::env::var(PASSWORD_ENV).ok())
+        .map_err(|e| SnapshotError::Fatal(e.to_string()))?;
+    let scrub = |text: String| match &ep.password {
+        Some(p) if !p.is_empty() => text.replace(p.as_str(), "<password>"),
+        _ => text,
+    };
+    let rows = if ep.postgres {
+        pg::read(&ep)
+    } else {
+        my::read(&ep)
+    };
+    let rows = rows.map_err(|e| match e {
+        SnapshotError::Unavailable(t) => {
+            SnapshotError::Unavailable(scrub(format!("{}: {t}", ep.described)))
+        }
+        SnapshotError::Fatal(t) => SnapshotError::Fatal(scrub(format!("{}: {t}", ep.described))),
+    })?;
+    assemble(rows)
+}
+
+/// The raw rows of one snapshot, every value as text.
+#[derive(Debug, Default)]
+struct Rows {
+    next_event_id: Option<String>,
+    max_event_id: Option<String>,
+    /// DB_ID, NAME
+    dbs: Vec<Vec<Option<String>>>,
+    /// TBL_ID, DB_ID, TBL_NAME, TBL_TYPE, LOCATION
+    tbls: Vec<Vec<Option<String>>>,
+    /// TBL_ID, PKEY_NAME, INTEGER_IDX
+    keys: Vec<Vec<Option<String>>>,
+    /// PART_ID, TBL_ID, PART_NAME, LOCATION
+    parts: Vec<Vec<Option<String>>>,
+    /// PART_ID, PART_KEY_VAL, INTEGER_IDX
+    vals: Vec<Vec<Option<String>>>,
+    /// TBL_ID, PARAM_KEY, PARAM_VALUE
+    params: Vec<Vec<Option<String>>>,
+}
+
+/// The queries, with `{T}` for a quoted table name and `{C}` for a quoted
+/// column: (table names used, text).
+const QUERIES: [&str; 6] = [
+    "SELECT {C:DB_ID}, {C:NAME} FROM {T:DBS}",
+    "SELECT t.{C:TBL_ID}, t.{C:DB_ID}, t.{C:TBL_NAME}, t.{C:TBL_TYPE}, s.{C:LOCATION} \
+     FROM {T:TBLS} t LEFT JOIN {T:SDS} s ON s.{C:SD_ID} = t.{C:SD_ID}",
+    "SELECT {C:TBL_ID}, {C:PKEY_NAME}, {C:INTEGER_IDX} FROM {T:PARTITION_KEYS}",
+    "SELECT p.{C:PART_ID}, p.{C:TBL_ID}, p.{C:PART_NAME}, s.{C:LOCATION} \
+     FROM {T:PARTITIONS} p LEFT JOIN {T:SDS} s ON s.{C:SD_ID} = p.{C:SD_ID}",
+    "SELECT {C:PART_ID}, {C:PART_KEY_VAL}, {C:INTEGER_IDX} FROM {T:PARTITION_KEY_VALS}",
+    "SELECT {C:TBL_ID}, {C:PARAM_KEY}, {C:PARAM_VALUE} FROM {T:TABLE_PARAMS} \
+     WHERE LOWER({C:PARAM_KEY}) IN ('transactional', 'transactional_properties')",
+];
+
+const SEQUENCE_QUERY: &str = "SELECT MAX({C:NEXT_EVENT_ID}) FROM {T:NOTIFICATION_SEQUENCE}";
+const MAX_EVENT_QUERY: &str = "SELECT MAX({C:EVENT_ID}) FROM {T:NOTIFICATION_LOG}";
+
+/// `query` with its placeholders quoted for a dialect.
+fn render(query: &str, table: &dyn Fn(&str) -> String, column: &dyn Fn(&str) -> String) -> String {
+    let mut out = String::with_capacity(query.len() + 32);
+    let mut rest = query;
+    while let Some(at) = rest.find('{') {
+        out.push_str(&rest[..at]);
+        let Some(end) = rest[at..].find('}') else {
+            out.push_str(&rest[at..]);
+            return out;
+        };
+        let inner = &rest[at + 1..at + end];
+        match inner.split_once(':') {
+            Some(("T", name)) => out.push_str(&table(name)),
+            Some(("C", name)) => out.push_str(&column(name)),
+            _ => out.push_str(&rest[at..at + end + 1]),
+        }
+        rest = &rest[at + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn int(v: &Option<String>, what: &str) -> Result<i64, SnapshotError> {
+    v.as_deref()
+        .and_then(|t| t.trim().parse().ok())
+        .ok_or_else(|| SnapshotError::Fatal(format!("{what}: {v:?} is not an integer")))
+}
+
+fn text(v: &Option<String>, what: &str) -> Result<String, SnapshotError> {
+    v.clone()
+        .ok_or_else(|| SnapshotError::Fatal(format!("{what} is NULL")))
+}
+
+fn cell(row: &[Option<String>], i: usize) -> &Option<String> {
+    const NONE: &Option<String> = &None;
+    row.get(i).unwrap_or(NONE)
+}
+
+/// Joins the rows into databases, tables and partitions.
+fn assemble(rows: Rows) -> Result<Snapshot, SnapshotError> {
+    let event_id = match (&rows.next_event_id, &rows.max_event_id) {
+        (Some(_), _) => int(&rows.next_event_id, "NOTIFICATION_SEQUENCE.NEXT_EVENT_ID")? - 1,
+        (None, Some(_)) => int(&rows.max_event_id, "NOTIFICATION_LOG.EVENT_ID")?,
+        (None, None) => 0,
+    };
+    let mut db_names = BTreeMap::new();
+    for r in &rows.dbs {
+        db_names.insert(int(cell(r, 0), "DBS.DB_ID")?, text(cell(r, 1), "DBS.NAME")?);
+    }
+    let mut keys: BTreeMap<i64, Vec<(i64, String)>> = BTreeMap::new();
+    for r in &rows.keys {
+        keys.entry(int(cell(r, 0), "PARTITION_KEYS.TBL_ID")?)
+            .or_default()
+            .push((
+                int(cell(r, 2), "PARTITION_KEYS.INTEGER_IDX")?,
+                text(cell(r, 1), "PARTITION_KEYS.PKEY_NAME")?,
+            ));
+    }
+    let mut params: BTreeMap<i64, BTreeMap<String, String>> = BTreeMap::new();
+    for r in &rows.params {
+        params
+            .entry(int(cell(r, 0), "TABLE_PARAMS.TBL_ID")?)
+            .or_default()
+            .insert(
+                text(cell(r, 1), "TABLE_PARAMS.PARAM_KEY")?.to_ascii_lowercase(),
+                cell(r, 2).clone().unwrap_or_default(),
+            );
+    }
+    let mut vals: BTreeMap<i64, Vec<(i64, String)>> = BTreeMap::new();
+    for r in &rows.vals {
+        vals.entry(int(cell(r, 0), "PARTITION_KEY_VALS.PART_ID")?)
+            .or_default()
+            .push((
+                int(cell(r, 2), "PARTITION_KEY_VALS.INTEGER_IDX")?,
+                cell(r, 1).clone().unwrap_or_default(),
+            ));
+    }
+    let mut parts: BTreeMap<i64, Vec<PartitionMeta>> = BTreeMap::new();
+    for r in &rows.parts {
+        let part_id = int(cell(r, 0), "PARTITIONS.PART_ID")?;
+        let mut values = vals.remove(&part_id).unwrap_or_default();
+        values.sort();
+        parts
+            .entry(int(cell(r, 1), "PARTITIONS.TBL_ID")?)
+            .or_default()
+            .push(PartitionMeta {
+                name: text(cell(r, 2), "PARTITIONS.PART_NAME")?,
+                values: values.into_iter().map(|(_, v)| v).collect(),
+                location: cell(r, 3).clone(),
+            });
+    }
+    let mut tables = Vec::with_capacity(rows.tbls.len());
+    for r in &rows.tbls {
+        let tbl_id = int(cell(r, 0), "TBLS.TBL_ID")?;
+        let db_id = int(cell(r, 1), "TBLS.DB_ID")?;
+        let db = db_names.get(&db_id).cloned().ok_or_else(|| {
+            SnapshotError::Fatal(format!(
+                "TBLS.TBL_ID {tbl_id} names DB_ID {db_id}, which DBS lacks"
+            ))
+        })?;
+        let mut k = keys.remove(&tbl_id).unwrap_or_default();
+        k.sort();
+        let mut partitions = parts.remove(&tbl_id).unwrap_or_default();
+        partitions.sort_by(|a, b| a.name.cmp(&b.name));
+        tables.push(TableMeta {
+            db,
+            name: text(cell(r, 2), "TBLS.TBL_NAME")?,
+            table_type: cell(r, 3).clone(),
+            location: cell(r, 4).clone(),
+            partition_keys: k.into_iter().map(|(_, n)| n).collect(),
+            params: params.remove(&tbl_id).unwrap_or_default(),
+            partitions,
+        });
+    }
+    tables.sort_by(|a, b| (&a.db, &a.name).cmp(&(&b.db, &b.name)));
+    Ok(Snapshot {
+        event_id,
+        databases: db_names.into_values().collect(),
+        tables,
+    })
+}
+
+mod pg {
+    //! PostgreSQL: tokio-postgres on a private current-thread runtime.
+
+    use tokio_postgres::{NoTls, SimpleQueryMessage};
+
+    use super::*;
+
+    fn unavailable_or_fatal(what: &str, e: &tokio_postgres::Error) -> SnapshotError {
+        let text = match e.as_db_error() {
+            Some(db) => format!("{what}: {} ({})", db.message(), db.code().code()),
+            None => format!("{what}: {e}"),
+        };
+        let transient = match e.as_db_error() {
+            Some(db) => ["08", "40", "53", "57", "58"]
+                .iter()
+                .any(|c| db.code().code().starts_with(c)),
+            None => true,
+        };
+        if transient {
+            SnapshotError::Unavailable(text)
+        } else {
+            SnapshotError::Fatal(text)
+        }
+    }
+
+    pub(super) fn read(ep: &Endpoint) -> Result<Rows, SnapshotError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| SnapshotError::Fatal(format!("cannot start a runtime: {e}")))?;
+        let mut config = tokio_postgres::Config::new();
+        config
+            .user(&ep.user)
+            .dbname(&ep.database)
+            .host(&ep.host)
+            .port(ep.port)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .application_name("stagefs-bootstrap")
+            .options(format!(
+                "-c statement_timeout={}",
+                STATEMENT_TIMEOUT.as_millis()
+            ));
+        if let Some(p) = &ep.password {
+            config.password(p);
+        }
+        runtime.block_on(async {
+            let deadline = CONNECT_TIMEOUT + STATEMENT_TIMEOUT;
+            let work = async {
+                let (client, connection) = config
+                    .connect(NoTls)
+                    .await
+                    .map_err(|e| unavailable_or_fatal("connecting", &e))?;
+                let task = tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                let quote = |n: &str| format!("\"{n}\"");
+                let query = |q: &str| render(q, &quote, &quote);
+                let result = async {
+                    client
+                        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                        .await
+                        .map_err(|e| unavailable_or_fatal("starting the snapshot", &e))?;
+                    let mut rows = Rows::default();
+                    let mut all = Vec::new();
+                    for q in [SEQUENCE_QUERY, MAX_EVENT_QUERY]
+                        .iter()
+                        .chain(QUERIES.iter())
+                    {
+                        let sql = query(q);
+                        let messages = client
+                            .simple_query(&sql)
+                            .await
+                            .map_err(|e| unavailable_or_fatal(&sql, &e))?;
+                        let mut table = Vec::new();
+                        for m in messages {
+                            if let SimpleQueryMessage::Row(row) = m {
+                                table.push(
+                                    (0..row.len())
+                                        .map(|i| row.get(i).map(str::to_owned))
+                                        .collect::<Vec<_>>(),
+                                );
+                            }
+                        }
+                        all.push(table);
+                    }
+                    let _ = client.batch_execute("COMMIT").await;
+                    fill(&mut rows, all);
+                    Ok(rows)
+                }
+                .await;
+                task.abort();
+                result
+            };
+            match tokio::time::timeout(deadline, work).await {
+                Ok(r) => r,
+                Err(_) => Err(SnapshotError::Unavailable(format!(
+                    "no answer within {} s",
+                    deadline.as_secs()
+                ))),
+            }
+        })
+    }
+}
+
+/// Puts the results of `[sequence, max event, QUERIES...]` in place.
+fn fill(rows: &mut Rows, mut all: Vec<Vec<Vec<Option<String>>>>) {
+    let mut take = || {
+        if all.is_empty() {
+            Vec::new()
+        } else {
+            all.remove(0)
+        }
+    };
+    let first = |t: Vec<Vec<Option<String>>>| {
+        t.into_iter()
+            .next()
+            .and_then(|r| r.into_iter().next())
+            .flatten()
+    };
+    rows.next_event_id = first(take());
+    rows.max_event_id = first(take());
+    rows.dbs = take();
+    rows.tbls = take();
+    rows.keys = take();
+    rows.parts = take();
+    rows.vals = take();
+    rows.params = take();
+}
+
+mod my {
+    //! MySQL / MariaDB through the `mysql` crate (text protocol).
+
+    use ::mysql::prelude::Queryable;
+    use ::mysql::{Conn, OptsBuilder, Value};
+
+    use super::*;
+
+    const TRANSIENT: &[u16] = &[1040, 1053, 1205, 1213, 1927, 1969, 3024];
+
+    fn classify(what: &str, e: &::mysql::Error) -> SnapshotError {
+        match e {
+            ::mysql::Error::IoError(_)
+            | ::mysql::Error::CodecError(_)
+            | ::mysql::Error::DriverError(_) => SnapshotError::Unavailable(format!("{what}: {e}")),
+            ::mysql::Error::MySqlError(m) if TRANSIENT.contains(&m.code) => {
+                SnapshotError::Unavailable(format!("{what}: {} ({})", m.message, m.code))
+            }
+            other => SnapshotError::Fatal(format!("{what}: {other}")),
+        }
+    }
+
+    fn value_text(v: Value) -> Option<String> {
+        match v {
+            Value::NULL => None,
+            Value::Bytes(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+            Value::Int(i) => Some(i.to_string()),
+            Value::UInt(u) => Some(u.to_string()),
+            other => Some(format!("{other:?}")),
+        }
+    }
+
+    pub(super) fn read(ep: &Endpoint) -> Result<Rows, SnapshotError> {
+        let opts = OptsBuilder::new()
+            .ip_or_hostname(Some(ep.host.clone()))
+            .tcp_port(ep.port)
+            .user(Some(ep.user.clone()))
+            .pass(ep.password.clone())
+            .db_name(Some(ep.database.clone()))
+            .prefer_socket(false)
+            .tcp_connect_timeout(Some(CONNECT_TIMEOUT))
+            .read_timeout(Some(STATEMENT_TIMEOUT))
+            .write_timeout(Some(STATEMENT_TIMEOUT))
+            .init(vec!["SET NAMES utf8mb4"]);
+        let mut conn = Conn::new(opts).map_err(|e| classify("connecting", &e))?;
+        let tables: Vec<String> = conn
+            .query("SHOW TABLES")
+            .map_err(|e| classify("listing the tables", &e))?;
+        // Hive's tables are upper case, or lower case where the server
+        // folds names (lower_case_table_names) or the schema was made so.
+        let table = |upper: &str| {
+            let name = if tables.iter().any(|t| t == upper) {
+                upper.to_owned()
+            } else {
+                upper.to_ascii_lowercase()
+            };
+            format!("`{name}`")
+        };
+        let column = |c: &str| format!("`{c}`");
+        conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .map_err(|e| classify("setting the isolation level", &e))?;
+        conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            .map_err(|e| classify("starting the snapshot", &e))?;
+        let mut all = Vec::new();
+        for q in [SEQUENCE_QUERY, MAX_EVENT_QUERY]
+            .iter()
+            .chain(QUERIES.iter())
+        {
+            let sql = render(q, &table, &column);
+            let result: Vec<::mysql::Row> = conn.query(&sql).map_err(|e| classify(&sql, &e))?;
+            all.push(
+                result
+                    .into_iter()
+                    .map(|r| r.unwrap().into_iter().map(value_text).collect())
+                    .collect(),
+            );
+        }
+        let _ = conn.query_drop("COMMIT");
+        let mut rows = Rows::default();
+        fill(&mut rows, all);
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &str) -> Option<String> {
+        Some(v.to_owned())
+    }
+
+    #[test]
+    fn placeholders_are_quoted_per_dialect() {
+        let q = render(QUERIES[0], &|t| format!("\"{t}\""), &|c| format!("`{c}`"));
+        assert_eq!(q, "SELECT `DB_ID`, `NAME` FROM \"DBS\"");
+    }
+
+    #[test]
+    fn keys_and_values_follow_integer_idx_not_names_and_the_id_is_next_minus_one() {
+        let rows = Rows {
+            next_event_id: s("43"),
+            max_event_id: s("40"),
+            dbs: vec![vec![s("1"), s("sales")]],
+            tbls: vec![vec![
+                s("7"),
+                s("1"),
+                s("orders"),
+                s("MANAGED_TABLE"),
+                s("hdfs://nn/wh/o"),
+            ]],
+            keys: vec![
+                vec![s("7"), s("region"), s("1")],
+                vec![s("7"), s("ds"), s("0")],
+            ],
+            parts: vec![vec![s("9"), s("7"), s("ds=1/region=eu"), s("hdfs://nn/x")]],
+            vals: vec![vec![s("9"), s("eu"), s("1")], vec![s("9"), s("1"), s("0")]],
+            params: vec![vec![s("7"), s("TRANSACTIONAL"), s("TRUE")]],
+        };
+        let snap = assemble(rows).unwrap();
+        assert_eq!(snap.event_id, 42);
+        let t = &snap.tables[0];
+        assert_eq!((t.db.as_str(), t.name.as_str()), ("sales", "orders"));
+        assert_eq!(t.partition_keys, vec!["ds", "region"]);
+        assert_eq!(t.partitions[0].values, vec!["1", "eu"]);
+        assert!(t.is_transactional());
+    }
+
+    #[test]
+    fn a_table_of_a_missing_database_is_an_error() {
+        let rows = Rows {
+            tbls: vec![vec![s("7"), s("5"), s("t"), None, None]],
+            ..Rows::default()
+        };
+        assert!(matches!(assemble(rows), Err(SnapshotError::Fatal(_))));
+    }
+}
