@@ -39,6 +39,9 @@ use super::progress::BootstrapProgress;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedFile {
     pub path: PathBuf,
+    /// The `--source-map` directory `path` lies in: the file is opened
+    /// beneath it, so no symlink in the source leads out of it.
+    pub source_dir: PathBuf,
     /// Path relative to the location (`delta_1_1/bucket_0`, `000000_0`).
     pub rel: String,
     pub size: u64,
@@ -61,7 +64,7 @@ fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 }
 
 /// Every file below `dir` (Hive's rules, see the module docs), sorted.
-pub fn list_location(dir: &Path) -> Result<Vec<ListedFile>, String> {
+pub fn list_location(source_dir: &Path, dir: &Path) -> Result<Vec<ListedFile>, String> {
     let mut out = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), String::new())];
     while let Some((d, rel)) = stack.pop() {
@@ -96,6 +99,7 @@ pub fn list_location(dir: &Path) -> Result<Vec<ListedFile>, String> {
             } else if meta.is_file() {
                 out.push(ListedFile {
                     path: entry.path(),
+                    source_dir: source_dir.to_owned(),
                     rel: child_rel,
                     size: meta.len(),
                     mtime_ns: mtime_ns(&meta),
@@ -230,10 +234,12 @@ impl FileStager {
             key: Some(BlobId([0xbb; 32])),
             cm_path: None,
             uri: None,
+            source_dir: Some(f.source_dir.to_string_lossy().into_owned()),
+            cm_dir: None,
         };
         let fetched = self
             .blobs
-            .fetch_unsynced(&file, Path::new("/"), None)
+            .fetch_unsynced(&file, &f.source_dir, None)
             .map_err(|e| e.to_string())?;
         let after = std::fs::metadata(&f.path)
             .map_err(|e| format!("{} is gone after its copy: {e}", f.path.display()))?;
@@ -332,13 +338,13 @@ mod tests {
         ] {
             std::fs::write(d.join(f), f).unwrap();
         }
-        let got: Vec<String> = list_location(d)
+        let got: Vec<String> = list_location(d, d)
             .unwrap()
             .into_iter()
             .map(|f| f.rel)
             .collect();
         assert_eq!(got, vec!["000000_0", "delta_1_1/bucket_0"]);
-        assert!(list_location(&d.join("absent")).unwrap().is_empty());
+        assert!(list_location(d, &d.join("absent")).unwrap().is_empty());
     }
 
     #[test]
@@ -350,7 +356,7 @@ mod tests {
         }
         std::fs::write(src.path().join("same"), "content 0").unwrap();
         let blobs = Arc::new(BlobStore::open(state.path()).unwrap());
-        let files = list_location(src.path()).unwrap();
+        let files = list_location(src.path(), src.path()).unwrap();
         let progress = BootstrapProgress::default();
         let stager =
             FileStager::open(&state.path().join("bootstrap"), Arc::clone(&blobs), 3).unwrap();
@@ -370,7 +376,7 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let src = tempfile::tempdir().unwrap();
         std::fs::write(src.path().join("a"), "a").unwrap();
-        let files = list_location(src.path()).unwrap();
+        let files = list_location(src.path(), src.path()).unwrap();
         std::fs::remove_file(src.path().join("a")).unwrap();
         let blobs = Arc::new(BlobStore::open(state.path()).unwrap());
         let stager = FileStager::open(&state.path().join("bootstrap"), blobs, 1).unwrap();

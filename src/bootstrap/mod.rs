@@ -662,8 +662,8 @@ fn list_table(
         }));
     }
     let list = |uri: &str| -> Result<Vec<(String, ListedFile)>, String> {
-        let dir = map.local(uri)?;
-        let files = list_location(&dir)?;
+        let (mapped, below) = map.resolve(uri)?;
+        let files = list_location(mapped, &mapped.join(below))?;
         let base = uri.trim_end_matches('/');
         Ok(files
             .into_iter()
@@ -729,5 +729,7 @@ fn file_ref(snapshot_id: i64, uri: &str, f: &ListedFile) -> Result<FileRef, Stri
         key: Some(BlobId(h.finalize().into())),
         cm_path: None,
         uri: Some(uri.to_owned()),
+        source_dir: Some(f.source_dir.to_string_lossy().into_owned()),
+        cm_dir: None,
     })
 }

@@ -197,7 +197,7 @@ impl Plan {
             }
             let keys = match self.tree.table(&table.name.0, &table.name.1) {
                 Some(t) => match &t.kind {
-                    DirKind::Table { partition_keys } => {
+                    DirKind::Table { partition_keys, .. } => {
                         partition_keys.iter().map(|k| k.to_string()).collect()
                     }
                     _ => Vec::new(),
@@ -439,6 +439,8 @@ mod tests {
             key: Some(BlobId(key)),
             cm_path: None,
             uri: None,
+            source_dir: Some("/wh".into()),
+            cm_dir: None,
         }
     }
 
