@@ -3,6 +3,7 @@
 //! partition drops, table drop/re-create, renames), and every observation is
 //! compared with the source's real state (`stagefs::checker`). The same
 //! readers pointed at a naive state-transfer copier see rubberbanding.
+//! Eight reader processes walk the mount beside the checker.
 //!
 //! `STAGEFS_LONG_TESTS=1` runs each for minutes instead of seconds.
 
@@ -106,6 +107,30 @@ fn start_daemon(dir: &Path, w: &Workload, retain: usize) -> DaemonProcess {
     .expect("daemon mounts")
 }
 
+/// A reader process: walks MOUNT (tables only) listing then opening every
+/// file, 0.3 s apart, until STOP exists; prints the walks done, or exits 1
+/// at the first listed file that does not open.
+const WALKER: &str = r#"
+import os, sys, time
+mnt, stop = sys.argv[1], sys.argv[2]
+walks = 0
+while not os.path.exists(stop):
+    for top, dirs, files in os.walk(mnt):
+        if top == mnt:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for f in files:
+            path = os.path.join(top, f)
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(64)
+            except OSError as e:
+                print(f"walk {walks}: listed but not readable: {path}: {e}")
+                sys.exit(1)
+    walks += 1
+    time.sleep(0.3)
+print(walks)
+"#;
+
 #[test]
 fn zero_anomalies_under_concurrent_readers() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -136,6 +161,23 @@ fn zero_anomalies_under_concurrent_readers() {
         },
         seed: 5,
     };
+    // Eight reader processes beside the checker's threads: each walks the
+    // whole warehouse (list, then open and read what it listed, by
+    // absolute path) as one query, pauses, and walks again. Under
+    // per-process views every file a walk listed opens.
+    let stop_file = dir.path().join("stop-walkers");
+    let walkers: Vec<_> = (0..8)
+        .map(|_| {
+            std::process::Command::new("python3")
+                .args(["-c", WALKER])
+                .arg(&mnt)
+                .arg(&stop_file)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run a walker process")
+        })
+        .collect();
     let stop = AtomicBool::new(false);
     let report = run_readers(
         &Target::Stagefs { mount: mnt.clone() },
@@ -143,6 +185,20 @@ fn zero_anomalies_under_concurrent_readers() {
         &cfg,
         &stop,
     );
+    std::fs::write(&stop_file, b"").unwrap();
+    for (i, walker) in walkers.into_iter().enumerate() {
+        let out = walker.wait_with_output().expect("walker");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "walker {i}: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let walks: u64 = text.trim().parse().unwrap_or(0);
+        assert!(walks >= 1, "walker {i} finished no walk: {text}");
+        eprintln!("walker {i}: {walks} walks, every listed file opened");
+    }
     let w = writer.stop();
     eprintln!("stagefs: {}", report.summary());
     eprintln!("source wrote up to {}", w.latest());

@@ -445,11 +445,18 @@ impl Readers {
             v.last = now;
             return Arc::clone(&v.tree);
         }
-        if v.tree.state_id != snap.visible.state_id {
+        // Never backwards: a check by another thread may have moved the
+        // view past `snap` meanwhile.
+        let tree = if v.tree.state_id > snap.visible.state_id {
+            Arc::clone(&v.tree)
+        } else {
+            Arc::clone(&snap.visible)
+        };
+        if v.tree.state_id != tree.state_id {
             self.moves.fetch_add(1, Ordering::Relaxed);
         }
         let mark = v.delay_mark.take();
-        *v = ReaderView::new(Arc::clone(&snap.visible), now, mark);
+        *v = ReaderView::new(tree, now, mark);
         Arc::clone(&v.tree)
     }
 
@@ -488,10 +495,17 @@ impl Readers {
         let fresh = (self.run_delay)(proc);
         let now = Instant::now();
         let mut views = lock(&self.views);
+        // Never backwards: another thread of the process may have moved
+        // the view past `snap` (taken before this thread got the lock).
+        let tree = match views.get(&proc) {
+            Some(v) if v.tree.state_id > snap.visible.state_id => Arc::clone(&v.tree),
+            _ => Arc::clone(&snap.visible),
+        };
         let old_mark = views.get_mut(&proc).and_then(|v| v.delay_mark.take());
         let mark = fresh.or(old_mark);
-        let old = views.insert(proc, ReaderView::new(Arc::clone(&snap.visible), now, mark));
-        if old.is_some_and(|v| v.tree.state_id != snap.visible.state_id) {
+        let new_id = tree.state_id;
+        let old = views.insert(proc, ReaderView::new(tree, now, mark));
+        if old.is_some_and(|v| v.tree.state_id != new_id) {
             self.moves.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -806,6 +820,28 @@ mod tests {
 
     fn me() -> Reader {
         Reader::Process(proc_of_pid(std::process::id()).expect("this process"))
+    }
+
+    /// Two threads of one process: one checks `visible` = 30 while the
+    /// other still holds a snapshot taken at 20 (it read the snapshot
+    /// before the first thread's check, and takes the lock after it).
+    /// The view never goes back to 20: what a thread was told is visible
+    /// stays the floor of every later request of its process.
+    #[test]
+    fn a_view_never_moves_back_to_an_older_snapshot() {
+        let (r, _delay) = simulated(ViewRule::default());
+        let (old, new) = (snap_at(20), snap_at(30));
+        assert_eq!(r.tree_for(me(), &old).state_id, StateId(20));
+        r.checked(me(), &new);
+        r.checked(me(), &old);
+        assert_eq!(r.tree_for(me(), &old).state_id, StateId(30));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            r.tree_for(me(), &old).state_id,
+            StateId(30),
+            "a move went back"
+        );
+        assert_eq!(r.tree_for(me(), &new).state_id, StateId(30));
     }
 
     /// Simulates that of the time since `*since`, all but `pause_ms` was
