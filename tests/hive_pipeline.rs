@@ -493,6 +493,9 @@ fn partition_renames_ctas_into_partitions_and_external_tables_match_the_writer_a
     let state = tempfile::tempdir().unwrap();
     let root = src.path();
     let (mut w, fx) = HiveFixture::writer(root, true);
+    // Following the rows as they are written, each state waited for before
+    // the next is written, so every state commits and is checked.
+    let replica = Replica::start(fx.config(state.path())).unwrap();
     let mut oracle = BTreeMap::new();
     let mut write = |w: &mut HiveWriter, id: u64, changes: Vec<Change>| {
         let e = Event {
@@ -502,6 +505,9 @@ fn partition_renames_ctas_into_partitions_and_external_tables_match_the_writer_a
         };
         w.write_event(&e).unwrap();
         oracle.insert(StateId(id), content(w.tree()));
+        wait_for(&format!("state {id}"), Duration::from_secs(20), || {
+            replica.catalog().snapshot().visible.state_id == StateId(id)
+        });
     };
     write(
         &mut w,
@@ -560,11 +566,8 @@ fn partition_renames_ctas_into_partitions_and_external_tables_match_the_writer_a
     rename_back.new_partition = Some(BTreeMap::from([("ds".into(), "z".into())]));
     write(&mut w, 10, vec![rename_back]);
 
-    let replica = Replica::start(fx.config(state.path())).unwrap();
-    wait_for("state 10", Duration::from_secs(20), || {
-        replica.catalog().snapshot().visible.state_id == StateId(10)
-    });
     let snap = replica.catalog().snapshot();
+    assert_eq!(snap.visible.state_id, StateId(10));
     assert!(snap.versions.len() > 1);
     for (id, tree) in &snap.versions {
         assert_eq!(Some(&content(tree)), oracle.get(id), "state {id}");
