@@ -93,14 +93,8 @@ pub fn run(mountpoint: Option<PathBuf>, hive: bool) -> Result<(), DaemonError> {
     let mut converter = None;
     if hive {
         let rows = src.join("hive-events/rows.jsonl");
-        let writer = HiveWriter::new(
-            &rows,
-            &src.join("source"),
-            Some(&src.join("cm")),
-            &src.join("hive-cm"),
-            true,
-        )
-        .map_err(io("starting the Hive row writer"))?;
+        let writer = HiveWriter::for_workload(&src, &rows, true)
+            .map_err(io("starting the Hive row writer"))?;
         let map = SourceMap::parse(&writer.source_map_args()).map_err(DaemonError::Io)?;
         let mut c = LogConverter::new(&src.join("events"), writer);
         c.pump().map_err(io("writing Hive rows"))?;

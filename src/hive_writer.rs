@@ -75,6 +75,19 @@ fn other(msg: String) -> io::Error {
 }
 
 impl HiveWriter {
+    /// The writer for a workload folder `root` as `Workload` lays it out
+    /// (`root/source`, its cm copies in `root/cm`), appending rows to `out`
+    /// and its own cm copies to `root/hive-cm`.
+    pub fn for_workload(root: &Path, out: &Path, gzip: bool) -> io::Result<HiveWriter> {
+        HiveWriter::new(
+            out,
+            &root.join("source"),
+            Some(&root.join("cm")),
+            &root.join("hive-cm"),
+            gzip,
+        )
+    }
+
     /// Appends rows to `out`; files are read under `source_root` (or from
     /// `native_cm`), cm copies go to `hive_cm`. `gzip`: messages in
     /// `gzip(json-2.0)`, else `json-0.2`.

@@ -68,14 +68,7 @@ impl Feed {
         )
         .expect("workload");
         let rows = root.join("hive/rows.jsonl");
-        let writer = HiveWriter::new(
-            &rows,
-            &root.join("source"),
-            Some(&root.join("cm")),
-            &root.join("hive-cm"),
-            true,
-        )
-        .expect("hive writer");
+        let writer = HiveWriter::for_workload(root, &rows, true).expect("hive writer");
         let maps = writer.source_map_args();
         let feed = Feed {
             workload,

@@ -99,14 +99,7 @@ fn follow_a_metastore(kind: Kind) {
         },
     )
     .unwrap();
-    let writer = HiveWriter::new(
-        &root.join("hive/rows.jsonl"),
-        &root.join("source"),
-        Some(&root.join("cm")),
-        &root.join("hive-cm"),
-        true,
-    )
-    .unwrap();
+    let writer = HiveWriter::for_workload(&root, &root.join("hive/rows.jsonl"), true).unwrap();
     let map = SourceMap::parse(&writer.source_map_args()).unwrap();
     let mut converter = LogConverter::new(&root.join("events"), writer);
     let mut feeder = Feeder {

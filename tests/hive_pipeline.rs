@@ -4,11 +4,15 @@
 //! checked against native replication of the same warehouse and against the
 //! workload's oracle.
 
+#[path = "common/source_files.rs"]
+mod source_files;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use source_files::{event, put_file};
 use stagefs::catalog::{Node, Tree};
 use stagefs::event::{BlobId, Change, Event, FileRef, Op, StateId};
 use stagefs::hive_writer::{hdfs_checksum, HiveWriter, LogConverter, TxnFiles};
@@ -35,14 +39,7 @@ struct HiveFixture {
 impl HiveFixture {
     fn writer(root: &Path, gzip: bool) -> (HiveWriter, HiveFixture) {
         let rows = root.join("hive/rows.jsonl");
-        let writer = HiveWriter::new(
-            &rows,
-            &root.join("source"),
-            Some(&root.join("cm")),
-            &root.join("hive-cm"),
-            gzip,
-        )
-        .unwrap();
+        let writer = HiveWriter::for_workload(root, &rows, gzip).unwrap();
         let map = writer.source_map_args();
         let fx = HiveFixture { rows, map };
         (writer, fx)
@@ -179,24 +176,6 @@ fn workload_through_hive_rows_matches_the_oracle_at_every_retained_state() {
         }
     }
     assert!(replica.status().stalled.is_none());
-}
-
-/// A staged FileRef for `rel` under `root/source` holding `content`.
-fn put_file(root: &Path, rel: &str, content: &[u8]) -> FileRef {
-    let p = root.join("source").join(rel);
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(&p, content).unwrap();
-    let sha = BlobId(<sha2::Sha256 as sha2::Digest>::digest(content).into());
-    FileRef::native(
-        rel,
-        rel.rsplit('/').next().unwrap(),
-        content.len() as u64,
-        sha,
-    )
-}
-
-fn event(line: &str) -> Event {
-    Event::parse_line(line.as_bytes()).unwrap()
 }
 
 #[test]
