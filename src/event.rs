@@ -6,7 +6,7 @@
 //! (`catalog::Tree::apply`). Called by `ingest` for every source line and by
 //! `journal` replay (journal payloads are events serialised by this module).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -312,6 +312,69 @@ impl EventError {
 pub const MAX_LINE_BYTES: usize = 16 << 20;
 /// Most files one event may name.
 pub const MAX_FILES_PER_EVENT: usize = 100_000;
+/// Most partition keys a table may have (and entries a `partition` may
+/// name). Hive's own metastore schema holds far fewer in practice; the
+/// bound keeps every walk of the tree (one level per key) shallow.
+pub const MAX_PARTITION_KEYS: usize = 64;
+/// Most directory levels a file's `subdir` may have (Hive's
+/// `delta_…`/`base_…` and union subdirectories are one or two).
+pub const MAX_SUBDIR_DEPTH: usize = 64;
+
+impl Event {
+    /// The structural bounds every event must keep, whatever its source:
+    /// at most [`MAX_PARTITION_KEYS`] partition keys and partition
+    /// entries, at most [`MAX_SUBDIR_DEPTH`] subdirectory levels per file,
+    /// and no partition key named twice (ignoring ASCII case). Checked in
+    /// time linear in the event's size.
+    pub fn check_bounds(&self) -> Result<(), EventError> {
+        for c in &self.changes {
+            check_partition_keys(c.partition_keys.iter().map(String::as_str))?;
+            check_key_count("partition", c.partition.as_ref().map_or(0, BTreeMap::len))?;
+            for f in &c.files {
+                let depth = f.subdir.as_deref().map_or(0, |s| s.split('/').count());
+                if depth > MAX_SUBDIR_DEPTH {
+                    return Err(EventError::invalid(
+                        "files",
+                        format!(
+                            "`{}` sits more than {MAX_SUBDIR_DEPTH} subdirectories deep",
+                            f.name
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// At most [`MAX_PARTITION_KEYS`] keys in `field`.
+fn check_key_count(field: &str, count: usize) -> Result<(), EventError> {
+    if count > MAX_PARTITION_KEYS {
+        return Err(EventError::invalid(
+            field,
+            format!("names more than {MAX_PARTITION_KEYS} partition keys"),
+        ));
+    }
+    Ok(())
+}
+
+/// At most [`MAX_PARTITION_KEYS`] keys, none twice (ASCII case ignored, as
+/// Hive's names are): one pass over the keys.
+fn check_partition_keys<'a>(
+    keys: impl ExactSizeIterator<Item = &'a str>,
+) -> Result<(), EventError> {
+    check_key_count("partition_keys", keys.len())?;
+    let mut seen = HashSet::with_capacity(keys.len());
+    for key in keys {
+        if !seen.insert(key.to_ascii_lowercase()) {
+            return Err(EventError::invalid(
+                "partition_keys",
+                format!("names `{key}` twice"),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// True for a database or table name: 1–128 of `[A-Za-z0-9_]`.
 pub fn is_valid_name(s: &str) -> bool {
@@ -403,6 +466,9 @@ impl Event {
         let partition_keys = match obj.get("partition_keys") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(items)) => {
+                // The count first: a huge list is refused before any work
+                // per key.
+                check_key_count("partition_keys", items.len())?;
                 let mut keys = Vec::with_capacity(items.len());
                 for item in items {
                     let key = item.as_str().filter(|k| is_valid_name(k)).ok_or_else(|| {
@@ -411,14 +477,9 @@ impl Event {
                             "must hold names of 1-128 characters of [A-Za-z0-9_]",
                         )
                     })?;
-                    if keys.iter().any(|k: &String| k.eq_ignore_ascii_case(key)) {
-                        return Err(EventError::invalid(
-                            "partition_keys",
-                            format!("names `{key}` twice"),
-                        ));
-                    }
                     keys.push(key.to_owned());
                 }
+                check_partition_keys(keys.iter().map(String::as_str))?;
                 keys
             }
             Some(_) => return Err(EventError::invalid("partition_keys", "must be an array")),
@@ -427,6 +488,7 @@ impl Event {
         let partition = match obj.get("partition") {
             None | Some(Value::Null) => None,
             Some(Value::Object(map)) => {
+                check_key_count("partition", map.len())?;
                 let mut out = BTreeMap::new();
                 for (k, val) in map {
                     if !is_valid_name(k) {
@@ -589,6 +651,71 @@ mod tests {
 
     fn parse(s: &str) -> Result<Event, EventError> {
         Event::parse_line(s.as_bytes())
+    }
+
+    fn create_table_with_keys(keys: &[String]) -> String {
+        let keys = serde_json::to_string(keys).unwrap();
+        format!(
+            r#"{{"id": 3, "op": "create_table", "db": "d", "table": "t", "partition_keys": {keys}}}"#
+        )
+    }
+
+    #[test]
+    fn partition_keys_past_the_bound_are_refused_naming_the_bound() {
+        let keys = |n: usize| (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>();
+        let at_bound = parse(&create_table_with_keys(&keys(MAX_PARTITION_KEYS))).unwrap();
+        assert_eq!(at_bound.changes[0].partition_keys.len(), 64);
+        for n in [MAX_PARTITION_KEYS + 1, 100_000] {
+            let err = parse(&create_table_with_keys(&keys(n))).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "field `partition_keys` names more than 64 partition keys"
+            );
+        }
+        let partition: BTreeMap<String, String> =
+            keys(100_000).into_iter().map(|k| (k, "v".into())).collect();
+        let line = format!(
+            r#"{{"id": 4, "op": "add_partition", "db": "d", "table": "t", "partition": {}}}"#,
+            serde_json::to_string(&partition).unwrap()
+        );
+        assert_eq!(
+            parse(&line).unwrap_err().to_string(),
+            "field `partition` names more than 64 partition keys"
+        );
+    }
+
+    #[test]
+    fn a_partition_key_named_twice_is_refused_ignoring_case() {
+        let mut keys: Vec<String> = (0..63).map(|i| format!("k{i}")).collect();
+        keys.push("K17".into());
+        let err = parse(&create_table_with_keys(&keys)).unwrap_err();
+        assert_eq!(err.to_string(), "field `partition_keys` names `K17` twice");
+    }
+
+    #[test]
+    fn bounds_hold_for_events_built_by_other_sources() {
+        // The Hive source builds events without `parse_line`: the
+        // validator checks them with `check_bounds`.
+        let mut create = Change::new(Op::CreateTable, "d", "t");
+        create.partition_keys = (0..65).map(|i| format!("k{i}")).collect();
+        let event = |c: Change| Event {
+            id: StateId(1),
+            time_ms: None,
+            changes: vec![c],
+        };
+        assert!(event(create.clone()).check_bounds().is_err());
+        create.partition_keys = vec!["a".into(), "A".into()];
+        assert!(event(create.clone()).check_bounds().is_err());
+        create.partition_keys = vec!["a".into(), "b".into()];
+        assert!(event(create).check_bounds().is_ok());
+        let mut add = Change::new(Op::AddFiles, "d", "t");
+        let mut file = FileRef::native("x/f", "f", 1, BlobId([0; 32]));
+        file.subdir = Some(vec!["s"; 65].join("/"));
+        add.files.push(file.clone());
+        assert!(event(add.clone()).check_bounds().is_err());
+        file.subdir = Some("delta_1_1".into());
+        add.files = vec![file];
+        assert!(event(add).check_bounds().is_ok());
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //!   accepted state, and appends accepted events to the journal (fsynced in
 //!   groups). A rejected line stops ingest at the last good state.
 //! - **stager** follows the journal (memory ring first, segment files when
-//!   behind), builds pending states ([`catalog::Pending`]), sends missing
-//!   files to the fetch workers, retries failures with capped backoff, and
+//!   behind), builds pending states ([`catalog::Pending`], bounded in
+//!   number), sends each missing blob to the fetch workers with every source
+//!   naming it (at most `fetch_threads × 64` attempts out at once), retries
+//!   failures with capped backoff, and
 //!   commits the newest complete state ([`catalog::Catalog::commit`]: commit
 //!   record fsynced before the new state is published).
 //! - **fetch workers** copy and verify one file each into the blob store.
@@ -55,7 +57,9 @@ pub struct ReplicaConfig {
     /// Journal records kept in memory for the stager.
     pub ring_capacity: usize,
     pub fetch_threads: usize,
-    /// Most states built ahead of the visible one before the stager waits.
+    /// Most states kept one by one ahead of the visible one; past it, the
+    /// newest pending state absorbs each further event
+    /// ([`catalog::Pending::bounded`]), so reading never stops.
     pub max_pending: usize,
     pub gc_interval: Duration,
     /// How often ingest looks for new lines when caught up.
@@ -385,7 +389,7 @@ impl Replica {
             };
             threads.push(spawn("ingest", ingest)?);
         }
-        let (job_tx, job_rx) = mpsc::channel::<FileRef>();
+        let (job_tx, job_rx) = mpsc::channel::<FetchJob>();
         let (done_tx, done_rx) = mpsc::channel::<FetchResult>();
         let job_rx = Arc::new(Mutex::new(job_rx));
         for i in 0..cfg.fetch_threads.max(1) {
@@ -404,8 +408,7 @@ impl Replica {
         {
             let stager = Stager {
                 resolutions: Arc::clone(&resolutions),
-                cfg: Arc::clone(&cfg),
-                pending: Pending::new(visible),
+                pending: Pending::bounded(visible, cfg.max_pending),
                 follower: stager_follower,
                 catalog: Arc::clone(&catalog),
                 blobs: Arc::clone(&blobs),
@@ -415,6 +418,10 @@ impl Replica {
                 jobs: job_tx,
                 done: done_rx,
                 in_flight: HashSet::new(),
+                max_in_flight: cfg.fetch_threads.max(1) * FETCHES_QUEUED_PER_THREAD,
+                queued: VecDeque::new(),
+                queued_set: HashSet::new(),
+                retry_now: HashSet::new(),
                 retries: HashMap::new(),
                 errors: HashMap::new(),
                 unsynced: HashMap::new(),
@@ -797,11 +804,19 @@ fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
     }
 }
 
-type FetchResult = (FileRef, Result<Fetched, StageError>);
+/// One attempt to stage a blob: the sources to try, in order (file
+/// entries naming it, see `Pending::next_sources`).
+struct FetchJob {
+    key: BlobId,
+    files: Vec<FileRef>,
+}
+
+/// A finished attempt: the blob and, on success, the source that gave it.
+type FetchResult = (BlobId, Result<(FileRef, Fetched), StageError>);
 
 fn run_fetcher(
     cfg: &ReplicaConfig,
-    jobs: &Mutex<Receiver<FileRef>>,
+    jobs: &Mutex<Receiver<FetchJob>>,
     done: &Sender<FetchResult>,
     blobs: &BlobStore,
 ) {
@@ -813,22 +828,22 @@ fn run_fetcher(
             };
             rx.recv()
         };
-        let Ok(file) = job else { return }; // the stager has gone
-        let result = blobs.fetch_unsynced(&file, &cfg.source_root, cfg.cm_root.as_deref());
-        if done.send((file, result)).is_err() {
+        let Ok(mut job) = job else { return }; // the stager has gone
+        let result = blobs
+            .fetch_unsynced_any(&job.files, &cfg.source_root, cfg.cm_root.as_deref())
+            .map(|(i, fetched)| (job.files.swap_remove(i), fetched));
+        if done.send((job.key, result)).is_err() {
             return;
         }
     }
 }
 
 struct Retry {
-    file: FileRef,
     attempt: u32,
     at: Instant,
 }
 
 struct Stager {
-    cfg: Arc<ReplicaConfig>,
     pending: Pending,
     follower: crate::journal::Follower,
     catalog: Arc<Catalog>,
@@ -836,9 +851,19 @@ struct Stager {
     progress: Arc<Progress>,
     gate: Arc<GcGate>,
     handoff: Arc<Handoff>,
-    jobs: Sender<FileRef>,
+    jobs: Sender<FetchJob>,
     done: Receiver<FetchResult>,
+    /// Blobs whose attempt the fetch workers have.
     in_flight: HashSet<BlobId>,
+    /// Most attempts handed to the fetch workers at once; the rest wait in
+    /// `queued` (a blob id each), so memory and the job channel stay small
+    /// however many files are missing.
+    max_in_flight: usize,
+    queued: VecDeque<BlobId>,
+    queued_set: HashSet<BlobId>,
+    /// In-flight blobs that gained a source meanwhile: retried at once if
+    /// the attempt fails.
+    retry_now: HashSet<BlobId>,
     retries: HashMap<BlobId, Retry>,
     errors: HashMap<BlobId, (u32, String)>,
     /// Verified copies not yet durable: published as a group before the
@@ -849,6 +874,8 @@ struct Stager {
 }
 
 const STAGER_BATCH: usize = 8192;
+/// Fetch attempts handed out per fetch thread at most (see `max_in_flight`).
+const FETCHES_QUEUED_PER_THREAD: usize = 64;
 /// At most one commit (one durable commit record) per this interval.
 const MIN_COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
@@ -898,8 +925,12 @@ impl Stager {
         let mut n = 0;
         let gate_lock = Arc::clone(&self.gate);
         let mut gate = None;
-        while n < STAGER_BATCH && self.pending.len() < self.cfg.max_pending {
-            let rec = if n == 0 && self.in_flight.is_empty() && self.retries.is_empty() {
+        // No bound on pending states here: `Pending` merges past its bound,
+        // so the event that unblocks a waiting state is always read.
+        while n < STAGER_BATCH {
+            let idle =
+                self.in_flight.is_empty() && self.queued.is_empty() && self.retries.is_empty();
+            let rec = if n == 0 && idle {
                 self.follower.next_timeout(Duration::from_millis(20))?
             } else {
                 self.follower.try_next()?
@@ -941,7 +972,7 @@ impl Stager {
             };
             g.touched.extend(touched);
             for f in to_fetch {
-                self.submit(f);
+                self.wants(f.blob);
             }
             n += 1;
         }
@@ -951,19 +982,47 @@ impl Stager {
         Ok(n)
     }
 
-    fn submit(&mut self, f: AddedFile) {
-        self.submit_file(f.file);
+    /// `blob` is newly missing, or has a new source: attempt it now (a
+    /// waiting retry is not waited out; a new source is tried first).
+    fn wants(&mut self, blob: BlobId) {
+        if self.in_flight.contains(&blob) {
+            self.retry_now.insert(blob);
+            return;
+        }
+        if self.retries.remove(&blob).is_some() {
+            self.pending.try_newest_source_next(&blob);
+        }
+        self.submit(blob);
     }
 
-    fn submit_file(&mut self, file: FileRef) {
-        if self.in_flight.insert(file.key()) {
-            self.progress
-                .in_flight
-                .store(self.in_flight.len() as u64, Ordering::Relaxed);
+    /// Queues an attempt for `blob` unless one is queued or in flight.
+    fn submit(&mut self, blob: BlobId) {
+        if !self.in_flight.contains(&blob) && self.queued_set.insert(blob) {
+            self.queued.push_back(blob);
+        }
+        self.send_queued();
+    }
+
+    /// Hands queued attempts to the fetch workers, up to `max_in_flight`.
+    fn send_queued(&mut self) {
+        while self.in_flight.len() < self.max_in_flight {
+            let Some(blob) = self.queued.pop_front() else {
+                break;
+            };
+            self.queued_set.remove(&blob);
+            let files = self.pending.next_sources(&blob);
+            if files.is_empty() {
+                continue; // staged or abandoned meanwhile
+            }
+            self.in_flight.insert(blob);
             // The receiver lives as long as the fetch threads; a send error
             // means we are shutting down.
-            let _ = self.jobs.send(file);
+            let _ = self.jobs.send(FetchJob { key: blob, files });
         }
+        self.progress.in_flight.store(
+            (self.in_flight.len() + self.queued.len()) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Takes finished fetches; true when one completed.
@@ -982,12 +1041,14 @@ impl Stager {
                 self.done.try_recv().ok()
             };
             first = false;
-            let Some((file, result)) = next else { break };
-            let key = file.key();
+            let Some((key, result)) = next else { break };
             self.in_flight.remove(&key);
-            let result = result.and_then(|fetched| self.resolve(&file, fetched));
+            let now = self.retry_now.remove(&key);
+            let result = result.and_then(|(file, fetched)| {
+                self.resolve(&file, fetched).map(|fetched| (file, fetched))
+            });
             match result {
-                Ok(fetched) => {
+                Ok((file, fetched)) => {
                     if let Some(copy) = fetched.copy {
                         self.unsynced.insert(key, (file.clone(), copy));
                     }
@@ -1013,9 +1074,9 @@ impl Stager {
                     self.progress.fetch_failures.fetch_add(1, Ordering::Relaxed);
                     let attempt = self.errors.get(&key).map_or(0, |(a, _)| a + 1);
                     if attempt == 0 {
-                        warn!(path = %file.source_label(), error = %e, "cannot stage a file yet; retrying with backoff");
+                        warn!(blob = %key, error = %e, "cannot stage a file yet; retrying with backoff");
                     } else {
-                        debug!(path = %file.source_label(), attempt, error = %e, "retry failed");
+                        debug!(blob = %key, attempt, error = %e, "retry failed");
                     }
                     let reason = match &e {
                         StageError::NoSpace { .. } => format!("disk full: {e}"),
@@ -1023,15 +1084,18 @@ impl Stager {
                     };
                     self.errors.insert(key, (attempt, reason));
                     if self.pending.is_missing(&key) {
-                        let at = Instant::now() + backoff(attempt);
-                        self.retries.insert(key, Retry { file, attempt, at });
+                        let at = if now {
+                            self.pending.try_newest_source_next(&key);
+                            Instant::now()
+                        } else {
+                            Instant::now() + backoff(attempt)
+                        };
+                        self.retries.insert(key, Retry { attempt, at });
                     }
                 }
             }
         }
-        self.progress
-            .in_flight
-            .store(self.in_flight.len() as u64, Ordering::Relaxed);
+        self.send_queued();
         any
     }
 
@@ -1045,9 +1109,9 @@ impl Stager {
             .collect();
         for b in due {
             if let Some(r) = self.retries.remove(&b) {
-                if self.pending.is_missing(&b) && self.in_flight.insert(b) {
-                    debug!(path = %r.file.path, attempt = r.attempt, "retrying");
-                    let _ = self.jobs.send(r.file);
+                if self.pending.is_missing(&b) {
+                    debug!(blob = %b, attempt = r.attempt, "retrying");
+                    self.submit(b);
                 }
             }
         }
@@ -1100,9 +1164,9 @@ impl Stager {
                 for id in failed {
                     if let Some(file) = files.remove(&id) {
                         let key = file.key();
-                        self.pending.unstaged(key);
+                        self.pending.unstaged(key, &file);
                         self.errors.insert(key, (0, e.to_string()));
-                        self.submit_file(file);
+                        self.submit(key);
                     }
                 }
                 Err(match &e {
@@ -1135,6 +1199,7 @@ impl Stager {
                 for b in self.pending.committed(id) {
                     self.retries.remove(&b);
                     self.errors.remove(&b);
+                    self.retry_now.remove(&b);
                 }
                 let mut g = self.gate.lock();
                 g.pending = self.pending.trees().cloned().collect();

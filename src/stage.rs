@@ -254,6 +254,42 @@ impl BlobStore {
         })
     }
 
+    /// [`BlobStore::fetch_unsynced`] from the first of `files` that gives
+    /// the content: they are file entries naming one blob (copies of the
+    /// same bytes at several paths), tried in order. Returns which one
+    /// gave it. A store-side error (disk full, I/O in the store) ends the
+    /// attempt at once, since another source would meet it too; when no
+    /// source has the content, the error names what was found at each.
+    pub fn fetch_unsynced_any(
+        &self,
+        files: &[FileRef],
+        source_root: &Path,
+        cm_root: Option<&Path>,
+    ) -> Result<(usize, Fetched), StageError> {
+        let mut findings = Vec::new();
+        for (i, file) in files.iter().enumerate() {
+            match self.fetch_unsynced(file, source_root, cm_root) {
+                Ok(fetched) => return Ok((i, fetched)),
+                Err(e @ (StageError::NoSpace { .. } | StageError::Io { .. })) => return Err(e),
+                Err(StageError::Unavailable { detail, .. }) if files.len() > 1 => {
+                    findings.push(detail)
+                }
+                Err(e) if files.len() == 1 => return Err(e),
+                Err(e) => findings.push(e.to_string()),
+            }
+        }
+        Err(StageError::Unavailable {
+            path: files
+                .first()
+                .map_or_else(String::new, |f| f.source_label().to_owned()),
+            detail: if findings.is_empty() {
+                "no source names it".to_owned()
+            } else {
+                findings.join("; ")
+            },
+        })
+    }
+
     /// Makes a group of unsynced copies durable and puts them in place, in
     /// the durability order: each temp file is fdatasynced through its own
     /// descriptor (spread over up to [`PUBLISH_SYNC_THREADS`] threads, so the

@@ -3,8 +3,13 @@
 //! nothing staged, and after the line is corrected and the daemon restarted,
 //! replication continues.
 
+mod common;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use common::daemon::{visible, Daemon, DaemonArgs, EventWriter};
+use serde_json::{json, Value};
 
 use stagefs::event::StateId;
 use stagefs::replicate::{Replica, ReplicaConfig};
@@ -62,6 +67,8 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, Option<u64>, &'static str)> {
         ("files for a missing table", add(55, "").replace("\"blah\"", "\"nope\"").into_bytes(), Some(55), "does not exist"),
         ("duplicate file name", add(55, "").replace(r#"{"p": "c"}"#, r#"{"p": "a"}"#).into_bytes(), Some(55), "already exists"),
         ("creating a database that exists", br#"{"id": 55, "op": "create_database", "db": "default"}"#.to_vec(), Some(55), "already exists"),
+        ("100,000 partition keys", format!(r#"{{"id": 55, "op": "create_table", "db": "default", "table": "deep", "partition_keys": [{}]}}"#, (0..100_000).map(|i| format!(r#""k{i}""#)).collect::<Vec<_>>().join(",")).into_bytes(), Some(55), "more than 64 partition keys"),
+        ("a partition of 100,000 keys", format!(r#"{{"id": 55, "op": "add_partition", "db": "default", "table": "blah", "partition": {{{}}}}}"#, (0..100_000).map(|i| format!(r#""k{i}": "v""#)).collect::<Vec<_>>().join(",")).into_bytes(), Some(55), "more than 64 partition keys"),
         ("dropping what does not exist", br#"{"id": 55, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "zz"}}"#.to_vec(), Some(55), "does not exist"),
     ]
 }
@@ -146,4 +153,52 @@ fn identical_redelivery_is_ignored() {
     let s = replica.status();
     assert!(s.stalled.is_none());
     assert_eq!(s.events_duplicate, 4);
+}
+
+/// A `create_table` with 100,000 partition keys (then a partition naming
+/// them all, which recursed once per key and overflowed the stack) is
+/// refused with a clear stall; the mount keeps serving the last good
+/// state, and a restart with the line still there stalls the same way.
+#[test]
+fn a_table_with_100000_partition_keys_stalls_clearly_and_the_daemon_serves_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path());
+    let w = EventWriter::new(&args);
+    let file = w.put_file("d/t/000000_0", b"kept\n");
+    w.append(json!({"id": 1, "op": "create_database", "db": "d"}));
+    w.append(json!({"id": 2, "op": "create_table", "db": "d", "table": "t"}));
+    w.append(json!({"id": 3, "op": "add_files", "db": "d", "table": "t", "files": [file]}));
+    let keys: Vec<String> = (0..100_000).map(|i| format!("k{i}")).collect();
+    let partition: serde_json::Map<String, Value> =
+        keys.iter().map(|k| (k.clone(), json!("v"))).collect();
+    w.append(
+        json!({"id": 4, "op": "create_table", "db": "d", "table": "deep", "partition_keys": keys}),
+    );
+    w.append(
+        json!({"id": 5, "op": "add_partition", "db": "d", "table": "deep", "partition": partition}),
+    );
+
+    let mut d = Daemon::start(args);
+    for run in 0..2 {
+        let s = d.wait_status("the partition-key stall at state 3", |s| {
+            !s["stalled"].is_null() && visible(s) == 3
+        });
+        let stall = &s["stalled"];
+        assert_eq!(stall["state_id"], 4, "run {run}: {s}");
+        assert_eq!(stall["line"], 4, "run {run}: {s}");
+        assert!(
+            stall["reason"]
+                .as_str()
+                .unwrap()
+                .contains("field `partition_keys` names more than 64 partition keys"),
+            "run {run}: {s}"
+        );
+        assert_eq!(visible(&s), 3, "run {run}: {s}");
+        assert_eq!(std::fs::read(d.join("d/t/000000_0")).unwrap(), b"kept\n");
+        assert!(d.is_running(), "run {run}");
+        assert!(d.sigterm().success(), "run {run}");
+        if run == 0 {
+            d.restart();
+        }
+    }
 }

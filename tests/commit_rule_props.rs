@@ -9,7 +9,9 @@
 //! - no committed version references a file that was not staged;
 //! - the visible id never decreases;
 //! - once everything available is staged, the visible state is the newest
-//!   state that references no unavailable file (liveness).
+//!   state that references no unavailable file (liveness);
+//! - with a bound on pending states (merged past it), the same safety, and
+//!   liveness for the newest state.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -296,7 +298,13 @@ fn state_dir() -> tempfile::TempDir {
     }
 }
 
-fn run_case(actions: &[Action], unavailable: &BTreeSet<u8>) -> Result<(), TestCaseError> {
+/// One case; `max_states` bounds the pending states kept one by one
+/// (`Pending::bounded`), `None` keeps them all.
+fn run_case(
+    actions: &[Action],
+    unavailable: &BTreeSet<u8>,
+    max_states: Option<usize>,
+) -> Result<(), TestCaseError> {
     let dir = state_dir();
     let empty = Arc::new(Tree::empty());
     let catalog = Catalog::new(
@@ -306,7 +314,10 @@ fn run_case(actions: &[Action], unavailable: &BTreeSet<u8>) -> Result<(), TestCa
         Pins::default(),
         4,
     );
-    let mut pending = Pending::new(empty);
+    let mut pending = match max_states {
+        None => Pending::new(empty),
+        Some(n) => Pending::bounded(empty, n),
+    };
     let mut model = Model::new();
     let mut history: BTreeMap<StateId, Model> = BTreeMap::from([(StateId(0), Model::new())]);
     let mut staged: HashSet<BlobId> = HashSet::new();
@@ -395,7 +406,23 @@ fn run_case(actions: &[Action], unavailable: &BTreeSet<u8>) -> Result<(), TestCa
         .map(|(id, _)| *id)
         .unwrap();
     let expected_visible = newest_good.max(visible);
-    prop_assert_eq!(visible, expected_visible);
+    if max_states.is_none() {
+        prop_assert_eq!(visible, expected_visible);
+    } else {
+        // Past the bound, states merged into the newest are no commit
+        // candidates of their own: never beyond the newest good state,
+        // and the newest state itself when it is good.
+        prop_assert!(
+            visible <= newest_good,
+            "visible {} past {}",
+            visible,
+            newest_good
+        );
+        let newest = *history.keys().next_back().unwrap();
+        if newest == newest_good {
+            prop_assert_eq!(visible, newest);
+        }
+    }
     Ok(())
 }
 
@@ -407,7 +434,16 @@ proptest! {
         actions in prop::collection::vec(action(), 1..60),
         unavailable in prop::collection::btree_set(0u8..24, 0..4),
     ) {
-        run_case(&actions, &unavailable)?;
+        run_case(&actions, &unavailable, None)?;
+    }
+
+    #[test]
+    fn bounded_pending_commits_only_model_states_and_the_newest_when_good(
+        actions in prop::collection::vec(action(), 1..60),
+        unavailable in prop::collection::btree_set(0u8..24, 0..4),
+        max_states in 1usize..4,
+    ) {
+        run_case(&actions, &unavailable, Some(max_states))?;
     }
 }
 
@@ -432,5 +468,6 @@ fn every_operation_appears_in_generated_cases() {
         Action::DropDb(1),
         Action::Commit,
     ];
-    run_case(&actions, &BTreeSet::from([2])).unwrap();
+    run_case(&actions, &BTreeSet::from([2]), None).unwrap();
+    run_case(&actions, &BTreeSet::from([2]), Some(1)).unwrap();
 }

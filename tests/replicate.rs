@@ -260,3 +260,153 @@ fn a_panicking_pipeline_thread_stops_replication_with_a_stalled_reason() {
     assert_eq!(replica.status().stalled, Some(stall));
     replica.stop();
 }
+
+/// Appends `events` (one JSON object per line) to the source log in one write.
+fn append_log(root: &Path, events: &[serde_json::Value]) {
+    use std::io::Write;
+    let dir = root.join("events");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text: String = events.iter().map(|e| format!("{e}\n")).collect();
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("log-000001.jsonl"))
+        .unwrap();
+    log.write_all(text.as_bytes()).unwrap();
+}
+
+/// Writes `bytes` at `source/rel`; returns the event's file object.
+fn source_file(root: &Path, rel: &str, bytes: &[u8]) -> serde_json::Value {
+    let p = root.join("source").join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, bytes).unwrap();
+    file_object(rel, bytes)
+}
+
+fn file_object(rel: &str, bytes: &[u8]) -> serde_json::Value {
+    use sha2::Digest;
+    let sha = sha2::Sha256::digest(bytes);
+    let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+    serde_json::json!({"path": rel, "size": bytes.len(), "sha256": hex})
+}
+
+fn add_files(id: u64, table: &str, p: &str, files: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({"id": id, "op": "add_files", "db": "d", "table": table, "partition": {"p": p}, "files": files})
+}
+
+/// Issue 13, item 1: only the first file entry of a blob used to be
+/// fetched. X is nowhere; Y, added later with the same bytes, is at the
+/// source: the blob is read through Y, so the state with both commits, and
+/// so does a later one that drops X.
+#[test]
+fn a_missing_file_is_staged_from_another_path_with_the_same_bytes() {
+    let root = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("cm")).unwrap();
+    let bytes = b"same bytes\n";
+    let x = file_object("d/t/p=a/x_0", bytes);
+    append_log(
+        root.path(),
+        &[
+            serde_json::json!({"id": 1, "op": "create_database", "db": "d"}),
+            serde_json::json!({"id": 2, "op": "create_table", "db": "d", "table": "t", "partition_keys": ["p"]}),
+            add_files(3, "t", "a", vec![x]),
+        ],
+    );
+    let replica = Replica::start(config(state.path(), root.path())).unwrap();
+    wait_for("the stall on X", Duration::from_secs(10), || {
+        replica.status().stalled.is_some()
+    });
+    assert_eq!(replica.catalog().snapshot().visible.state_id, StateId(2));
+
+    let y = source_file(root.path(), "d/t/p=b/y_0", bytes);
+    append_log(root.path(), &[add_files(4, "t", "b", vec![y])]);
+    wait_for("state 4, staged through Y", Duration::from_secs(10), || {
+        replica.catalog().snapshot().visible.state_id == StateId(4)
+    });
+    let visible = replica.catalog().snapshot().visible.clone();
+    assert_eq!(table_files(&visible, "d", "t").len(), 2);
+
+    append_log(
+        root.path(),
+        &[
+            serde_json::json!({"id": 5, "op": "drop_partition", "db": "d", "table": "t", "partition": {"p": "a"}}),
+        ],
+    );
+    wait_for("state 5, without X", Duration::from_secs(10), || {
+        replica.catalog().snapshot().visible.state_id == StateId(5)
+    });
+    wait_for("the stall to clear", Duration::from_secs(10), || {
+        replica.status().stalled.is_none()
+    });
+    let visible = replica.catalog().snapshot().visible.clone();
+    let files = table_files(&visible, "d", "t");
+    assert_eq!(files.len(), 1);
+    let blob = stagefs::event::BlobId::from_hex(&files[0].1).unwrap();
+    assert!(replica.blobs().contains(&blob));
+}
+
+/// Issue 13, item 2: with at most 4 pending states kept, a state blocked
+/// on a missing file used to stop the stager for good once 4 states
+/// waited: the event that unblocks it (here the 30th after it, past a
+/// rename) was never read. Now the newest state absorbs the events past
+/// the bound and the unblocking event is read.
+#[test]
+fn a_blocked_state_past_the_pending_bound_is_unblocked_by_a_later_event() {
+    let root = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("cm")).unwrap();
+    let mut events = vec![
+        serde_json::json!({"id": 1, "op": "create_database", "db": "d"}),
+        serde_json::json!({"id": 2, "op": "create_table", "db": "d", "table": "t", "partition_keys": ["p"]}),
+        add_files(
+            3,
+            "t",
+            "a",
+            vec![file_object("d/t/p=a/never", b"nowhere\n")],
+        ),
+    ];
+    let mut id = 3;
+    for i in 0..30 {
+        id += 1;
+        if i == 15 {
+            events.push(serde_json::json!({"id": id, "op": "rename_table", "db": "d", "table": "t", "new_db": "d", "new_table": "u"}));
+            continue;
+        }
+        let table = if i < 15 { "t" } else { "u" };
+        let rel = format!("d/t/p=b/f_{i}");
+        let f = source_file(root.path(), &rel, format!("file {i}\n").as_bytes());
+        events.push(add_files(id, table, "b", vec![f]));
+    }
+    append_log(root.path(), &events);
+    let mut cfg = config(state.path(), root.path());
+    cfg.max_pending = 4;
+    let replica = Replica::start(cfg).unwrap();
+    wait_for("ingest of every event", Duration::from_secs(10), || {
+        replica.status().latest == StateId(id) && replica.status().stalled.is_some()
+    });
+    assert_eq!(replica.catalog().snapshot().visible.state_id, StateId(2));
+
+    id += 1;
+    append_log(
+        root.path(),
+        &[
+            serde_json::json!({"id": id, "op": "drop_partition", "db": "d", "table": "u", "partition": {"p": "a"}}),
+        ],
+    );
+    wait_for(
+        "the unblocking event's state",
+        Duration::from_secs(10),
+        || replica.catalog().snapshot().visible.state_id == StateId(id),
+    );
+    let visible = replica.catalog().snapshot().visible.clone();
+    let files = table_files(&visible, "d", "u");
+    assert_eq!(files.len(), 29);
+    for (_, hex) in files {
+        let blob = stagefs::event::BlobId::from_hex(&hex).unwrap();
+        assert!(replica.blobs().contains(&blob));
+    }
+    wait_for("the stall to clear", Duration::from_secs(10), || {
+        replica.status().stalled.is_none()
+    });
+}

@@ -4,8 +4,13 @@
 //! Two halves with one writer each:
 //! - [`Pending`] belongs to the stager thread: the states after the visible
 //!   one, built from journal events before their files are staged, and the
-//!   set of blobs they still miss. [`Pending::newest_complete`] is the commit
-//!   rule of SPEC §3: the newest state whose every referenced file is staged.
+//!   set of blobs they still miss, each with every source it can be read
+//!   from (all file entries of pending states naming it: copies and empty
+//!   files share a blob). [`Pending::newest_complete`] is the commit rule
+//!   of SPEC §3: the newest state whose every referenced blob is staged,
+//!   whichever entry it was read through. At most `max_states` states wait
+//!   one by one; past that the newest absorbs the events that follow (see
+//!   [`Pending::bounded`]), so the stager always reads on.
 //! - [`Catalog`] is shared: the committed (retained) versions, the visible
 //!   pointer and the pins, behind one mutex for writers and published to
 //!   readers as an immutable [`Snapshot`] through `ArcSwap` (no lock on the
@@ -23,7 +28,7 @@
 pub mod resolutions;
 pub mod tree;
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -36,7 +41,7 @@ pub use tree::{
 };
 
 use crate::durable::{read_log, write_atomic, RecordLog};
-use crate::event::{BlobId, Event, StateId};
+use crate::event::{BlobId, Event, FileRef, StateId};
 
 /// Why a catalog operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -516,7 +521,7 @@ struct Unresolved<'a> {
 impl PendingState {
     /// Carries the waiting files into this state: follows a rename, adds
     /// this event's missing files, drops those it no longer references.
-    fn carry<'a>(&'a self, unresolved: &mut Vec<Unresolved<'a>>, missing: &HashSet<BlobId>) {
+    fn carry<'a, S>(&'a self, unresolved: &mut Vec<Unresolved<'a>>, missing: &HashMap<BlobId, S>) {
         for (from, to) in &self.renamed {
             for u in unresolved.iter_mut() {
                 if u.dir.len() >= 2 && u.dir[..2] == from[..] {
@@ -528,33 +533,82 @@ impl PendingState {
         unresolved.extend(
             self.added
                 .iter()
-                .filter(|f| missing.contains(&f.blob))
+                .filter(|f| missing.contains_key(&f.blob))
                 .map(|f| Unresolved {
                     dir: f.dir.clone(),
                     file: f,
                 }),
         );
         if self.may_unreference {
-            unresolved.retain(|u| still_references(&self.tree, u));
+            unresolved.retain(|u| still_references(&self.tree, &u.dir, &u.file.name, u.file.blob));
         }
     }
 }
+
+/// Where a missing blob can be read from: one [`FileRef`] per distinct
+/// source place among the file entries of pending states that name it.
+#[derive(Debug, Default)]
+struct Sources {
+    files: Vec<FileRef>,
+    /// `(path, name, cm_path)` of each of `files`: what `candidate_places`
+    /// looks at.
+    places: HashSet<(String, String, Option<String>)>,
+    /// Where the next attempt starts (attempts rotate through `files`).
+    next: usize,
+}
+
+impl Sources {
+    /// Adds `file` unless its places are known; true when it is new.
+    fn add(&mut self, file: &FileRef) -> bool {
+        let place = (file.path.clone(), file.name.clone(), file.cm_path.clone());
+        if !self.places.insert(place) {
+            return false;
+        }
+        self.files.push(file.clone());
+        true
+    }
+}
+
+/// Most sources one fetch attempt tries (attempts rotate through the rest).
+pub const SOURCES_PER_ATTEMPT: usize = 8;
 
 /// The stager's half: states built from events but not yet committed.
 pub struct Pending {
     latest: Arc<Tree>,
     states: VecDeque<PendingState>,
-    /// Blobs referenced by pending states that are not staged yet.
-    missing: HashSet<BlobId>,
+    /// Blobs referenced by pending states that are not staged yet, with
+    /// where each can be read from.
+    missing: HashMap<BlobId, Sources>,
+    /// Most states kept one by one; see [`Pending::bounded`].
+    max_states: usize,
+    /// `added` length of the newest state at its last pruning (merged
+    /// states only).
+    pruned_at: usize,
 }
 
 impl Pending {
-    /// Starts after `latest` (the visible tree, at startup).
+    /// Starts after `latest` (the visible tree, at startup), keeping every
+    /// state one by one.
     pub fn new(latest: Arc<Tree>) -> Pending {
+        Pending::bounded(latest, usize::MAX)
+    }
+
+    /// Like [`Pending::new`], with at most `max_states` (at least 1)
+    /// states waiting one by one. When that many wait, each further event
+    /// is merged into the newest state instead of adding one: the newest
+    /// state then stands for all of them (it becomes the merged run's last
+    /// state), so only the last of a merged run can become visible, and
+    /// its file list keeps only entries its tree still references. Memory
+    /// stays bounded by `max_states` trees plus the newest state's files,
+    /// however long a blocked state waits, and the events that would
+    /// unblock it are still read.
+    pub fn bounded(latest: Arc<Tree>, max_states: usize) -> Pending {
         Pending {
             latest,
             states: VecDeque::new(),
-            missing: HashSet::new(),
+            missing: HashMap::new(),
+            max_states: max_states.max(1),
+            pruned_at: 0,
         }
     }
 
@@ -574,6 +628,9 @@ impl Pending {
     /// an added file's content is already in the store; files that are not
     /// are returned, to be fetched, and block commits until
     /// [`Pending::staged`] is called with their [`AddedFile::blob`] key.
+    /// A file whose blob is missing already is returned too when it is a
+    /// new source for it (another path with the same content): the blob's
+    /// next attempt should try it.
     pub fn apply(
         &mut self,
         event: &Event,
@@ -595,14 +652,18 @@ impl Pending {
     ) -> Vec<AddedFile> {
         let mut to_fetch = Vec::new();
         for f in &added {
-            if !self.missing.contains(&f.blob) && !is_staged(f) {
-                self.missing.insert(f.blob);
+            let new_source = match self.missing.get_mut(&f.blob) {
+                Some(sources) => sources.add(&f.file),
+                None if is_staged(f) => false,
+                None => self.missing.entry(f.blob).or_default().add(&f.file),
+            };
+            if new_source {
                 to_fetch.push(f.clone());
             }
         }
         self.latest = Arc::clone(&tree);
         use crate::event::Op;
-        let renamed = event
+        let renamed: Vec<([Name; 2], [Name; 2])> = event
             .changes
             .iter()
             .filter(|c| c.op == Op::RenameTable)
@@ -626,13 +687,56 @@ impl Pending {
                     | Op::TruncateTable
             )
         });
-        self.states.push_back(PendingState {
-            tree,
-            added,
-            renamed,
-            may_unreference,
-        });
+        if self.states.len() >= self.max_states {
+            self.merge_into_newest(tree, added, renamed, may_unreference);
+        } else {
+            self.pruned_at = 0;
+            self.states.push_back(PendingState {
+                tree,
+                added,
+                renamed,
+                may_unreference,
+            });
+        }
         to_fetch
+    }
+
+    /// Makes the newest state stand for one more event (the bound of
+    /// [`Pending::bounded`] is reached): what `carry` would do across the
+    /// two states, done once here. Its earlier files move with the
+    /// event's renames; the incoming waits get every rename in order.
+    fn merge_into_newest(
+        &mut self,
+        tree: Arc<Tree>,
+        added: Vec<AddedFile>,
+        renamed: Vec<([Name; 2], [Name; 2])>,
+        may_unreference: bool,
+    ) {
+        let Some(newest) = self.states.back_mut() else {
+            return;
+        };
+        for (from, to) in &renamed {
+            for f in newest.added.iter_mut() {
+                if f.dir.len() >= 2 && f.dir[..2] == from[..] {
+                    f.dir[0] = Name::clone(&to[0]);
+                    f.dir[1] = Name::clone(&to[1]);
+                }
+            }
+        }
+        newest.added.extend(added);
+        newest.renamed.extend(renamed);
+        newest.may_unreference |= may_unreference;
+        newest.tree = tree;
+        // Entries the merged state no longer references wait for nothing:
+        // drop them whenever the list has doubled, so it stays within
+        // twice the files the newest tree holds, in amortised linear time.
+        if newest.added.len() > 2 * self.pruned_at.max(1024) {
+            let tree = Arc::clone(&newest.tree);
+            newest
+                .added
+                .retain(|f| still_references(&tree, &f.dir, &f.name, f.blob));
+            self.pruned_at = newest.added.len();
+        }
     }
 
     /// A blob is now staged (or will be made durable before the next commit).
@@ -641,23 +745,56 @@ impl Pending {
     }
 
     /// A blob thought staged was lost before it became durable: states that
-    /// reference it wait for it again.
-    pub fn unstaged(&mut self, blob: BlobId) {
-        self.missing.insert(blob);
+    /// reference it wait for it again, and it is read again from any of
+    /// their entries naming it (or from `read_from`, the file it came from).
+    pub fn unstaged(&mut self, blob: BlobId, read_from: &FileRef) {
+        let mut sources = Sources::default();
+        for f in self.states.iter().flat_map(|s| s.added.iter()) {
+            if f.blob == blob {
+                sources.add(&f.file);
+            }
+        }
+        sources.add(read_from);
+        self.missing.insert(blob, sources);
     }
 
     /// Blobs still missing.
     pub fn missing(&self) -> impl Iterator<Item = &BlobId> {
-        self.missing.iter()
+        self.missing.keys()
     }
 
     pub fn is_missing(&self, blob: &BlobId) -> bool {
-        self.missing.contains(blob)
+        self.missing.contains_key(blob)
     }
 
-    /// The commit rule: the newest pending state all of whose files are
-    /// staged. A missing file blocks every state that still references it,
-    /// and no state after it is dropped.
+    /// The sources the next attempt to read `blob` tries: up to
+    /// [`SOURCES_PER_ATTEMPT`] of them, starting where the last attempt
+    /// stopped, so every source is tried in turn. Empty when the blob is
+    /// not missing.
+    pub fn next_sources(&mut self, blob: &BlobId) -> Vec<FileRef> {
+        let Some(s) = self.missing.get_mut(blob) else {
+            return Vec::new();
+        };
+        let n = s.files.len().min(SOURCES_PER_ATTEMPT);
+        let start = s.next % s.files.len().max(1);
+        let out = (0..n)
+            .map(|i| s.files[(start + i) % s.files.len()].clone())
+            .collect();
+        s.next = (start + n) % s.files.len().max(1);
+        out
+    }
+
+    /// Makes the next attempt for `blob` start at its newest source (one
+    /// just added is the likeliest to be there).
+    pub fn try_newest_source_next(&mut self, blob: &BlobId) {
+        if let Some(s) = self.missing.get_mut(blob) {
+            s.next = s.files.len().saturating_sub(1);
+        }
+    }
+
+    /// The commit rule: the newest pending state all of whose blobs are
+    /// staged. A missing blob blocks every state that still references it
+    /// (through any entry), and no state after it is dropped.
     pub fn newest_complete(&self) -> Option<Arc<Tree>> {
         if self.missing.is_empty() {
             return self.states.back().map(|s| Arc::clone(&s.tree));
@@ -687,8 +824,9 @@ impl Pending {
     }
 
     /// Forgets every pending state up to and including `state` (it was
-    /// committed). Missing blobs no later state references are dropped from
-    /// the missing set and returned, so their fetches can stop.
+    /// committed). Each missing blob keeps as sources only the entries of
+    /// the states still pending; those no later state references are
+    /// dropped from the missing set and returned, so their fetches can stop.
     pub fn committed(&mut self, state: StateId) -> Vec<BlobId> {
         while self
             .states
@@ -697,24 +835,25 @@ impl Pending {
         {
             self.states.pop_front();
         }
+        if self.states.is_empty() {
+            self.pruned_at = 0;
+        }
         if self.missing.is_empty() {
             return Vec::new();
         }
-        let needed: HashSet<BlobId> = self
-            .states
-            .iter()
-            .flat_map(|s| s.added.iter().map(|f| f.blob))
-            .filter(|b| self.missing.contains(b))
-            .collect();
+        let mut needed: HashMap<BlobId, Sources> = HashMap::new();
+        for f in self.states.iter().flat_map(|s| s.added.iter()) {
+            if self.missing.contains_key(&f.blob) {
+                needed.entry(f.blob).or_default().add(&f.file);
+            }
+        }
         let abandoned: Vec<BlobId> = self
             .missing
-            .iter()
-            .filter(|b| !needed.contains(b))
+            .keys()
+            .filter(|b| !needed.contains_key(b))
             .copied()
             .collect();
-        for b in &abandoned {
-            self.missing.remove(b);
-        }
+        self.missing = needed;
         abandoned
     }
 
@@ -724,9 +863,10 @@ impl Pending {
     }
 }
 
-fn still_references(tree: &Tree, u: &Unresolved<'_>) -> bool {
-    match tree.lookup(&u.dir, &u.file.name) {
-        Some(Node::File(node)) => node.key() == u.file.blob,
+/// Whether `tree` has, at `dir`/`name`, the file of key `blob`.
+fn still_references(tree: &Tree, dir: &[Name], name: &Name, blob: BlobId) -> bool {
+    match tree.lookup(dir, name) {
+        Some(Node::File(node)) => node.key() == blob,
         _ => false,
     }
 }

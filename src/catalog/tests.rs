@@ -444,3 +444,158 @@ fn commit_log_is_compacted_to_its_last_record_when_large() {
     assert!(std::fs::metadata(&path).unwrap().len() < 1024);
     assert_eq!(load_durable(dir.path()).unwrap().0.visible, StateId(11));
 }
+
+fn add_file(id: u32, op: &str, table: &str, p: &str, path: &str, sha: &str) -> Event {
+    ev(&format!(
+        r#"{{"id": {id}, "op": "{op}", "db": "default", "table": "{table}", "partition": {{"p": "{p}"}}, "files": [{{"path": "{path}", "size": 2, "sha256": "{sha}"}}]}}"#
+    ))
+}
+
+/// A `Pending` keeping `max_states` states, after the seed example's
+/// database and table (states 5 and 10, pending).
+fn with_table(max_states: usize) -> Pending {
+    let mut pending = Pending::bounded(Arc::new(Tree::empty()), max_states);
+    for e in &seed_events()[..2] {
+        pending.apply(e, |_| true).unwrap();
+    }
+    pending
+}
+
+/// The paths the next attempt to read `blob` tries.
+fn source_paths(pending: &mut Pending, blob: &BlobId) -> Vec<String> {
+    pending
+        .next_sources(blob)
+        .into_iter()
+        .map(|f| f.path)
+        .collect()
+}
+
+#[test]
+fn every_entry_naming_a_missing_blob_is_a_source_and_the_blob_unblocks_all() {
+    let mut pending = with_table(usize::MAX);
+    let blob = BlobId::from_hex(SHA1).unwrap();
+    // X at 20 and Y at 25: two paths, the same bytes.
+    let x = add_file(20, "add_files", "blah", "a", "x/000001_0", SHA1);
+    let y = add_file(25, "add_files", "blah", "b", "y/000001_0", SHA1);
+    let fetch = pending.apply(&x, |_| false).unwrap();
+    assert_eq!(fetch.len(), 1);
+    let fetch = pending.apply(&y, |_| false).unwrap();
+    assert_eq!(
+        fetch
+            .iter()
+            .map(|f| f.file.path.as_str())
+            .collect::<Vec<_>>(),
+        ["y/000001_0"],
+        "Y is a new source for the blob X waits for"
+    );
+    // The same path again is no new source.
+    let again = add_file(26, "add_files", "blah", "c", "y/000001_0", SHA1);
+    assert!(pending.apply(&again, |_| false).unwrap().is_empty());
+    let paths = source_paths(&mut pending, &blob);
+    assert_eq!(paths, ["x/000001_0", "y/000001_0"]);
+    pending.try_newest_source_next(&blob);
+    assert_eq!(pending.next_sources(&blob)[0].path, "y/000001_0");
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(10));
+    // Staged through Y: every state naming the blob may commit.
+    pending.staged(&blob);
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(26));
+}
+
+#[test]
+fn committed_states_stop_being_sources() {
+    let mut pending = with_table(usize::MAX);
+    let blob = BlobId::from_hex(SHA1).unwrap();
+    pending
+        .apply(&add_file(20, "add_files", "blah", "a", "x/f", SHA1), |_| {
+            false
+        })
+        .unwrap();
+    let drop = ev(
+        r#"{"id": 21, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "a"}}"#,
+    );
+    pending.apply(&drop, |_| false).unwrap();
+    pending
+        .apply(&add_file(22, "add_files", "blah", "b", "y/f", SHA1), |_| {
+            false
+        })
+        .unwrap();
+    // 21 dropped X: it commits without the blob; Y (22) still needs it.
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(21));
+    assert!(pending.committed(StateId(21)).is_empty());
+    let paths = source_paths(&mut pending, &blob);
+    assert_eq!(paths, ["y/f"], "only entries of pending states are sources");
+}
+
+/// A `Pending` keeping `max_states` states, with the table committed and
+/// state 20 waiting for X (`x/f`, content SHA1, nowhere).
+fn waiting_for_x(max_states: usize) -> (Pending, BlobId) {
+    let mut pending = with_table(max_states);
+    let held_back = BlobId::from_hex(SHA1).unwrap();
+    let id = pending.newest_complete().unwrap().state_id;
+    pending.committed(id);
+    pending
+        .apply(&add_file(20, "add_files", "blah", "a", "x/f", SHA1), |f| {
+            f.blob != held_back
+        })
+        .unwrap();
+    (pending, held_back)
+}
+
+#[test]
+fn past_its_bound_the_newest_pending_state_absorbs_later_events() {
+    // 20 waits for X; then twenty more events, among them a rename.
+    let (mut pending, held_back) = waiting_for_x(3);
+    for i in 0..20u32 {
+        let e = if i == 10 {
+            ev(
+                r#"{"id": 40, "op": "rename_table", "db": "default", "table": "blah", "new_db": "default", "new_table": "moved"}"#,
+            )
+        } else {
+            let table = if i < 10 { "blah" } else { "moved" };
+            add_file(30 + i, "add_files", table, "b", &format!("b/{i}"), SHA2)
+        };
+        pending.apply(&e, |f| f.blob != held_back).unwrap();
+        assert!(pending.len() <= 3);
+    }
+    assert_eq!(pending.len(), 3);
+    assert!(pending.newest_complete().is_none(), "X still blocks");
+    assert_eq!(pending.first_blocked().unwrap().0, StateId(20));
+    // X was carried through the merged rename: dropping p=a of the moved
+    // table unblocks the newest state.
+    let drop = ev(
+        r#"{"id": 60, "op": "drop_partition", "db": "default", "table": "moved", "partition": {"p": "a"}}"#,
+    );
+    pending.apply(&drop, |_| true).unwrap();
+    let newest = pending.newest_complete().unwrap();
+    assert_eq!(newest.state_id, StateId(60));
+    assert_eq!(
+        newest
+            .table("default", "moved")
+            .unwrap()
+            .files_below()
+            .len(),
+        19
+    );
+    assert_eq!(pending.committed(StateId(60)), vec![held_back]);
+    assert!(pending.is_empty());
+}
+
+#[test]
+fn a_merged_state_still_waits_for_a_file_added_before_a_rename() {
+    let (mut pending, held_back) = waiting_for_x(1);
+    let rename = ev(
+        r#"{"id": 21, "op": "rename_table", "db": "default", "table": "blah", "new_db": "default", "new_table": "moved"}"#,
+    );
+    pending.apply(&rename, |_| true).unwrap();
+    let overwrite = ev(
+        r#"{"id": 22, "op": "replace_files", "db": "default", "table": "moved", "partition": {"p": "b"}, "files": []}"#,
+    );
+    pending.apply(&overwrite, |_| true).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert!(
+        pending.newest_complete().is_none(),
+        "moved/p=a/f is missing"
+    );
+    pending.staged(&held_back);
+    assert_eq!(pending.newest_complete().unwrap().state_id, StateId(22));
+}

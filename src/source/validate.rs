@@ -1,7 +1,8 @@
 //! Acceptance of decoded events, whatever their source: strictly increasing
 //! ids (an identical re-delivery is ignored, a different event under a used
 //! id is rejected) and whether the event applies to the newest accepted
-//! state (`catalog::Tree::apply`). Only accepted events reach the journal,
+//! state (`catalog::Tree::apply`), after the structural bounds of
+//! [`Event::check_bounds`] (partition keys, subdirectory depth). Only accepted events reach the journal,
 //! so a corrected source replaces a rejected event after a restart.
 //!
 //! Called by the ingest thread for every event, and by recovery to replay
@@ -112,6 +113,9 @@ impl Validator {
                 ))),
             };
         }
+        // Bounds first (every source): they keep `apply` and every walk
+        // of the tree shallow.
+        event.check_bounds().map_err(|e| reject(e.to_string()))?;
         let (tree, added) = self
             .latest
             .apply(&event)

@@ -188,7 +188,15 @@ pub fn order_by_keys(
     keys: &[String],
     pairs: impl Iterator<Item = (String, String)>,
 ) -> Result<Vec<String>, String> {
+    // The search below is quadratic: only for the few keys a table may have.
+    let max = crate::event::MAX_PARTITION_KEYS;
+    if keys.len() > max {
+        return Err(format!("the table has more than {max} partition keys"));
+    }
     let mut pairs: Vec<Option<(String, String)>> = pairs.map(Some).collect();
+    if pairs.len() > max {
+        return Err(format!("names more than {max} partition keys"));
+    }
     let mut values = Vec::with_capacity(keys.len());
     for key in keys {
         let pos = pairs
