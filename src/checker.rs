@@ -931,12 +931,19 @@ impl Copier {
                     other => other,
                 }
             }
-            Op::Noop => Ok(()),
+            Op::Noop | Op::MarkTable => Ok(()),
             Op::AddPartition
             | Op::DropPartition
             | Op::AddFiles
             | Op::ReplaceFiles
             | Op::TruncateTable => self.copy_partition(e),
+            Op::RenamePartition => {
+                // Both partitions become what the source has now.
+                self.copy_partition(e)?;
+                let mut to = e.clone();
+                to.partition = e.new_partition.clone();
+                self.copy_partition(&to)
+            }
         }
     }
 

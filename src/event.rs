@@ -98,6 +98,13 @@ pub enum Op {
     /// of a partitioned one (the partitions stay). Hive's `TRUNCATE TABLE`;
     /// not part of the native format.
     TruncateTable,
+    /// Moves `partition` with its files to `new_partition` (Hive's
+    /// partition rename); not part of the native format.
+    RenamePartition,
+    /// Sets the table's `not_in_log` mark (or clears it when None): Hive's
+    /// `ALTER TABLE` that makes a table external or managed; not part of
+    /// the native format.
+    MarkTable,
 }
 
 impl Op {
@@ -173,10 +180,18 @@ pub struct FileRef {
     /// Hive: identity of this reference until its content is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<BlobId>,
+    /// Hive: the `--source-map` directory that `path` lies in; the file is
+    /// opened beneath it, so no symlink in the source leads out of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_dir: Option<String>,
     /// Hive: local path of the change-management copy
     /// (`<cmroot>/<name>_<checksum>`), tried when the source does not verify.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cm_path: Option<String>,
+    /// Hive: the `--source-map` directory that `cm_path` lies in (opened
+    /// beneath it, like `source_dir`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cm_dir: Option<String>,
     /// Hive: the URI the source wrote (`user.stagefs.source`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uri: Option<String>,
@@ -191,7 +206,9 @@ impl FileRef {
             subdir: None,
             verify: Verify::Sha256 { size, sha256 },
             key: None,
+            source_dir: None,
             cm_path: None,
+            cm_dir: None,
             uri: None,
         }
     }
@@ -244,6 +261,13 @@ pub struct Change {
     pub new_db: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub new_table: String,
+    /// `rename_partition` only: the partition it becomes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_partition: Option<BTreeMap<String, String>>,
+    /// `create_table` and `mark_table` (Hive only): why the source's log
+    /// does not carry the table's data (an external table), or None.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_in_log: Option<String>,
 }
 
 impl Change {
@@ -258,6 +282,8 @@ impl Change {
             files: Vec::new(),
             new_db: String::new(),
             new_table: String::new(),
+            new_partition: None,
+            not_in_log: None,
         }
     }
 }
@@ -574,6 +600,8 @@ impl Event {
                     files,
                     new_db,
                     new_table,
+                    new_partition: None,
+                    not_in_log: None,
                 })
                 .into_iter()
                 .collect(),

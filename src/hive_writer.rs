@@ -9,6 +9,12 @@
 //! through native events and through Hive rows, and the benchmarks. Not
 //! used by replication itself.
 //!
+//! Besides native events, [`HiveWriter::write_event`] takes what only Hive
+//! does: a `create_table` followed by the files a CREATE TABLE AS SELECT
+//! wrote (one event, one CREATE_TABLE row), a partition rename
+//! ([`Op::RenamePartition`], an ALTER_PARTITION row) and external tables
+//! (a `create_table` or [`Op::MarkTable`] with `not_in_log` set).
+//!
 //! Layout: the warehouse's files stay where the native workload wrote them
 //! (`hdfs://stagefs-demo:8020/warehouse/<path>` maps to the source root);
 //! every file named gets a change-management copy (a hard link)
@@ -110,6 +116,12 @@ impl HiveWriter {
         self.checksums = on;
     }
 
+    /// The warehouse after the rows written so far: what a replica must
+    /// show at the last id (the oracle of tests that write Hive rows).
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
     /// The next EVENT_ID this writer will use.
     pub fn next_id(&self) -> i64 {
         self.next_id
@@ -153,6 +165,15 @@ impl HiveWriter {
                 )
             }
             [c] => self.message(c, secs)?,
+            [create, files @ ..]
+                if create.op == Op::CreateTable
+                    && files.iter().all(|f| {
+                        matches!(f.op, Op::AddFiles | Op::AddPartition)
+                            && (&f.db, &f.table) == (&create.db, &create.table)
+                    }) =>
+            {
+                self.ctas_message(create, files, secs)?
+            }
             _ => {
                 return Err(other(format!(
                     "event {id} has several changes; write transactions with write_txn"
@@ -181,7 +202,7 @@ impl HiveWriter {
         let mut changes = Vec::new();
         for (i, w) in writes.iter().enumerate() {
             let keys = self.keys(&w.db, &w.table)?;
-            let table_obj = table_obj(&w.db, &w.table, &keys);
+            let table_obj = table_obj(&w.db, &w.table, &keys, self.external(&w.db, &w.table));
             let (pname, pobj) = match &w.partition {
                 Some(p) => {
                     let values: Vec<String> = keys
@@ -257,9 +278,66 @@ impl HiveWriter {
         self.out.sync_data()
     }
 
+    /// The CREATE_TABLE message of a CREATE TABLE AS SELECT: the table
+    /// and every file the query wrote, below their partition directories.
+    fn ctas_message(
+        &mut self,
+        create: &Change,
+        files: &[Change],
+        secs: i64,
+    ) -> io::Result<(&'static str, Option<String>, Option<String>, Value)> {
+        let (db, t) = (create.db.clone(), create.table.clone());
+        let keys = &create.partition_keys;
+        let mut uris = Vec::new();
+        for c in files {
+            let values: Vec<String> = keys
+                .iter()
+                .map(|k| c.partition.as_ref().and_then(|p| p.get(k)).cloned())
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    other(format!(
+                        "CTAS into {db}.{t}: a partition does not match its keys"
+                    ))
+                })?;
+            for f in &c.files {
+                let mut rel = format!("{db}.db/{t}");
+                if !keys.is_empty() {
+                    rel = format!("{rel}/{}", partition_name(keys, &values));
+                }
+                if let Some(sub) = f.subdir.as_deref() {
+                    rel = format!("{rel}/{sub}");
+                }
+                rel = format!("{rel}/{}", f.name);
+                uris.push(self.file_uri_at(f, f.subdir.as_deref(), &rel)?);
+            }
+        }
+        Ok((
+            "CREATE_TABLE",
+            Some(db.clone()),
+            Some(t.clone()),
+            json!({
+                "server": "thrift://stagefs-demo:9083", "servicePrincipal": "", "db": db,
+                "table": t, "tableType": "MANAGED_TABLE",
+                "tableObjJson": table_obj(&db, &t, keys, false),
+                "timestamp": secs, "files": uris,
+            }),
+        ))
+    }
+
+    /// Whether `db.table` is an external table (marked not in the log).
+    fn external(&self, db: &str, table: &str) -> bool {
+        matches!(
+            self.tree.table(db, table).map(|t| &t.kind),
+            Some(DirKind::Table {
+                not_in_log: Some(_),
+                ..
+            })
+        )
+    }
+
     fn keys(&self, db: &str, table: &str) -> io::Result<Vec<String>> {
         match self.tree.table(db, table).map(|t| &t.kind) {
-            Some(DirKind::Table { partition_keys }) => {
+            Some(DirKind::Table { partition_keys, .. }) => {
                 Ok(partition_keys.iter().map(|k| k.to_string()).collect())
             }
             _ => Err(other(format!("table {db}.{table} does not exist"))),
@@ -299,40 +377,42 @@ impl HiveWriter {
                 Some(db.clone()),
                 Some(t.clone()),
                 base(json!({
-                    "table": t, "tableType": "MANAGED_TABLE",
-                    "tableObjJson": table_obj(&db, &t, &c.partition_keys),
+                    "table": t, "tableType": table_type(c.not_in_log.is_some()),
+                    "tableObjJson": table_obj(&db, &t, &c.partition_keys, c.not_in_log.is_some()),
                     "timestamp": secs, "files": [],
                 })),
             ),
             Op::DropTable => {
                 let keys = self.keys(&db, &t)?;
+                let ext = self.external(&db, &t);
                 (
                     "DROP_TABLE",
                     Some(db.clone()),
                     Some(t.clone()),
                     base(json!({
                         "table": t, "tableType": "MANAGED_TABLE",
-                        "tableObjJson": table_obj(&db, &t, &keys), "timestamp": secs,
+                        "tableObjJson": table_obj(&db, &t, &keys, ext), "timestamp": secs,
                     })),
                 )
             }
             Op::RenameTable => {
                 let keys = self.keys(&db, &t)?;
+                let ext = self.external(&db, &t);
                 (
                     "ALTER_TABLE",
                     Some(c.new_db.clone()),
                     Some(c.new_table.clone()),
                     base(json!({
                         "table": t, "tableType": "MANAGED_TABLE",
-                        "tableObjBeforeJson": table_obj(&db, &t, &keys),
-                        "tableObjAfterJson": table_obj(&c.new_db, &c.new_table, &keys),
+                        "tableObjBeforeJson": table_obj(&db, &t, &keys, ext),
+                        "tableObjAfterJson": table_obj(&c.new_db, &c.new_table, &keys, ext),
                         "isTruncateOp": "false", "timestamp": secs,
                     })),
                 )
             }
             Op::TruncateTable => {
                 let keys = self.keys(&db, &t)?;
-                let obj = table_obj(&db, &t, &keys);
+                let obj = table_obj(&db, &t, &keys, self.external(&db, &t));
                 (
                     "ALTER_TABLE",
                     Some(db.clone()),
@@ -362,7 +442,7 @@ impl HiveWriter {
                 for f in &c.files {
                     uris.push(self.file_uri(f, f.subdir.as_deref())?);
                 }
-                let table_json = table_obj(&db, &t, &keys);
+                let table_json = table_obj(&db, &t, &keys, self.external(&db, &t));
                 let message = match (c.op, &values) {
                     (Op::AddPartition, Some(v)) => (
                         "ADD_PARTITION",
@@ -393,6 +473,52 @@ impl HiveWriter {
                     _ => return Err(other(format!("{:?} needs a partition", c.op))),
                 };
                 (message.0, Some(db.clone()), Some(t.clone()), message.1)
+            }
+            Op::MarkTable => {
+                let keys = self.keys(&db, &t)?;
+                let before = table_obj(&db, &t, &keys, self.external(&db, &t));
+                let after = table_obj(&db, &t, &keys, c.not_in_log.is_some());
+                (
+                    "ALTER_TABLE",
+                    Some(db.clone()),
+                    Some(t.clone()),
+                    base(json!({
+                        "table": t, "tableType": table_type(c.not_in_log.is_some()),
+                        "tableObjBeforeJson": before, "tableObjAfterJson": after,
+                        "isTruncateOp": "false", "timestamp": secs,
+                    })),
+                )
+            }
+            Op::RenamePartition => {
+                let keys = self.keys(&db, &t)?;
+                let values = |p: Option<&std::collections::BTreeMap<String, String>>| {
+                    keys.iter()
+                        .map(|k| p.and_then(|p| p.get(k)).cloned())
+                        .collect::<Option<Vec<String>>>()
+                        .ok_or_else(|| other(format!("{:?} needs both partitions", c.op)))
+                };
+                let (before, after) = (
+                    values(c.partition.as_ref())?,
+                    values(c.new_partition.as_ref())?,
+                );
+                let key_values: serde_json::Map<String, Value> = keys
+                    .iter()
+                    .zip(&before)
+                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                    .collect();
+                (
+                    "ALTER_PARTITION",
+                    Some(db.clone()),
+                    Some(t.clone()),
+                    base(json!({
+                        "table": t, "tableType": table_type(self.external(&db, &t)),
+                        "tableObjJson": table_obj(&db, &t, &keys, self.external(&db, &t)),
+                        "isTruncateOp": "false", "timestamp": secs, "writeId": -1,
+                        "keyValues": key_values,
+                        "partitionObjBeforeJson": partition_obj(&db, &t, &keys, &before),
+                        "partitionObjAfterJson": partition_obj(&db, &t, &keys, &after),
+                    })),
+                )
             }
             Op::Noop => {
                 let txn = self.next_txn;
@@ -437,6 +563,13 @@ impl HiveWriter {
     /// the source or in the native cm (checked by sha256), its HDFS
     /// checksum computed, and a cm copy linked in place.
     fn file_uri(&mut self, f: &FileRef, subdir: Option<&str>) -> io::Result<String> {
+        self.file_uri_at(f, subdir, &f.path.clone())
+    }
+
+    /// [`HiveWriter::file_uri`] for the bytes of `f` as Hive wrote them to
+    /// `<warehouse>/<rel>` (a CTAS writes the query's files below the new
+    /// table); a link to them is put there when `rel` is not where they are.
+    fn file_uri_at(&mut self, f: &FileRef, subdir: Option<&str>, rel: &str) -> io::Result<String> {
         let Some((sha, _)) = f.known() else {
             return Err(other(format!("{} has no sha256 to find it by", f.path)));
         };
@@ -458,10 +591,22 @@ impl HiveWriter {
                 (BlobId(Sha256::digest(&bytes).into()) == sha).then(|| (p.clone(), bytes))
             })
             .ok_or_else(|| other(format!("no copy of {} with sha256 {sha}", f.path)))?;
+        let (f_path, place) = if rel == f.path {
+            (f.path.clone(), place)
+        } else {
+            let at = self.source_root.join(rel);
+            if let Some(parent) = at.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            if !at.exists() && fs::hard_link(&place, &at).is_err() {
+                fs::write(&at, &bytes)?;
+            }
+            (rel.to_owned(), at)
+        };
+        let f_path = &f_path;
         if !self.checksums {
             return Ok(format!(
-                "{WAREHOUSE_URI}/{}###{}",
-                f.path,
+                "{WAREHOUSE_URI}/{f_path}###{}",
                 subdir.unwrap_or("")
             ));
         }
@@ -471,8 +616,7 @@ impl HiveWriter {
             fs::write(&cm_copy, &bytes)?;
         }
         Ok(format!(
-            "{WAREHOUSE_URI}/{}#{checksum}#{CM_URI}#{}",
-            f.path,
+            "{WAREHOUSE_URI}/{f_path}#{checksum}#{CM_URI}#{}",
             subdir.unwrap_or("")
         ))
     }
@@ -507,8 +651,18 @@ fn location(db: &str, table: &str) -> String {
     format!("{WAREHOUSE_URI}/{db}.db/{table}")
 }
 
-/// A Thrift-JSON Table object (TJSONProtocol) with the fields stagefs reads.
-fn table_obj(db: &str, table: &str, keys: &[String]) -> String {
+fn table_type(external: bool) -> &'static str {
+    if external {
+        "EXTERNAL_TABLE"
+    } else {
+        "MANAGED_TABLE"
+    }
+}
+
+/// A Thrift-JSON Table object (TJSONProtocol) with the fields stagefs
+/// reads; an external one says so twice, as Hive does (`tableType` and
+/// the `EXTERNAL` parameter).
+fn table_obj(db: &str, table: &str, keys: &[String], external: bool) -> String {
     let mut key_list = vec![json!("rec"), json!(keys.len())];
     key_list.extend(
         keys.iter()
@@ -518,8 +672,12 @@ fn table_obj(db: &str, table: &str, keys: &[String]) -> String {
         "1": {"str": table}, "2": {"str": db}, "3": {"str": "hive"},
         "7": {"rec": {"2": {"str": location(db, table)}}},
         "8": {"lst": key_list},
-        "9": {"map": ["str", "str", 0, {}]},
-        "12": {"str": "MANAGED_TABLE"},
+        "9": if external {
+            json!({"map": ["str", "str", 1, {"EXTERNAL": "TRUE"}]})
+        } else {
+            json!({"map": ["str", "str", 0, {}]})
+        },
+        "12": {"str": table_type(external)},
     })
     .to_string()
 }

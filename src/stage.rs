@@ -26,6 +26,9 @@
 //! Source and change-management files are opened only beneath their root
 //! and only when regular ([`crate::source_open`]): a symlink out of the
 //! root, a FIFO or a device node is a source problem like a missing file.
+//! A native file's root is `--source-root` (or `--cm-root`); a Hive file's
+//! is the `--source-map` directory its URI (or its cm root's URI) was
+//! mapped through ([`FileRef::source_dir`], [`FileRef::cm_dir`]).
 //!
 //! Errors split by side: whatever is wrong at the *source* (missing, not
 //! readable, escaping its root, not a regular file, wrong size, wrong
@@ -386,6 +389,13 @@ impl BlobStore {
         }
         let mut findings = Vec::new();
         for (place, origin) in candidate_places(file, source_root, cm_root) {
+            let place = match place {
+                Ok(place) => place,
+                Err(problem) => {
+                    findings.push(problem);
+                    continue;
+                }
+            };
             match self.copy_verified(&place, file, sync)? {
                 Ok((temp, blob, size)) => {
                     if origin == FetchOutcome::FromChangeManagement {
@@ -1078,47 +1088,68 @@ impl Place {
     }
 }
 
-/// The places to look for `file`, in order, with the outcome each stands for.
-/// Native: the source root, then `<cm-root>/<name>_<sha256>`. Hive: the
-/// mapped source path, then the URI's change-management copy (only a file
-/// with a checksum has one, named after the checksum).
+/// The places to look for `file`, in order, with the outcome each stands for
+/// (or why a place cannot be used). Native: the source root, then
+/// `<cm-root>/<name>_<sha256>`. Hive: the mapped source path, then the URI's
+/// change-management copy (only a file with a checksum has one, named after
+/// the checksum), each beneath the `--source-map` directory it was mapped
+/// through.
 fn candidate_places(
     file: &FileRef,
     source_root: &Path,
     cm_root: Option<&Path>,
-) -> Vec<(Place, FetchOutcome)> {
+) -> Vec<(Result<Place, String>, FetchOutcome)> {
     let Some((sha, _)) = file.known() else {
-        // Hive: already mapped to absolute local paths through
-        // --source-map (checked for `..` and empty components); opened
-        // beneath `/`, which refuses magic links and non-regular files.
-        let absolute = |p: &str| Place::new(Path::new("/"), p.trim_start_matches('/'));
-        let mut places = vec![(absolute(&file.path), FetchOutcome::FromSource)];
+        let mut places = vec![(
+            mapped_place(file.source_dir.as_deref(), &file.path),
+            FetchOutcome::FromSource,
+        )];
         if let (Verify::Hdfs { .. }, Some(cm)) = (&file.verify, &file.cm_path) {
-            places.push((absolute(cm), FetchOutcome::FromChangeManagement));
+            places.push((
+                mapped_place(file.cm_dir.as_deref(), cm),
+                FetchOutcome::FromChangeManagement,
+            ));
         }
         return places;
     };
     let mut places = vec![(
-        Place::new(source_root, &file.path),
+        Ok(Place::new(source_root, &file.path)),
         FetchOutcome::FromSource,
     )];
     if let Some(cm) = cm_root {
         let hex = sha.to_hex();
         let base = file.path.rsplit('/').next().unwrap_or(&file.path);
         places.push((
-            Place::new(cm, format!("{base}_{hex}")),
+            Ok(Place::new(cm, format!("{base}_{hex}"))),
             FetchOutcome::FromChangeManagement,
         ));
         // The source names cm copies after the file; `name` can differ from
         // the path's last component, so look under both.
         if file.name != base {
             places.push((
-                Place::new(cm, format!("{}_{hex}", file.name)),
+                Ok(Place::new(cm, format!("{}_{hex}", file.name))),
                 FetchOutcome::FromChangeManagement,
             ));
         }
     }
     places
+}
+
+/// A Hive file's `path` (absolute, from `--source-map`) opened beneath the
+/// mapped directory `dir` it lies in: the part below `dir` comes from the
+/// source and must not lead out of it, by `..` or by a symlink.
+fn mapped_place(dir: Option<&str>, path: &str) -> Result<Place, String> {
+    let Some(dir) = dir else {
+        return Err(format!(
+            "{path}: refused: the event names no --source-map directory to open it beneath"
+        ));
+    };
+    match Path::new(path).strip_prefix(dir) {
+        Ok(rest) if !rest.as_os_str().is_empty() => Ok(Place::new(Path::new(dir), rest)),
+        _ => Err(format!(
+            "{path}: refused: not below its mapped directory {dir}"
+        )),
+    }
 }
 
 /// Classifies a store-side I/O error: a full disk is its own kind so the
@@ -1297,6 +1328,62 @@ mod tests {
 
     fn temp_count(state: &Path) -> usize {
         fs::read_dir(state.join("blobs/tmp")).unwrap().count()
+    }
+
+    /// A Hive reference to `dir/rel` (mapped through `--source-map` to `dir`).
+    fn hive_ref(dir: &Path, rel: &str, verify: Verify) -> FileRef {
+        let mut f = FileRef::native(rel, rel.rsplit('/').next().unwrap(), 0, sha(b""));
+        f.path = dir.join(rel).display().to_string();
+        f.verify = verify;
+        f.key = Some(sha(rel.as_bytes()));
+        f.source_dir = Some(dir.display().to_string());
+        f
+    }
+
+    #[test]
+    fn hive_file_behind_a_symlink_out_of_its_mapped_directory_is_refused_unread() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let secret = fx.cm.join("secret");
+        fs::write(&secret, b"not the warehouse's").unwrap();
+        fs::create_dir_all(fx.src.join("t")).unwrap();
+        std::os::unix::fs::symlink(&secret, fx.src.join("t/000000_0")).unwrap();
+        std::os::unix::fs::symlink(&fx.cm, fx.src.join("up")).unwrap();
+        put(&fx.src, "t/000001_0", b"inside");
+        for rel in ["t/000000_0", "up/secret"] {
+            let f = hive_ref(&fx.src, rel, Verify::None);
+            let err = store.fetch(&f, Path::new(""), None).unwrap_err();
+            assert!(err.to_string().contains("leaves its root"), "{rel}: {err}");
+        }
+        // The same file through a cm copy mapped beneath the cm directory:
+        // the cm copy is a symlink back out of it.
+        let mut f = hive_ref(&fx.src, "t/000002_0", Verify::None);
+        f.verify = Verify::Hdfs {
+            checksum: "00".into(),
+        };
+        std::os::unix::fs::symlink(&secret, fx.src.join("cm_link")).unwrap();
+        f.cm_path = Some(fx.src.join("cm_link").display().to_string());
+        f.cm_dir = Some(fx.cm.display().to_string());
+        let err = store.fetch(&f, Path::new(""), None).unwrap_err();
+        assert!(
+            err.to_string().contains("not below its mapped directory"),
+            "{err}"
+        );
+        // Nothing was read into the store.
+        assert!(store.list().unwrap().is_empty());
+        assert_eq!(temp_count(&fx.state), 0);
+        // Without its mapped directory a Hive file is not opened at all.
+        let mut f = hive_ref(&fx.src, "t/000001_0", Verify::None);
+        f.source_dir = None;
+        let err = store.fetch(&f, Path::new(""), None).unwrap_err();
+        assert!(
+            err.to_string().contains("names no --source-map directory"),
+            "{err}"
+        );
+        // A regular file beneath the mapped directory is staged.
+        let f = hive_ref(&fx.src, "t/000001_0", Verify::None);
+        store.fetch(&f, Path::new(""), None).unwrap();
+        assert_eq!(store.list().unwrap(), vec![sha(b"inside")]);
     }
 
     #[test]

@@ -31,6 +31,15 @@ pub struct Stall {
     pub line: Option<u64>,
 }
 
+/// A table whose data the source's log does not carry (docs/HIVE.md
+/// "What is not replicated"): the mount shows only what events name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotInLog {
+    /// `db.table`
+    pub table: String,
+    pub reason: String,
+}
+
 /// Counters and states written by the pipeline.
 #[derive(Debug)]
 pub struct Progress {
@@ -168,6 +177,10 @@ pub struct StatusReport {
     /// Files whose source gave no checksum: staged as read (`verified` = `none`).
     #[serde(default)]
     pub unverified_files: u64,
+    /// Tables of the visible state whose data is not in the source's log
+    /// (Hive external tables).
+    #[serde(default)]
+    pub not_in_log: Vec<NotInLog>,
     /// False when rendered from the state folder with no daemon running.
     pub running: bool,
     pub events_accepted: u64,
@@ -245,6 +258,7 @@ impl StatusReport {
             stalled: None,
             source: SourceReport::default(),
             unverified_files: 0,
+            not_in_log: Vec::new(),
             running: false,
             events_accepted: 0,
             events_duplicate: 0,
@@ -296,6 +310,12 @@ impl StatusReport {
             stalled: progress.stalled(),
             source,
             unverified_files: progress.unverified_files.load(Ordering::Relaxed),
+            not_in_log: snapshot
+                .visible
+                .not_in_log()
+                .into_iter()
+                .map(|(table, reason)| NotInLog { table, reason })
+                .collect(),
             running: true,
             events_accepted: progress.events_accepted.load(Ordering::Relaxed),
             events_duplicate: progress.events_duplicate.load(Ordering::Relaxed),

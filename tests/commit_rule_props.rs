@@ -237,7 +237,7 @@ fn tree_model(tree: &Tree) -> Model {
         let tables = out.entry(db.to_string()).or_default();
         for (t, tnode) in dnode.as_dir().unwrap().children.iter() {
             let tdir = tnode.as_dir().unwrap();
-            let partitioned = matches!(&tdir.kind, stagefs::catalog::DirKind::Table { partition_keys } if !partition_keys.is_empty());
+            let partitioned = matches!(&tdir.kind, stagefs::catalog::DirKind::Table { partition_keys, .. } if !partition_keys.is_empty());
             let mut table = Table {
                 partitioned,
                 parts: Parts::new(),

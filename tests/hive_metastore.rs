@@ -230,6 +230,30 @@ fn txn_writes_of_one_transaction_in_wnl_id_order(server: &DbServer) {
     assert_eq!(source.txn_writes(99).expect("txn 99"), vec![]);
 }
 
+/// A metastore older than Hive 3.2 has no TXN_WRITE_NOTIFICATION_LOG: the
+/// source opens and polls, says it records no transactional writes, and
+/// asking for a transaction's writes names what is missing.
+fn a_metastore_without_the_txn_write_log_says_so(server: &DbServer) {
+    let (mut writer, _) = fresh(server, "hive31");
+    let drop = match server.kind {
+        Kind::Postgres => "DROP TABLE \"TXN_WRITE_NOTIFICATION_LOG\"",
+        Kind::MariaDb => "DROP TABLE `TXN_WRITE_NOTIFICATION_LOG`",
+    };
+    server.admin("hive31").execute(drop);
+    let row = writer.append(&NewEvent::json("COMMIT_TXN", "db", "t", "{\"txnid\": 1}"));
+    let mut source = open(server, "hive31");
+    assert_eq!(source.poll(0, 10).unwrap(), vec![row]);
+    assert!(!source.records_txn_writes().unwrap());
+    let err = source.txn_writes(1).unwrap_err().to_string();
+    assert!(
+        err.contains("TXN_WRITE_NOTIFICATION_LOG does not exist"),
+        "{err}"
+    );
+    assert!(err.contains("older than Hive 3.2"), "{err}");
+    let (_, mut with_log) = fresh(server, "hive4");
+    assert!(with_log.records_txn_writes().unwrap());
+}
+
 fn newest_event_id_follows_the_sequence(server: &DbServer) {
     let (mut writer, mut source) = fresh(server, "newest");
     assert_eq!(source.newest_event_id().unwrap(), Some(0));
@@ -516,6 +540,7 @@ fn run_cases(kind: Kind) {
     rows_come_back_in_event_id_order_with_exact_values(&server);
     batches_respect_the_limit(&server);
     txn_writes_of_one_transaction_in_wnl_id_order(&server);
+    a_metastore_without_the_txn_write_log_says_so(&server);
     newest_event_id_follows_the_sequence(&server);
     cleaner_gap_is_returned_as_stored(&server);
     concurrent_writers_commit_ids_in_order(&server);

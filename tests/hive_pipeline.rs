@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stagefs::catalog::{Node, Tree};
-use stagefs::event::{BlobId, Event, FileRef, StateId};
+use stagefs::event::{BlobId, Change, Event, FileRef, Op, StateId};
 use stagefs::hive_writer::{hdfs_checksum, HiveWriter, LogConverter, TxnFiles};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::map::SourceMap;
@@ -440,5 +440,148 @@ fn restart_resumes_after_the_last_journaled_event() {
     assert_eq!(
         content(&replica.catalog().snapshot().visible),
         content(&native_trees(src.path())[&StateId(50)])
+    );
+}
+
+#[test]
+fn a_symlink_out_of_the_mapped_directory_stalls_and_nothing_is_read() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let root = src.path();
+    write_seed_example(root).unwrap();
+    // Without checksums there is no change-management copy to fall back on.
+    let (mut writer, fx) = HiveFixture::writer(root, true);
+    writer.set_checksums(false);
+    LogConverter::new(&root.join("events"), writer)
+        .pump()
+        .unwrap();
+    // Event 20's file becomes a link to bytes outside `source/` (the
+    // mapped directory): the same bytes, so only the link gives it away.
+    let secret = root.join("outside/000001_0");
+    std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
+    let linked = root.join("source/default/blah/p=a/000001_0");
+    std::fs::rename(&linked, &secret).unwrap();
+    std::os::unix::fs::symlink(&secret, &linked).unwrap();
+    let (replica, reason) = stall_after(&fx, state.path(), 19, "the escaping link");
+    assert!(reason.contains("000001_0"), "{reason}");
+    assert!(reason.contains("leaves its root"), "{reason}");
+    assert_eq!(replica.status().staging.from_change_management, 0);
+    drop(replica);
+    let blob = BlobId(<sha2::Sha256 as sha2::Digest>::digest(b"5\n").into()).to_hex();
+    assert!(
+        !state
+            .path()
+            .join("blobs")
+            .join(&blob[..2])
+            .join(&blob)
+            .exists(),
+        "the linked bytes were staged"
+    );
+}
+
+/// A change of `op` on sales.`table` in partition `ds`.
+fn change(op: Op, table: &str, ds: Option<&str>, files: Vec<FileRef>) -> Change {
+    let mut c = Change::new(op, "sales", table);
+    c.partition = ds.map(|ds| BTreeMap::from([("ds".to_owned(), ds.to_owned())]));
+    c.files = files;
+    c
+}
+
+#[test]
+fn partition_renames_ctas_into_partitions_and_external_tables_match_the_writer_at_every_state() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let root = src.path();
+    let (mut w, fx) = HiveFixture::writer(root, true);
+    let mut oracle = BTreeMap::new();
+    let mut write = |w: &mut HiveWriter, id: u64, changes: Vec<Change>| {
+        let e = Event {
+            id: StateId(id),
+            time_ms: Some(1_700_000_000_000 + id as i64 * 1000),
+            changes,
+        };
+        w.write_event(&e).unwrap();
+        oracle.insert(StateId(id), content(w.tree()));
+    };
+    write(
+        &mut w,
+        1,
+        vec![Change::new(Op::CreateDatabase, "sales", "")],
+    );
+    let mut create = Change::new(Op::CreateTable, "sales", "orders");
+    create.partition_keys = vec!["ds".into()];
+    write(&mut w, 2, vec![create.clone()]);
+    let a = put_file(root, "sales/orders/ds=1/000000_0", b"a");
+    let b = put_file(root, "sales/orders/ds=1/000001_0", b"b");
+    let c = put_file(root, "sales/orders/ds=2/000000_0", b"c");
+    write(
+        &mut w,
+        3,
+        vec![change(Op::AddPartition, "orders", Some("1"), vec![a, b])],
+    );
+    write(
+        &mut w,
+        4,
+        vec![change(Op::AddFiles, "orders", Some("2"), vec![c])],
+    );
+    // ALTER TABLE orders PARTITION (ds='1') RENAME TO PARTITION (ds='2024/01').
+    let mut rename = change(Op::RenamePartition, "orders", Some("1"), vec![]);
+    rename.new_partition = Some(BTreeMap::from([("ds".into(), "2024/01".into())]));
+    write(&mut w, 5, vec![rename]);
+    let d = put_file(root, "sales/orders/ds=2024%2F01/000002_0", b"d");
+    write(
+        &mut w,
+        6,
+        vec![change(Op::AddFiles, "orders", Some("2024/01"), vec![d])],
+    );
+    // CREATE TABLE summary PARTITIONED BY (ds) AS SELECT ...
+    let s1 = put_file(root, "tmp/q1/000000_0", b"s1");
+    let s2 = put_file(root, "tmp/q2/000000_0", b"s2");
+    let s3 = put_file(root, "tmp/q2/000001_0", b"s3");
+    let mut ctas = create.clone();
+    ctas.table = "summary".into();
+    write(
+        &mut w,
+        7,
+        vec![
+            ctas,
+            change(Op::AddPartition, "summary", Some("x"), vec![s1]),
+            change(Op::AddPartition, "summary", Some("y"), vec![s2, s3]),
+        ],
+    );
+    // An external table: created, renamed, made managed again.
+    let mut ext = Change::new(Op::CreateTable, "sales", "raw");
+    ext.not_in_log = Some("external".into());
+    write(&mut w, 8, vec![ext]);
+    let mut moved = Change::new(Op::RenameTable, "sales", "raw");
+    (moved.new_db, moved.new_table) = ("sales".into(), "raw_2024".into());
+    write(&mut w, 9, vec![moved]);
+    let mut rename_back = change(Op::RenamePartition, "summary", Some("y"), vec![]);
+    rename_back.new_partition = Some(BTreeMap::from([("ds".into(), "z".into())]));
+    write(&mut w, 10, vec![rename_back]);
+
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    wait_for("state 10", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(10)
+    });
+    let snap = replica.catalog().snapshot();
+    assert!(snap.versions.len() > 1);
+    for (id, tree) in &snap.versions {
+        assert_eq!(Some(&content(tree)), oracle.get(id), "state {id}");
+    }
+    let status = replica.status();
+    assert!(status.stalled.is_none(), "{:?}", status.stalled);
+    let listed: Vec<&str> = status.not_in_log.iter().map(|t| t.table.as_str()).collect();
+    assert_eq!(listed, vec!["sales.raw_2024"]);
+    assert!(status.not_in_log[0].reason.starts_with("external table"));
+    let orders = snap.visible.table("sales", "orders").unwrap();
+    assert!(orders.child("ds=1").is_none() && orders.child("ds=2024%2F01").is_some());
+    // The renamed partition's files are the ones staged before the rename.
+    assert_eq!(
+        oracle[&StateId(10)]["sales.summary"]
+            .iter()
+            .map(|(p, _)| p.as_str())
+            .collect::<Vec<_>>(),
+        vec!["ds=x/000000_0", "ds=z/000000_0", "ds=z/000001_0"]
     );
 }

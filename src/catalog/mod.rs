@@ -503,9 +503,10 @@ fn retention(
 struct PendingState {
     tree: Arc<Tree>,
     added: Vec<AddedFile>,
-    /// `(db, table)` → `(new_db, new_table)` for every table the event
-    /// renamed, in order: files added before it now sit under the new name.
-    renamed: Vec<([Name; 2], [Name; 2])>,
+    /// Directory prefix → new prefix for every table (`db/table`) or
+    /// partition (`db/table/k=v…`) the event renamed, in order: files added
+    /// before it now sit under the new name.
+    renamed: Vec<(Vec<Name>, Vec<Name>)>,
     /// Whether the event can stop referencing files of earlier states
     /// (drops and overwrites); inserts and creates never do, so waiting
     /// files need no re-check there.
@@ -524,9 +525,8 @@ impl PendingState {
     fn carry<'a, S>(&'a self, unresolved: &mut Vec<Unresolved<'a>>, missing: &HashMap<BlobId, S>) {
         for (from, to) in &self.renamed {
             for u in unresolved.iter_mut() {
-                if u.dir.len() >= 2 && u.dir[..2] == from[..] {
-                    u.dir[0] = Name::clone(&to[0]);
-                    u.dir[1] = Name::clone(&to[1]);
+                if u.dir.starts_with(from) {
+                    u.dir.splice(..from.len(), to.iter().cloned());
                 }
             }
         }
@@ -663,18 +663,29 @@ impl Pending {
         }
         self.latest = Arc::clone(&tree);
         use crate::event::Op;
-        let renamed: Vec<([Name; 2], [Name; 2])> = event
+        let renamed: Vec<(Vec<Name>, Vec<Name>)> = event
             .changes
             .iter()
-            .filter(|c| c.op == Op::RenameTable)
-            .map(|c| {
-                (
-                    [Name::from(c.db.as_str()), Name::from(c.table.as_str())],
-                    [
+            .filter_map(|c| match c.op {
+                Op::RenameTable => Some((
+                    vec![Name::from(c.db.as_str()), Name::from(c.table.as_str())],
+                    vec![
                         Name::from(c.new_db.as_str()),
                         Name::from(c.new_table.as_str()),
                     ],
-                )
+                )),
+                Op::RenamePartition => {
+                    // The table exists after the event (it applied); its
+                    // keys give the partitions' directory names.
+                    let table = tree.table(&c.db, &c.table)?;
+                    let dir = |spec: &std::collections::BTreeMap<String, String>| {
+                        let mut dir = vec![Name::from(c.db.as_str()), Name::from(c.table.as_str())];
+                        dir.extend(crate::catalog::tree::partition_names(table, spec)?);
+                        Some(dir)
+                    };
+                    Some((dir(c.partition.as_ref()?)?, dir(c.new_partition.as_ref()?)?))
+                }
+                _ => None,
             })
             .collect();
         let may_unreference = event.changes.iter().any(|c| {
@@ -709,7 +720,7 @@ impl Pending {
         &mut self,
         tree: Arc<Tree>,
         added: Vec<AddedFile>,
-        renamed: Vec<([Name; 2], [Name; 2])>,
+        renamed: Vec<(Vec<Name>, Vec<Name>)>,
         may_unreference: bool,
     ) {
         let Some(newest) = self.states.back_mut() else {
@@ -717,9 +728,8 @@ impl Pending {
         };
         for (from, to) in &renamed {
             for f in newest.added.iter_mut() {
-                if f.dir.len() >= 2 && f.dir[..2] == from[..] {
-                    f.dir[0] = Name::clone(&to[0]);
-                    f.dir[1] = Name::clone(&to[1]);
+                if f.dir.starts_with(from) {
+                    f.dir.splice(..from.len(), to.iter().cloned());
                 }
             }
         }

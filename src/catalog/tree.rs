@@ -24,6 +24,7 @@
 //! committed tree has its content; the cell is written once and never
 //! changes afterwards, so the invariant below holds.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -77,6 +78,9 @@ pub enum DirKind {
     Database,
     Table {
         partition_keys: Arc<[Name]>,
+        /// Why the source's log does not carry this table's data (a Hive
+        /// external table), or None; listed in status `not_in_log`.
+        not_in_log: Option<Arc<str>>,
     },
     /// A `key=value` level below a table; `depth` 1 is the first key.
     Partition {
@@ -286,6 +290,8 @@ pub enum ApplyError {
     NoTable(String, String),
     #[error("partition {0} does not exist")]
     NoPartition(String),
+    #[error("partition {0} already exists")]
+    PartitionExists(String),
     #[error("partition does not match the table's partition keys ({0})")]
     PartitionMismatch(String),
     #[error("file `{0}` already exists in {1}")]
@@ -340,6 +346,27 @@ impl Tree {
 
     pub fn table(&self, db: &str, table: &str) -> Option<&Arc<DirNode>> {
         self.database(db)?.child_dir(table)
+    }
+
+    /// `(db.table, reason)` of every table whose data the source's log
+    /// does not carry (Hive external tables), in name order.
+    pub fn not_in_log(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (db, d) in self.root.children.iter() {
+            let Node::Dir(d) = d else { continue };
+            for (t, table) in d.children.iter() {
+                if let Node::Dir(table) = table {
+                    if let DirKind::Table {
+                        not_in_log: Some(reason),
+                        ..
+                    } = &table.kind
+                    {
+                        out.push((format!("{db}.{t}"), reason.to_string()));
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Follows `dir` then `name` from the root.
@@ -414,6 +441,16 @@ fn apply_change(
             root.children.update(c.db.as_str().into(), Node::Dir(db)),
         )
     };
+    // The database holding `table` under the change's table name.
+    let with_table = |db: &Arc<DirNode>, table: Arc<DirNode>| {
+        with_db(
+            db.with_children(
+                meta(),
+                db.children
+                    .update(c.table.as_str().into(), Node::Dir(table)),
+            ),
+        )
+    };
     Ok(match c.op {
         Op::Noop => Arc::clone(root),
         Op::CreateDatabase => {
@@ -448,6 +485,7 @@ fn apply_change(
                 meta: meta(),
                 kind: DirKind::Table {
                     partition_keys: keys,
+                    not_in_log: c.not_in_log.as_deref().map(Arc::from),
                 },
                 children: OrdMap::new(),
             }));
@@ -491,17 +529,31 @@ fn apply_change(
         }
         Op::TruncateTable => {
             let (db, table) = existing_table(root, c)?;
-            let DirKind::Table { partition_keys } = &table.kind else {
+            let DirKind::Table { partition_keys, .. } = &table.kind else {
                 return Err(ApplyError::NoTable(c.db.clone(), c.table.clone()));
             };
             let table = empty_leaves(table, partition_keys.len(), meta);
-            with_db(
-                db.with_children(
-                    meta(),
-                    db.children
-                        .update(c.table.as_str().into(), Node::Dir(table)),
-                ),
-            )
+            with_table(db, table)
+        }
+        Op::MarkTable => {
+            let (db, table) = existing_table(root, c)?;
+            let DirKind::Table { partition_keys, .. } = &table.kind else {
+                return Err(ApplyError::NoTable(c.db.clone(), c.table.clone()));
+            };
+            let table = Arc::new(DirNode {
+                meta: meta(),
+                kind: DirKind::Table {
+                    partition_keys: Arc::clone(partition_keys),
+                    not_in_log: c.not_in_log.as_deref().map(Arc::from),
+                },
+                children: table.children.clone(),
+            });
+            with_table(db, table)
+        }
+        Op::RenamePartition => {
+            let (db, table) = existing_table(root, c)?;
+            let table = rename_partition(table, c, meta)?;
+            with_table(db, table)
         }
         Op::AddPartition | Op::AddFiles | Op::ReplaceFiles | Op::DropPartition => {
             let (db, table) = existing_table(root, c)?;
@@ -513,13 +565,7 @@ fn apply_change(
                 dir.extend(part_path.iter().cloned());
                 put_files(table, &part_path, 0, c, meta, &dir, added)?
             };
-            with_db(
-                db.with_children(
-                    meta(),
-                    db.children
-                        .update(c.table.as_str().into(), Node::Dir(new_table)),
-                ),
-            )
+            with_table(db, new_table)
         }
     })
 }
@@ -545,10 +591,43 @@ fn empty_leaves(dir: &Arc<DirNode>, depth: usize, meta: &dyn Fn() -> Meta) -> Ar
 /// The directory names `key=value` of the change's partition, in the table's
 /// key order; empty for an unpartitioned table.
 fn partition_path(table: &DirNode, c: &Change) -> Result<Vec<Name>, ApplyError> {
-    let DirKind::Table { partition_keys } = &table.kind else {
+    partition_path_of(table, c, c.partition.as_ref())
+}
+
+/// The directory names `key=value` of the partition `spec` of `table`, in
+/// its key order; None when `spec` does not match the keys.
+pub(crate) fn partition_names(
+    table: &DirNode,
+    spec: &BTreeMap<String, String>,
+) -> Option<Vec<Name>> {
+    let DirKind::Table { partition_keys, .. } = &table.kind else {
+        return None;
+    };
+    if spec.len() != partition_keys.len() {
+        return None;
+    }
+    partition_keys
+        .iter()
+        .map(|key| {
+            let value = spec.get(&**key)?;
+            Some(Name::from(format!(
+                "{}={}",
+                escape_path_name(key),
+                escape_path_name(value)
+            )))
+        })
+        .collect()
+}
+
+/// [`partition_path`] of the partition `spec` of the change's table.
+fn partition_path_of(
+    table: &DirNode,
+    c: &Change,
+    spec: Option<&BTreeMap<String, String>>,
+) -> Result<Vec<Name>, ApplyError> {
+    let DirKind::Table { partition_keys, .. } = &table.kind else {
         return Err(ApplyError::NoTable(c.db.clone(), c.table.clone()));
     };
-    let spec = c.partition.as_ref();
     let given = spec.map_or(0, |p| p.len());
     let mismatch = || {
         let keys: Vec<&str> = partition_keys.iter().map(|k| &**k).collect();
@@ -695,6 +774,65 @@ fn put_file(
     }
     let node = new_file(file, Name::clone(&name), file_dir.to_vec(), meta, added);
     Ok(dir.with_children(meta(), dir.children.update(name, node)))
+}
+
+/// `table` with the partition `c.partition` moved, files and all, to
+/// `c.new_partition` (Hive's `ALTER TABLE … PARTITION … RENAME TO`): the
+/// partition's node keeps its identity, as a renamed table does.
+fn rename_partition(
+    table: &Arc<DirNode>,
+    c: &Change,
+    meta: &dyn Fn() -> Meta,
+) -> Result<Arc<DirNode>, ApplyError> {
+    fn put(
+        dir: &Arc<DirNode>,
+        path: &[Name],
+        depth: u16,
+        leaf: &Arc<DirNode>,
+        meta: &dyn Fn() -> Meta,
+    ) -> Arc<DirNode> {
+        let Some((first, rest)) = path.split_first() else {
+            return Arc::clone(leaf);
+        };
+        let child = if rest.is_empty() {
+            Arc::clone(leaf)
+        } else {
+            let existing = dir.child_dir(first).cloned().unwrap_or_else(|| {
+                Arc::new(DirNode {
+                    meta: meta(),
+                    kind: DirKind::Partition { depth: depth + 1 },
+                    children: OrdMap::new(),
+                })
+            });
+            put(&existing, rest, depth + 1, leaf, meta)
+        };
+        dir.with_children(
+            meta(),
+            dir.children.update(Name::clone(first), Node::Dir(child)),
+        )
+    }
+    let from = partition_path(table, c)?;
+    let Some(new) = c.new_partition.as_ref() else {
+        return Err(ApplyError::PartitionMismatch(
+            "a partition rename needs the new partition".into(),
+        ));
+    };
+    let to = partition_path_of(table, c, Some(new))?;
+    let shown = |path: &[Name]| format!("{}.{}/{}", c.db, c.table, path.join("/"));
+    let mut leaf = Some(table);
+    for name in &from {
+        leaf = leaf.and_then(|d| d.child_dir(name));
+    }
+    let leaf = Arc::clone(leaf.ok_or_else(|| ApplyError::NoPartition(shown(&from)))?);
+    let mut at = Some(table);
+    for name in &to {
+        at = at.and_then(|d| d.child_dir(name));
+    }
+    if at.is_some() {
+        return Err(ApplyError::PartitionExists(shown(&to)));
+    }
+    let without = drop_partition(table, &from, c, meta)?;
+    Ok(put(&without, &to, 0, &leaf, meta))
 }
 
 fn drop_partition(

@@ -16,7 +16,10 @@
 //!   file URIs mapped through `--source-map` into [`FileRef`]s with their
 //!   checksum, change-management copy, subdirectory and a reference key.
 //!   A `COMMIT_TXN` becomes one event holding every file of the
-//!   transaction's `TXN_WRITE_NOTIFICATION_LOG` rows.
+//!   transaction's `TXN_WRITE_NOTIFICATION_LOG` rows (none on a metastore
+//!   without that table, Hive before 3.2). Tables whose data the log does
+//!   not carry (external tables; transactional ones on such a metastore)
+//!   carry a `not_in_log` mark in the catalog, which status lists.
 //!
 //! Decoding of the rows themselves (encodings, Thrift-JSON, URIs) is the
 //! `message`/`thrift`/`uri` modules'.
@@ -87,6 +90,8 @@ pub struct HiveSource {
     error: Option<String>,
     /// A gap or repeat found after good rows: reported at the next poll.
     broken: Option<Rejection>,
+    /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG`, once asked.
+    txn_log: Option<bool>,
 }
 
 impl HiveSource {
@@ -113,6 +118,38 @@ impl HiveSource {
             newest: None,
             error: None,
             broken: None,
+            txn_log: None,
+        }
+    }
+
+    /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG` (asked once).
+    fn txn_log(&mut self) -> Result<bool, DecodeError> {
+        if let Some(known) = self.txn_log {
+            return Ok(known);
+        }
+        match self.rows.records_txn_writes() {
+            Ok(known) => {
+                if !known {
+                    tracing::warn!(
+                        "the metastore has no TXN_WRITE_NOTIFICATION_LOG (Hive before 3.2 / 4.0): \
+                         transactional tables are not replicated"
+                    );
+                }
+                self.txn_log = Some(known);
+                Ok(known)
+            }
+            Err(RowSourceError::Unavailable(msg)) => {
+                self.error = Some(msg.clone());
+                Err(DecodeError::Retry(format!(
+                    "asking whether the metastore has TXN_WRITE_NOTIFICATION_LOG: {msg}"
+                )))
+            }
+            Err(e) => Err(DecodeError::Rejected(Rejection {
+                state_id: None,
+                file: None,
+                line: None,
+                reason: format!("asking whether the metastore has TXN_WRITE_NOTIFICATION_LOG: {e}"),
+            })),
         }
     }
 }
@@ -195,13 +232,24 @@ impl Source for HiveSource {
         let reject = |reason: String| DecodeError::Rejected(Rejection::of_event(id, reason));
         let message = super::message::decode_message(row)
             .map_err(|e| reject(format!("cannot decode the {} message: {e}", row.event_type)))?;
+        let txn_log = match &message {
+            HiveMessage::CreateTable { .. }
+            | HiveMessage::AlterTable { .. }
+            | HiveMessage::CommitTxn { .. } => self.txn_log()?,
+            _ => true,
+        };
         let mut mapper = Mapper {
             map: &self.map,
             event_id: row.event_id,
             files: 0,
             tree: latest,
+            txn_log,
         };
         let changes = match &message {
+            // Hive before 3.2 records the files of transactional writes
+            // nowhere: those tables are marked not in the log (at create),
+            // and a commit changes nothing that the log shows.
+            HiveMessage::CommitTxn { .. } if !txn_log => Vec::new(),
             &HiveMessage::CommitTxn { txn_id } => {
                 let writes = match self.rows.txn_writes(txn_id) {
                     Ok(w) => w,
@@ -282,6 +330,93 @@ struct Mapper<'a> {
     /// Files mapped so far in this event (each gets its own key).
     files: usize,
     tree: &'a Tree,
+    /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG`.
+    txn_log: bool,
+}
+
+/// Why the log does not carry `table`'s data, or None:
+/// - external tables (`tableType` EXTERNAL_TABLE, or the table parameter
+///   `EXTERNAL`=TRUE): Hive's events name none of their files;
+/// - transactional tables (parameter `transactional`=true) when the source
+///   has no `TXN_WRITE_NOTIFICATION_LOG` (`txn_log` false, Hive before
+///   3.2 / 4.0): the files their transactions write are in no log.
+fn not_in_log(table: &HiveTable, txn_log: bool) -> Option<String> {
+    let param = |key: &str| {
+        table
+            .parameters
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case(key) && v.trim().eq_ignore_ascii_case("true"))
+    };
+    let external = table
+        .table_type
+        .as_deref()
+        .is_some_and(|t| t.eq_ignore_ascii_case("EXTERNAL_TABLE"))
+        || param("EXTERNAL");
+    if external {
+        return Some(
+            "external table: Hive's events do not name its files; the mount shows only the files an event names"
+                .to_owned(),
+        );
+    }
+    (!txn_log && param("transactional")).then(|| {
+        "transactional table on a metastore without TXN_WRITE_NOTIFICATION_LOG (Hive before 3.2 / 4.0): \
+         the files its transactions write are in no log; the mount shows only the files an event names"
+            .to_owned()
+    })
+}
+
+/// The files of a CREATE TABLE AS SELECT into a partitioned table, grouped
+/// by partition (in the order they first appear): each file lies below the
+/// table's location at `k1=v1/…/kN=vN/[subdir/]name`.
+fn ctas_partitions(
+    table: &HiveTable,
+    files: &[FileUri],
+) -> Result<Vec<(HivePartition, Vec<FileUri>)>, String> {
+    let shown = format!("{}.{}", table.db, table.name);
+    let location = table
+        .location
+        .as_deref()
+        .map(|l| l.trim_end_matches('/'))
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| {
+            format!("CREATE TABLE AS SELECT into the partitioned table {shown}: the table has no location to find the files' partitions by")
+        })?;
+    let keys = table.partition_keys.len();
+    let mut out: Vec<(HivePartition, Vec<FileUri>)> = Vec::new();
+    for f in files {
+        let below = f
+            .path
+            .strip_prefix(location)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .map(|rest| rest.split('/').collect::<Vec<_>>())
+            .filter(|parts| parts.len() > keys)
+            .ok_or_else(|| {
+                format!(
+                    "CREATE TABLE AS SELECT into the partitioned table {shown}: `{}` is not in a partition directory below the table's location {location}",
+                    f.path
+                )
+            })?;
+        let partition_name = below[..keys].join("/");
+        let values =
+            super::uri::partition_values_in_key_order(&partition_name, &table.partition_keys)
+                .map_err(|e| {
+                    format!(
+                        "CREATE TABLE AS SELECT into the partitioned table {shown}: `{}`: {e}",
+                        f.path
+                    )
+                })?;
+        match out.iter_mut().find(|(p, _)| p.values == values) {
+            Some((_, group)) => group.push(f.clone()),
+            None => out.push((
+                HivePartition {
+                    values,
+                    location: Some(format!("{location}/{partition_name}")),
+                },
+                vec![f.clone()],
+            )),
+        }
+    }
+    Ok(out)
 }
 
 /// Hive's db and table names, lower-cased, as stagefs directory names.
@@ -313,16 +448,26 @@ impl Mapper<'_> {
                     .iter()
                     .map(|k| name(k, "partition key"))
                     .collect::<Result<_, _>>()?;
+                create.not_in_log = not_in_log(table, self.txn_log);
                 let mut changes = vec![create];
-                if !files.is_empty() {
-                    if !table.partition_keys.is_empty() {
-                        return Err(format!(
-                            "CREATE TABLE AS SELECT into the partitioned table {db}.{t} names files without their partitions"
-                        ));
-                    }
+                if files.is_empty() {
+                    return Ok(changes);
+                }
+                if table.partition_keys.is_empty() {
                     let mut add = Change::new(Op::AddFiles, &db, &t);
                     add.files = self.files(files)?;
                     changes.push(add);
+                } else {
+                    // CTAS into a partitioned table: each file's partition
+                    // is the `key=value` part of its path below the table.
+                    for (p, files) in ctas_partitions(table, files)? {
+                        changes.push(self.files_change(
+                            Op::AddPartition,
+                            table,
+                            Some(&p),
+                            &files,
+                        )?);
+                    }
                 }
                 changes
             }
@@ -338,16 +483,29 @@ impl Mapper<'_> {
             } => {
                 let from = (name(&before.db, "database")?, name(&before.name, "table")?);
                 let to = (name(&after.db, "database")?, name(&after.name, "table")?);
+                let mut changes = Vec::new();
                 if from != to {
                     let mut rename = Change::new(Op::RenameTable, &from.0, &from.1);
-                    rename.new_db = to.0;
-                    rename.new_table = to.1;
-                    vec![rename]
-                } else if *is_truncate {
-                    vec![Change::new(Op::TruncateTable, &from.0, &from.1)]
-                } else {
-                    Vec::new() // properties, columns, statistics: no data change
+                    rename.new_db = to.0.clone();
+                    rename.new_table = to.1.clone();
+                    changes.push(rename);
                 }
+                if *is_truncate {
+                    changes.push(Change::new(Op::TruncateTable, &to.0, &to.1));
+                }
+                // Made external or managed (`EXTERNAL`, `tableType`): the
+                // mark follows. Properties, columns, statistics: no change.
+                let mark = not_in_log(after, self.txn_log);
+                if let Some(DirKind::Table { not_in_log, .. }) =
+                    self.tree.table(&from.0, &from.1).map(|d| &d.kind)
+                {
+                    if mark.as_deref() != not_in_log.as_deref() {
+                        let mut change = Change::new(Op::MarkTable, &to.0, &to.1);
+                        change.not_in_log = mark;
+                        changes.push(change);
+                    }
+                }
+                changes
             }
             HiveMessage::AddPartition {
                 table,
@@ -375,19 +533,20 @@ impl Mapper<'_> {
                 after,
                 is_truncate,
             } => {
+                let mut changes = Vec::new();
                 if before.values != after.values {
-                    let (db, t) = (name(&table.db, "database")?, name(&table.name, "table")?);
-                    return Err(format!(
-                        "renaming partition ({}) of {db}.{t} to ({}) is not supported",
-                        before.values.join(", "),
-                        after.values.join(", ")
-                    ));
+                    // A rename: Hive moves the partition's directory, files
+                    // and all, to the new values' place.
+                    let mut rename =
+                        self.files_change(Op::RenamePartition, table, Some(before), &[])?;
+                    let (db, t) = (rename.db.clone(), rename.table.clone());
+                    rename.new_partition = Some(self.partition_spec(&db, &t, table, after)?);
+                    changes.push(rename);
                 }
                 if *is_truncate {
-                    vec![self.files_change(Op::ReplaceFiles, table, Some(after), &[])?]
-                } else {
-                    Vec::new()
+                    changes.push(self.files_change(Op::ReplaceFiles, table, Some(after), &[])?);
                 }
+                changes
             }
             HiveMessage::DropPartition { table, partitions } => partitions
                 .iter()
@@ -445,7 +604,7 @@ impl Mapper<'_> {
         p: &HivePartition,
     ) -> Result<BTreeMap<String, String>, String> {
         let keys: Vec<String> = match self.tree.table(db, t).map(|d| &d.kind) {
-            Some(DirKind::Table { partition_keys }) => {
+            Some(DirKind::Table { partition_keys, .. }) => {
                 partition_keys.iter().map(|k| k.to_string()).collect()
             }
             _ => table
@@ -486,7 +645,8 @@ impl Mapper<'_> {
     /// `--source-map`, its checksum, its subdirectory and a key unique to
     /// this place in this event.
     fn file(&mut self, uri: &FileUri) -> Result<FileRef, String> {
-        let path = self.map.local(&uri.path)?;
+        let (source_dir, rest) = self.map.resolve(&uri.path)?;
+        let path = source_dir.join(rest);
         let file_name = uri
             .path
             .rsplit('/')
@@ -513,15 +673,17 @@ impl Mapper<'_> {
                 return Err(format!("checksum `{c}` of `{}` is not hex", uri.path));
             }
         }
-        let cm_path = match (&checksum, uri.cm_root.as_deref().filter(|c| !c.is_empty())) {
-            (Some(c), Some(root)) => Some(
-                self.map
-                    .local(root)?
-                    .join(format!("{file_name}_{c}"))
-                    .to_string_lossy()
-                    .into_owned(),
-            ),
-            _ => None,
+        let (cm_path, cm_dir) = match (&checksum, uri.cm_root.as_deref().filter(|c| !c.is_empty()))
+        {
+            (Some(c), Some(root)) => {
+                let (dir, rest) = self.map.resolve(root)?;
+                let cm = dir.join(rest).join(format!("{file_name}_{c}"));
+                (
+                    Some(cm.to_string_lossy().into_owned()),
+                    Some(dir.to_string_lossy().into_owned()),
+                )
+            }
+            _ => (None, None),
         };
         let mut h = Sha256::new();
         h.update(b"stagefs hive file\0");
@@ -538,7 +700,9 @@ impl Mapper<'_> {
                 None => Verify::None,
             },
             key: Some(BlobId(h.finalize().into())),
+            source_dir: Some(source_dir.to_string_lossy().into_owned()),
             cm_path,
+            cm_dir,
             uri: Some(uri.path.clone()),
         })
     }
@@ -583,6 +747,11 @@ mod tests {
 
     /// Applies messages in order as events 1, 2, ...; the tree after them.
     fn apply_all(msgs: &[HiveMessage]) -> Result<Arc<Tree>, String> {
+        apply_all_with(msgs, true)
+    }
+
+    /// [`apply_all`] from a source that has (or lacks) TXN_WRITE_NOTIFICATION_LOG.
+    fn apply_all_with(msgs: &[HiveMessage], txn_log: bool) -> Result<Arc<Tree>, String> {
         let map = map();
         let mut v = Validator::new(Arc::new(Tree::empty()));
         for (i, msg) in msgs.iter().enumerate() {
@@ -591,6 +760,7 @@ mod tests {
                 event_id: i as i64 + 1,
                 files: 0,
                 tree: v.latest(),
+                txn_log,
             };
             let changes = m.changes(msg)?;
             let event = Event {
@@ -735,6 +905,196 @@ mod tests {
         assert!(tree.database("archive").is_none());
     }
 
+    fn with_params(mut t: HiveTable, table_type: &str, params: &[(&str, &str)]) -> HiveTable {
+        t.table_type = Some(table_type.into());
+        t.parameters = params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        t
+    }
+
+    #[test]
+    fn external_tables_are_marked_not_in_log_and_the_mark_follows_alter_table() {
+        let mut msgs = setup();
+        let ext = with_params(table("sales", "raw", &[]), "EXTERNAL_TABLE", &[]);
+        msgs.push(HiveMessage::CreateTable {
+            table: ext.clone(),
+            files: vec![],
+        });
+        // The parameter alone is enough (a table made external by ALTER).
+        let by_param = with_params(
+            table("sales", "logs", &[]),
+            "MANAGED_TABLE",
+            &[("external", "TRUE")],
+        );
+        msgs.push(HiveMessage::CreateTable {
+            table: by_param,
+            files: vec![],
+        });
+        let tree = apply_all(&msgs).unwrap();
+        let marked: Vec<String> = tree.not_in_log().into_iter().map(|(t, _)| t).collect();
+        assert_eq!(marked, vec!["sales.logs", "sales.raw"]);
+        assert!(tree.not_in_log()[0].1.starts_with("external table"));
+        // Renamed, it stays marked; made managed, the mark goes.
+        let renamed = with_params(table("sales", "raw_2024", &[]), "EXTERNAL_TABLE", &[]);
+        msgs.push(HiveMessage::AlterTable {
+            before: ext,
+            after: renamed.clone(),
+            is_truncate: false,
+        });
+        let managed = with_params(renamed.clone(), "MANAGED_TABLE", &[]);
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(tree.not_in_log()[1].0, "sales.raw_2024");
+        msgs.push(HiveMessage::AlterTable {
+            before: renamed,
+            after: managed.clone(),
+            is_truncate: false,
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(tree.not_in_log().len(), 1);
+        // A managed table altered without a change of kind gets no mark.
+        msgs.push(HiveMessage::AlterTable {
+            before: managed.clone(),
+            after: managed,
+            is_truncate: false,
+        });
+        assert_eq!(apply_all(&msgs).unwrap().not_in_log().len(), 1);
+    }
+
+    #[test]
+    fn without_txn_write_log_transactional_tables_are_marked_and_commits_change_nothing() {
+        let mut msgs = setup();
+        let acid = with_params(
+            table("sales", "acid", &["ds"]),
+            "MANAGED_TABLE",
+            &[("transactional", "true")],
+        );
+        msgs.push(HiveMessage::CreateTable {
+            table: acid.clone(),
+            files: vec![],
+        });
+        let old = apply_all_with(&msgs, false).unwrap();
+        let marked = old.not_in_log();
+        assert_eq!(marked.len(), 1, "{marked:?}");
+        assert_eq!(marked[0].0, "sales.acid");
+        assert!(
+            marked[0].1.contains("TXN_WRITE_NOTIFICATION_LOG"),
+            "{}",
+            marked[0].1
+        );
+        // With the log (Hive 3.2 / 4.0), a transactional table is replicated.
+        assert!(apply_all_with(&msgs, true).unwrap().not_in_log().is_empty());
+
+        let cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
+        let rows = Flaky {
+            rows: vec![NotificationRow {
+                event_type: "COMMIT_TXN".into(),
+                message: Some(r#"{"txnid": 7, "timestamp": 1}"#.into()),
+                ..row(1)
+            }],
+            failures: 0,
+            txn_log: false,
+        };
+        let mut src = HiveSource::new(Box::new(rows), &cfg, 0);
+        let got = src.poll(10).unwrap();
+        let e = src.decode(&got[0], &old).unwrap();
+        assert_eq!((e.id, e.changes.len()), (StateId(1), 0));
+    }
+
+    #[test]
+    fn partition_rename_moves_the_partition_with_its_files() {
+        let mut msgs = setup();
+        let t = table("sales", "orders", &["ds", "region"]);
+        msgs.push(HiveMessage::AddPartition {
+            table: t.clone(),
+            partitions: vec![part(&["1", "eu"]), part(&["1", "us"])],
+            files: vec![
+                vec![uri("o/ds=1/region=eu/a", Some("00"), Some("delta_1_1"))],
+                vec![uri("o/ds=1/region=us/b", None, None)],
+            ],
+        });
+        msgs.push(HiveMessage::AlterPartition {
+            table: t.clone(),
+            before: part(&["1", "eu"]),
+            after: part(&["2024/01", "eu"]),
+            is_truncate: false,
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(
+            paths(&tree, "sales", "orders"),
+            vec!["ds=1/region=us/b", "ds=2024%2F01/region=eu/delta_1_1/a"]
+        );
+        // Onto an existing partition, or from a missing one: rejected.
+        for (from, to) in [
+            (&["1", "us"], &["2024/01", "eu"]),
+            (&["9", "eu"], &["8", "eu"]),
+        ] {
+            let mut bad = msgs.clone();
+            bad.push(HiveMessage::AlterPartition {
+                table: t.clone(),
+                before: part(from),
+                after: part(to),
+                is_truncate: false,
+            });
+            let err = apply_all(&bad).unwrap_err();
+            assert!(
+                err.contains("already exists") || err.contains("does not exist"),
+                "{err}"
+            );
+        }
+        // The last partition below `ds=1` moved away: `ds=1` goes too.
+        msgs.push(HiveMessage::AlterPartition {
+            table: t,
+            before: part(&["1", "us"]),
+            after: part(&["3", "us"]),
+            is_truncate: false,
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert!(tree
+            .table("sales", "orders")
+            .unwrap()
+            .child("ds=1")
+            .is_none());
+        assert_eq!(paths(&tree, "sales", "orders").len(), 2);
+    }
+
+    #[test]
+    fn ctas_into_a_partitioned_table_adds_each_file_to_the_partition_its_path_names() {
+        let mut msgs = setup();
+        let mut t = table("sales", "summary", &["ds", "region"]);
+        t.location = Some("hdfs://nn/wh/sales.db/summary".into());
+        msgs.push(HiveMessage::CreateTable {
+            table: t.clone(),
+            files: vec![
+                uri("sales.db/summary/ds=1/region=eu/000000_0", Some("ab"), None),
+                uri(
+                    "sales.db/summary/ds=2024%2F01/region=us/delta_1_1/000000_0",
+                    None,
+                    Some("delta_1_1"),
+                ),
+                uri("sales.db/summary/ds=1/region=eu/000001_0", None, None),
+            ],
+        });
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(
+            paths(&tree, "sales", "summary"),
+            vec![
+                "ds=1/region=eu/000000_0",
+                "ds=1/region=eu/000001_0",
+                "ds=2024%2F01/region=us/delta_1_1/000000_0"
+            ]
+        );
+        // A file outside the table's partition directories is bad input.
+        let mut bad = setup();
+        bad.push(HiveMessage::CreateTable {
+            table: t,
+            files: vec![uri("sales.db/summary/000000_0", None, None)],
+        });
+        let err = apply_all(&bad).unwrap_err();
+        assert!(err.contains("is not in a partition directory"), "{err}");
+    }
+
     #[test]
     fn files_carry_mapped_paths_checksums_cm_copies_and_subdirectories() {
         let map = map();
@@ -744,6 +1104,7 @@ mod tests {
             event_id: 9,
             files: 0,
             tree: &tree,
+            txn_log: true,
         };
         let f = m
             .file(&uri(
@@ -762,6 +1123,8 @@ mod tests {
             }
         );
         assert_eq!(f.cm_path.as_deref(), Some("/srv/cm/bucket_0_abcd"));
+        assert_eq!(f.source_dir.as_deref(), Some("/srv/wh"));
+        assert_eq!(f.cm_dir.as_deref(), Some("/srv/cm"));
         let g = m.file(&uri("t/delta_1_1/bucket_0", None, None)).unwrap();
         assert_eq!(g.verify, Verify::None);
         assert_ne!(f.key, g.key, "every reference has its own key");
@@ -802,10 +1165,13 @@ mod tests {
         assert!(err.contains("does not match its partition keys"), "{err}");
     }
 
-    /// Rows that fail as unavailable `failures` times, then come.
+    /// Rows that fail as unavailable `failures` times, then come; without
+    /// `txn_log`, a source older than Hive 3.2 (asking for a transaction's
+    /// writes is then a mistake).
     struct Flaky {
         rows: Vec<NotificationRow>,
         failures: u32,
+        txn_log: bool,
     }
 
     impl RowSource for Flaky {
@@ -830,7 +1196,15 @@ mod tests {
             &mut self,
             _: i64,
         ) -> Result<Vec<super::super::model::TxnWriteRow>, RowSourceError> {
-            Ok(Vec::new())
+            match self.txn_log {
+                true => Ok(Vec::new()),
+                false => Err(RowSourceError::Fatal(
+                    "no TXN_WRITE_NOTIFICATION_LOG".into(),
+                )),
+            }
+        }
+        fn records_txn_writes(&mut self) -> Result<bool, RowSourceError> {
+            Ok(self.txn_log)
         }
         fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
             Ok(self.rows.last().map(|r| r.event_id))
@@ -859,6 +1233,7 @@ mod tests {
         let rows = Flaky {
             rows: (1..=5).map(row).collect(),
             failures: 2,
+            txn_log: true,
         };
         let cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
         let mut src = HiveSource::new(Box::new(rows), &cfg, 2);

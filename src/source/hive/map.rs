@@ -50,6 +50,15 @@ impl SourceMap {
 
     /// The local path of `uri`, or why it has none.
     pub fn local(&self, uri: &str) -> Result<PathBuf, String> {
+        let (dir, rest) = self.resolve(uri)?;
+        Ok(dir.join(rest))
+    }
+
+    /// The mapped directory that covers `uri` and the path below it
+    /// (relative, no `.`/`..`/empty components; empty for the directory
+    /// itself). Files are opened beneath that directory, so that neither
+    /// the URI nor a symlink in the source can lead out of it.
+    pub fn resolve(&self, uri: &str) -> Result<(&Path, PathBuf), String> {
         for (prefix, dir) in &self.entries {
             let Some(rest) = uri.strip_prefix(prefix.as_str()) else {
                 continue;
@@ -59,7 +68,7 @@ impl SourceMap {
             }
             let rest = rest.trim_start_matches('/');
             if rest.is_empty() {
-                return Ok(dir.clone());
+                return Ok((dir, PathBuf::new()));
             }
             if rest.contains('\0')
                 || rest
@@ -70,7 +79,7 @@ impl SourceMap {
                     "`{uri}` escapes the directory {prefix} is mapped to"
                 ));
             }
-            return Ok(dir.join(rest));
+            return Ok((dir, PathBuf::from(rest)));
         }
         Err(format!("no --source-map covers `{uri}`"))
     }
@@ -100,6 +109,11 @@ mod tests {
         assert_eq!(
             m.local("hdfs://nn1:8020/user/hive/cmroot").unwrap(),
             PathBuf::from("/srv/cm")
+        );
+        let (dir, rest) = m.resolve("hdfs://nn1:8020/warehouse/big.db/t/f").unwrap();
+        assert_eq!(
+            (dir, rest.as_path()),
+            (Path::new("/mnt/big"), Path::new("t/f"))
         );
         let err = m.local("hdfs://nn1:8020/warehouse2/x").unwrap_err();
         assert!(err.contains("no --source-map covers"), "{err}");

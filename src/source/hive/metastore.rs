@@ -5,7 +5,9 @@
 //! database and the three queries the Hive source needs (HIVE.md "Where the
 //! events are"):
 //! - `NOTIFICATION_LOG` rows with `EVENT_ID > after ORDER BY EVENT_ID LIMIT n`;
-//! - `TXN_WRITE_NOTIFICATION_LOG` rows of one transaction, by `WNL_ID`;
+//! - `TXN_WRITE_NOTIFICATION_LOG` rows of one transaction, by `WNL_ID`
+//!   (a metastore older than Hive 3.2 / 4.0 has no such table: then
+//!   [`RowSource::records_txn_writes`] says so and the adapter never asks);
 //! - `NOTIFICATION_SEQUENCE.NEXT_EVENT_ID - 1`, the newest id, for lag.
 //!
 //! Invariants:
@@ -182,6 +184,15 @@ impl RowSource for MetastoreSource {
 
     fn txn_writes(&mut self, txn_id: i64) -> Result<Vec<TxnWriteRow>, RowSourceError> {
         self.with_connection(|conn| conn.txn_writes(txn_id))
+    }
+
+    fn records_txn_writes(&mut self) -> Result<bool, RowSourceError> {
+        self.with_connection(|conn| {
+            Ok(match conn {
+                Connection::Postgres(c) => c.has_txn_table(),
+                Connection::Mysql(c) => c.has_txn_table(),
+            })
+        })
     }
 
     fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
@@ -539,8 +550,9 @@ fn txn_write_row(values: Vec<Cell>, txn_id: i64) -> Result<TxnWriteRow, RowSourc
 
 fn missing_txn_table() -> RowSourceError {
     RowSourceError::Fatal(format!(
-        "table {TXN_TABLE} does not exist (it appears in Hive 3.2 / 4.0): \
-         the files of transactional writes cannot be read"
+        "table {TXN_TABLE} does not exist: this metastore's schema is older than \
+         Hive 3.2 / 4.0, which keep the files that transactions write into \
+         transactional (ACID, insert-only) tables there and nowhere else"
     ))
 }
 
@@ -774,6 +786,11 @@ mod pg {
                 }
             }
             RowSourceError::BadRow { location, reason }
+        }
+
+        /// Whether the metastore has `TXN_WRITE_NOTIFICATION_LOG`.
+        pub(super) fn has_txn_table(&self) -> bool {
+            self.txn_writes.is_some()
         }
 
         pub(super) fn txn_writes(
@@ -1019,6 +1036,11 @@ mod my {
             rows.into_iter()
                 .map(|row| notification_row(cells(row), after))
                 .collect()
+        }
+
+        /// Whether the metastore has `TXN_WRITE_NOTIFICATION_LOG`.
+        pub(super) fn has_txn_table(&self) -> bool {
+            self.txn_sql.is_some()
         }
 
         pub(super) fn txn_writes(

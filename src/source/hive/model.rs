@@ -82,6 +82,12 @@ pub trait RowSource: Send {
     fn poll(&mut self, after: i64, limit: usize) -> Result<Vec<NotificationRow>, RowSourceError>;
     /// Every `TXN_WRITE_NOTIFICATION_LOG` row of transaction `txn_id`, in `WNL_ID` order.
     fn txn_writes(&mut self, txn_id: i64) -> Result<Vec<TxnWriteRow>, RowSourceError>;
+    /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG` (Hive 3.2 / 4.0
+    /// and later). Without it, the files that transactions write into
+    /// transactional tables are in no log.
+    fn records_txn_writes(&mut self) -> Result<bool, RowSourceError> {
+        Ok(true)
+    }
     /// The source's newest event id when it can tell (`NEXT_EVENT_ID - 1`), for lag.
     fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError>;
     /// What status shows as the source (`postgresql://user@host:port/db`, no password; or a path).
