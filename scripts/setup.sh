@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what stagefs's demo and tests need on a fresh Debian machine
-# (as root): the `attr` tools (getfattr/setfattr), fuse3's helpers, and the
+# (as root): the `attr` tools (getfattr/setfattr), fuse3's helpers, Python's
+# prometheus_client (the metrics test's parser), and the
 # PostgreSQL and MariaDB servers and clients that the Hive metastore tests
 # start private instances of (tests/common/dbserver.rs; the machine's own
 # instances are never started or used).
@@ -18,6 +19,9 @@ have_postgres_server || missing+=(postgresql)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v mariadbd >/dev/null 2>&1 || missing+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
+# The metrics test (tests/metrics.rs) parses /metrics with the Prometheus
+# client's own text-format parser, for /usr/bin/python3.
+/usr/bin/python3 -c 'import prometheus_client.parser' >/dev/null 2>&1 || missing+=(python3-prometheus-client)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install: ${missing[*]} (needs root)" >&2

@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use crate::catalog::{self, load_durable};
 use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
+use crate::metrics::{Exporter, FuseRequests, Sources};
 use crate::redact::Redactor;
 use crate::replicate::{state_in_use, Replica, ReplicaConfig, ReplicaError};
 use crate::source::hive::map::SourceMap;
@@ -107,6 +108,8 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
     pub replicate: ReplicateArgs,
     pub allow_other: bool,
+    /// `--metrics ADDR`: serve Prometheus metrics there (off when None).
+    pub metrics: Option<String>,
 }
 
 fn require_dir(flag: &str, path: &Path) -> Result<(), DaemonError> {
@@ -417,10 +420,18 @@ pub fn unescape_mountinfo(s: &str) -> String {
 pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
     check_mountpoint(&args.mountpoint)?;
     let cfg = args.replicate.config()?;
+    // Before replication starts: an address that cannot be bound is a
+    // usage error with nothing started.
+    let exporter = args
+        .metrics
+        .as_deref()
+        .map(Exporter::bind)
+        .transpose()
+        .map_err(|e| DaemonError::Usage(e.to_string()))?;
     install_signal_handlers();
     let replica = Arc::new(Replica::start(cfg)?);
     let state = args.replicate.state.clone();
-    let result = serve(&args, &replica, stop_requested, |_| {});
+    let result = serve(&args, &replica, exporter, stop_requested, |_| {});
     write_status_file(&state, &replica.status());
     match Arc::try_unwrap(replica) {
         Ok(r) => r.stop(),
@@ -432,9 +443,11 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
 
 /// Mounts `replica` at `args.mountpoint` and serves until `should_stop()`
 /// or an external unmount; `on_tick` runs every 50 ms (the demo uses it).
+/// With an `exporter`, serves metrics of the mount meanwhile.
 pub fn serve(
     args: &MountArgs,
     replica: &Arc<Replica>,
+    exporter: Option<Exporter>,
     should_stop: impl Fn() -> bool,
     mut on_tick: impl FnMut(&Replica),
 ) -> Result<(), DaemonError> {
@@ -463,14 +476,31 @@ pub fn serve(
             view.upgrade().map(|v| v.held_dirs()).unwrap_or_default()
         }));
     }
+    let requests = exporter.as_ref().map(|_| Arc::new(FuseRequests::default()));
     let opts = MountOptions {
         allow_other: args.allow_other,
         threads: 2,
+        requests: requests.clone(),
         ..MountOptions::default()
     };
-    let mounted = fuse::mount(view, &args.mountpoint, &opts)
+    let mounted = fuse::mount(Arc::clone(&view), &args.mountpoint, &opts)
         .map_err(|e| DaemonError::Mount(format!("mounting {}: {e}", args.mountpoint.display())))?;
     info!(mountpoint = %args.mountpoint.display(), "mounted");
+    let metrics = match exporter {
+        Some(exporter) => Some(
+            exporter
+                .serve(Sources {
+                    replica: Arc::clone(replica),
+                    view: Some(view),
+                    fuse: requests,
+                })
+                .map_err(|e| DaemonError::Io(e.to_string()))?,
+        ),
+        None => {
+            drop(view);
+            None
+        }
+    };
     let mut tick = 0u32;
     let mut external = false;
     while !should_stop() {
@@ -488,6 +518,10 @@ pub fn serve(
     }
     if !external {
         info!("unmounting");
+    }
+    // Its thread holds the replica and the view: stopped before both go.
+    if let Some(m) = metrics {
+        m.stop();
     }
     mounted
         .unmount()

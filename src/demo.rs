@@ -86,6 +86,7 @@ pub fn run(mountpoint: Option<PathBuf>, hive: bool) -> Result<(), DaemonError> {
             ..ReplicateArgs::native(&state, &src.join("source"), &src.join("events"))
         },
         allow_other: false,
+        metrics: None,
     };
     let mut cfg = ReplicaConfig::new(&state, &src.join("source"), &src.join("events"));
     cfg.cm_root = args.replicate.cm_root.clone();
@@ -114,7 +115,7 @@ pub fn run(mountpoint: Option<PathBuf>, hive: bool) -> Result<(), DaemonError> {
     let started = Instant::now();
     let mut produced = 0u64;
     let mut workload_error = None;
-    let result = daemon::serve(&args, &replica, daemon::stop_requested, |_| {
+    let result = daemon::serve(&args, &replica, None, daemon::stop_requested, |_| {
         let due = started.elapsed().as_millis() as u64 * EVENTS_PER_SECOND / 1000;
         while produced < due && workload_error.is_none() {
             let step = workload.step().and_then(|_| match converter.as_mut() {

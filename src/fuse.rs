@@ -5,6 +5,8 @@
 //! `View` call under `catch_unwind` (a panic would otherwise kill the worker
 //! thread and hang later requests; it is answered `EIO`), and leaves through
 //! one error exit that logs and replies the errno.
+//! With [`MountOptions::requests`] (`--metrics`) each request is also timed,
+//! by operation, from the handler's start to its reply.
 //!
 //! Files of at least [`PASSTHROUGH_MIN_SIZE`] are served by kernel
 //! passthrough when the kernel grants it and `STAGEFS_NO_PASSTHROUGH` is
@@ -51,6 +53,7 @@ use fuser::{
 use tracing::{debug, error, info, warn};
 
 use crate::fusermount;
+use crate::metrics::{FuseOp, FuseRequests, RequestTimer};
 use crate::view::{readers, Attr, Caller, DentryAction, FileKind, OpenContent, View, ViewError};
 
 /// Why mounting or unmounting failed.
@@ -81,6 +84,9 @@ pub struct MountOptions {
     /// Let the kernel open files without asking (see the module docs);
     /// ignored when the kernel lacks `FUSE_NO_OPEN_SUPPORT`.
     pub no_open: bool,
+    /// Time every request by operation into this (`--metrics`); None
+    /// costs nothing.
+    pub requests: Option<Arc<FuseRequests>>,
 }
 
 impl Default for MountOptions {
@@ -90,6 +96,7 @@ impl Default for MountOptions {
             allow_other: false,
             threads: 2,
             no_open: env_flag("STAGEFS_NO_OPEN"),
+            requests: None,
         }
     }
 }
@@ -129,6 +136,8 @@ struct StagefsFs {
     want_no_open: bool,
     no_open: bool,
     backing: Mutex<Backing>,
+    /// Per-operation timing, when metrics are exported.
+    requests: Option<Arc<FuseRequests>>,
 }
 
 /// Replies that can carry an errno; lets one helper answer every error.
@@ -239,13 +248,32 @@ fn reply_xattr(reply: ReplyXattr, size: u32, data: Vec<u8>) {
     }
 }
 
-fn read_only<R: ErrorReply>(op: &'static str, ino: u64, req: &Request, reply: R) {
-    let _s = span(op, ino, req);
-    debug!("refused: read-only mount");
-    reply.error(Errno::EROFS);
+/// One request's span and, with metrics, its timer: both end when it drops
+/// (after the reply, which every handler sends before returning).
+struct Handling<'a> {
+    _timer: Option<RequestTimer<'a>>,
+    _span: tracing::span::EnteredSpan,
 }
 
 impl StagefsFs {
+    fn timer(&self, op: FuseOp) -> Option<RequestTimer<'_>> {
+        self.requests.as_deref().map(|r| r.start(op))
+    }
+
+    fn request(&self, op: FuseOp, ino: u64, req: &Request) -> Handling<'_> {
+        Handling {
+            _timer: self.timer(op),
+            _span: span(op.label(), ino, req),
+        }
+    }
+
+    fn read_only<R: ErrorReply>(&self, op: &'static str, ino: u64, req: &Request, reply: R) {
+        let _t = self.timer(FuseOp::Refused);
+        let _s = span(op, ino, req);
+        debug!("refused: read-only mount");
+        reply.error(Errno::EROFS);
+    }
+
     /// Pins are the mounting user's (and root's): other users, let in by
     /// `--allow-other`, only read (`EPERM`). The mount has no
     /// `default_permissions`, so this check is the daemon's, not the kernel's.
@@ -357,7 +385,7 @@ impl Filesystem for StagefsFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _s = span("lookup", parent.0, req);
+        let _s = self.request(FuseOp::Lookup, parent.0, req);
         let r = guarded("lookup", || self.view.lookup(parent.0, name, caller(req)));
         answer(reply, r, |reply, e| {
             reply.entry_with_ttls(
@@ -370,6 +398,7 @@ impl Filesystem for StagefsFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _t = self.timer(FuseOp::Forget);
         let _ = guarded("forget", || {
             self.view.forget(ino.0, nlookup);
             Ok(())
@@ -377,7 +406,7 @@ impl Filesystem for StagefsFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _s = span("getattr", ino.0, req);
+        let _s = self.request(FuseOp::Getattr, ino.0, req);
         let r = guarded("getattr", || self.view.getattr(ino.0, caller(req)));
         answer(reply, r, |reply, (attr, ttl)| {
             reply.attr(&ttl, &file_attr(&attr))
@@ -402,11 +431,11 @@ impl Filesystem for StagefsFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        read_only("setattr", ino.0, req, reply);
+        self.read_only("setattr", ino.0, req, reply);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _s = span("opendir", ino.0, req);
+        let _s = self.request(FuseOp::Opendir, ino.0, req);
         let r = guarded("opendir", || self.view.opendir(ino.0, caller(req)));
         answer(reply, r, |reply, d| {
             let flags = if d.immutable {
@@ -426,7 +455,7 @@ impl Filesystem for StagefsFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _s = span("readdir", ino.0, req);
+        let _s = self.request(FuseOp::Readdir, ino.0, req);
         let r = guarded("readdir", || {
             self.view.readdir(fh.0, offset, |e| {
                 reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), &*e.name)
@@ -443,7 +472,7 @@ impl Filesystem for StagefsFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let _s = span("readdirplus", ino.0, req);
+        let _s = self.request(FuseOp::Readdirplus, ino.0, req);
         let r = guarded("readdirplus", || {
             self.view
                 .readdirplus(ino.0, fh.0, offset, caller(req), |e, entry| {
@@ -471,7 +500,7 @@ impl Filesystem for StagefsFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        let _s = span("releasedir", ino.0, req);
+        let _s = self.request(FuseOp::Releasedir, ino.0, req);
         let r = guarded("releasedir", || {
             self.view.releasedir(fh.0);
             Ok(())
@@ -480,7 +509,7 @@ impl Filesystem for StagefsFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _s = span("open", ino.0, req);
+        let _s = self.request(FuseOp::Open, ino.0, req);
         let r = guarded("open", || self.view.open(ino.0, flags.0, caller(req)));
         answer(reply, r, |reply, opened| {
             if self.no_open {
@@ -512,7 +541,7 @@ impl Filesystem for StagefsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _s = span("read", ino.0, req);
+        let _s = self.request(FuseOp::Read, ino.0, req);
         // File handle 0: opened without a request (no-open mode).
         let r = guarded("read", || match fh.0 {
             0 => self.view.read_inode(ino.0, offset, size),
@@ -529,6 +558,7 @@ impl Filesystem for StagefsFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.timer(FuseOp::Flush);
         // Nothing is ever buffered for writing: ENOSYS tells the kernel to
         // stop sending FLUSH at every close (no-open files, whose flags
         // cannot carry FOPEN_NOFLUSH, and the status file).
@@ -545,7 +575,7 @@ impl Filesystem for StagefsFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _s = span("release", ino.0, req);
+        let _s = self.request(FuseOp::Release, ino.0, req);
         let r = guarded("release", || {
             self.view.release(fh.0);
             self.release_backing(fh.0);
@@ -555,13 +585,13 @@ impl Filesystem for StagefsFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let _s = span("getxattr", ino.0, req);
+        let _s = self.request(FuseOp::Getxattr, ino.0, req);
         let r = guarded("getxattr", || self.view.getxattr(ino.0, name, caller(req)));
         answer(reply, r, |reply, data| reply_xattr(reply, size, data));
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let _s = span("listxattr", ino.0, req);
+        let _s = self.request(FuseOp::Listxattr, ino.0, req);
         let r = guarded("listxattr", || self.view.listxattr(ino.0, caller(req)));
         answer(reply, r, |reply, data| reply_xattr(reply, size, data));
     }
@@ -576,7 +606,7 @@ impl Filesystem for StagefsFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let _s = span("setxattr", ino.0, req);
+        let _s = self.request(FuseOp::Setxattr, ino.0, req);
         if let Err(e) = self.may_change_pins(req) {
             return reply.error(e);
         }
@@ -587,7 +617,7 @@ impl Filesystem for StagefsFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _s = span("removexattr", ino.0, req);
+        let _s = self.request(FuseOp::Removexattr, ino.0, req);
         if let Err(e) = self.may_change_pins(req) {
             return reply.error(e);
         }
@@ -598,12 +628,13 @@ impl Filesystem for StagefsFs {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let _s = span("access", ino.0, req);
+        let _s = self.request(FuseOp::Access, ino.0, req);
         let r = guarded("access", || self.view.access(ino.0, mask.bits()));
         answer(reply, r, |reply, ()| reply.ok());
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _t = self.timer(FuseOp::Statfs);
         // Nothing can be written: no free space to report.
         reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096);
     }
@@ -618,7 +649,7 @@ impl Filesystem for StagefsFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        read_only("mknod", parent.0, req, reply);
+        self.read_only("mknod", parent.0, req, reply);
     }
 
     fn mkdir(
@@ -630,15 +661,15 @@ impl Filesystem for StagefsFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        read_only("mkdir", parent.0, req, reply);
+        self.read_only("mkdir", parent.0, req, reply);
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        read_only("unlink", parent.0, req, reply);
+        self.read_only("unlink", parent.0, req, reply);
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        read_only("rmdir", parent.0, req, reply);
+        self.read_only("rmdir", parent.0, req, reply);
     }
 
     fn symlink(
@@ -649,7 +680,7 @@ impl Filesystem for StagefsFs {
         _target: &Path,
         reply: ReplyEntry,
     ) {
-        read_only("symlink", parent.0, req, reply);
+        self.read_only("symlink", parent.0, req, reply);
     }
 
     fn rename(
@@ -662,7 +693,7 @@ impl Filesystem for StagefsFs {
         _flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        read_only("rename", parent.0, req, reply);
+        self.read_only("rename", parent.0, req, reply);
     }
 
     fn link(
@@ -673,7 +704,7 @@ impl Filesystem for StagefsFs {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        read_only("link", ino.0, req, reply);
+        self.read_only("link", ino.0, req, reply);
     }
 
     fn create(
@@ -686,7 +717,7 @@ impl Filesystem for StagefsFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        read_only("create", parent.0, req, reply);
+        self.read_only("create", parent.0, req, reply);
     }
 
     fn write(
@@ -701,7 +732,7 @@ impl Filesystem for StagefsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        read_only("write", ino.0, req, reply);
+        self.read_only("write", ino.0, req, reply);
     }
 
     fn fallocate(
@@ -714,7 +745,7 @@ impl Filesystem for StagefsFs {
         _mode: i32,
         reply: ReplyEmpty,
     ) {
-        read_only("fallocate", ino.0, req, reply);
+        self.read_only("fallocate", ino.0, req, reply);
     }
 
     fn copy_file_range(
@@ -730,7 +761,7 @@ impl Filesystem for StagefsFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        read_only("copy_file_range", ino_out.0, req, reply);
+        self.read_only("copy_file_range", ino_out.0, req, reply);
     }
 }
 
@@ -846,6 +877,7 @@ pub fn mount(
         want_no_open: opts.no_open,
         no_open: false,
         backing: Mutex::new(Backing::default()),
+        requests: opts.requests.clone(),
     };
     let view = Arc::clone(&fs.view);
     let via_fusermount = fusermount::needed();

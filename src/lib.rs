@@ -4,8 +4,8 @@
 //! source ([`source`]: native JSONL or Hive) → [`journal`] → [`stage`] (blobs) → [`catalog`]
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
 //! [`replicate`] runs the pipeline threads; [`daemon`], [`run`] and [`demo`]
-//! are the commands; [`status`] reports on them; [`workload`] generates test
-//! warehouses.
+//! are the commands; [`status`] reports on them ([`metrics`] exports it to
+//! Prometheus); [`workload`] generates test warehouses.
 
 pub mod catalog;
 pub mod checker;
@@ -17,6 +17,7 @@ pub mod fuse;
 pub mod fusermount;
 pub mod hive_writer;
 pub mod journal;
+pub mod metrics;
 pub mod redact;
 pub mod replicate;
 pub mod run;

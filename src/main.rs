@@ -63,6 +63,10 @@ enum Command {
         /// Let users other than the mounting one read the mount.
         #[arg(long)]
         allow_other: bool,
+        /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT, e.g.
+        /// 127.0.0.1:9464; off unless given).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
     },
     /// Print the status JSON of a mount or a state folder.
     Status {
@@ -109,10 +113,12 @@ fn main() -> ExitCode {
             mountpoint,
             source,
             allow_other,
+            metrics,
         } => daemon::mount(MountArgs {
             mountpoint,
             replicate: replicate_args(source),
             allow_other,
+            metrics,
         }),
         Command::Status {
             mountpoint,

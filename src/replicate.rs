@@ -705,6 +705,7 @@ fn run_ingest<S: Source>(
         }
         progress.set_source(source.report());
         if let Some(r) = rejected {
+            progress.events_rejected.fetch_add(1, Ordering::Relaxed);
             error!(rejection = %r, "rejected a source event; replication stops at the last good state");
             stop_at_rejection(progress, r.stall(), stop);
             return;
@@ -1071,7 +1072,7 @@ impl Stager {
                     any = true;
                 }
                 Err(e) => {
-                    self.progress.fetch_failures.fetch_add(1, Ordering::Relaxed);
+                    self.progress.count_fetch_failure(e.kind_label());
                     let attempt = self.errors.get(&key).map_or(0, |(a, _)| a + 1);
                     if attempt == 0 {
                         warn!(blob = %key, error = %e, "cannot stage a file yet; retrying with backoff");
@@ -1185,6 +1186,7 @@ impl Stager {
         let id = tree.state_id;
         let span = info_span!("commit", state_id = %id);
         let _g = span.enter();
+        let started = Instant::now();
         self.publish_staged()?;
         // Durability order: blobs, then what the files resolved to, then
         // the commit record.
@@ -1196,6 +1198,7 @@ impl Stager {
             Ok(dropped) => {
                 debug!(dropped = dropped.len(), "committed");
                 self.progress.commits.fetch_add(1, Ordering::Relaxed);
+                self.progress.commit_duration.observe(started.elapsed());
                 for b in self.pending.committed(id) {
                     self.retries.remove(&b);
                     self.errors.remove(&b);

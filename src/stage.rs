@@ -20,7 +20,8 @@
 //!   after a crash is complete, and a blob at its path is durable
 //!   (durability order, step 1).
 //! - Same content is stored once, whatever file names reference it.
-//! - [`BlobStore::staged_bytes`] is the total size of the stored blobs: scanned
+//! - [`BlobStore::staged_bytes`] is the total size of the stored blobs (and
+//!   [`BlobStore::stored_blobs`] their number): scanned
 //!   on open, then kept up to date by fetch and remove.
 //!
 //! Source and change-management files are opened only beneath their root
@@ -140,6 +141,8 @@ pub struct BlobStore {
     /// `<state>/blobs/tmp`
     tmp_dir: PathBuf,
     staged_bytes: AtomicU64,
+    /// How many blobs are stored; kept with `staged_bytes`.
+    stored_blobs: AtomicU64,
     /// Makes temp names unique within this process, so parallel fetches of
     /// one blob never share a temp file; the pid in the name is for humans
     /// reading a leftover.
@@ -159,12 +162,17 @@ impl BlobStore {
             root,
             tmp_dir,
             staged_bytes: AtomicU64::new(0),
+            stored_blobs: AtomicU64::new(0),
             next_tmp: AtomicU64::new(0),
         };
         store.remove_leftover_temps()?;
-        let mut total = 0u64;
-        store.for_each_blob(|_, len| total += len)?;
+        let (mut total, mut count) = (0u64, 0u64);
+        store.for_each_blob(|_, len| {
+            total += len;
+            count += 1;
+        })?;
         store.staged_bytes.store(total, Ordering::Relaxed);
+        store.stored_blobs.store(count, Ordering::Relaxed);
         Ok(store)
     }
 
@@ -183,6 +191,16 @@ impl BlobStore {
     /// Total size of the stored blobs.
     pub fn staged_bytes(&self) -> u64 {
         self.staged_bytes.load(Ordering::Relaxed)
+    }
+
+    /// How many blobs are stored.
+    pub fn stored_blobs(&self) -> u64 {
+        self.stored_blobs.load(Ordering::Relaxed)
+    }
+
+    fn count_placed(&self, size: u64) {
+        self.staged_bytes.fetch_add(size, Ordering::Relaxed);
+        self.stored_blobs.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Stores the content `file` names, unless it is already stored: first
@@ -336,7 +354,7 @@ impl BlobStore {
                 Ok(placed_here) => {
                     if placed_here {
                         u.temp.keep = true;
-                        self.staged_bytes.fetch_add(u.size, Ordering::Relaxed);
+                        self.count_placed(u.size);
                         placed.push((u.id, u.size));
                     }
                     // Even when another copy got there first, its rename may
@@ -559,7 +577,7 @@ impl BlobStore {
         match rename_no_replace(&temp.path, &dest) {
             Ok(()) => {
                 temp.keep = true;
-                self.staged_bytes.fetch_add(size, Ordering::Relaxed);
+                self.count_placed(size);
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(store_error("renaming into", &dest, e)),
@@ -580,13 +598,19 @@ impl BlobStore {
         fsync_dir(&dir).map_err(|e| store_error("syncing directory", &dir, e))
     }
 
+    /// One blob of `len` bytes left the store.
     fn subtract_staged(&self, len: u64) {
         // Saturating: a blob placed by hand outside the store's knowledge
-        // must not wrap the counter.
+        // must not wrap the counters.
         let _ = self
             .staged_bytes
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(len))
+            });
+        let _ = self
+            .stored_blobs
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
             });
     }
 
@@ -1673,6 +1697,7 @@ mod tests {
         store.fetch(&f1, &fx.src, None).unwrap();
         store.fetch(&f2, &fx.src, None).unwrap();
         assert_eq!(store.staged_bytes(), (one.len() + two.len()) as u64);
+        assert_eq!(store.stored_blobs(), 2);
 
         assert_eq!(store.remove(&f1.key()).unwrap(), one.len() as u64);
         assert_eq!(
@@ -1682,7 +1707,11 @@ mod tests {
         );
         assert!(!store.contains(&f1.key()));
         assert_eq!(store.staged_bytes(), two.len() as u64);
+        assert_eq!(store.stored_blobs(), 1);
         assert_eq!(store.list().unwrap(), vec![f2.key()]);
+        drop(store);
+        let reopened = BlobStore::open(&fx.state).unwrap();
+        assert_eq!(reopened.stored_blobs(), 1, "reopen counts the blobs");
     }
 
     #[test]
@@ -1703,6 +1732,7 @@ mod tests {
         let outcomes: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert!(outcomes.contains(&FetchOutcome::FromSource), "{outcomes:?}");
         assert_eq!(store.staged_bytes(), content.len() as u64);
+        assert_eq!(store.stored_blobs(), 1);
         assert_eq!(store.list().unwrap().len(), 1);
         assert_eq!(temp_count(&fx.state), 0);
     }

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::Snapshot;
 use crate::event::StateId;
+use crate::metrics::LatencyHistogram;
 use crate::source::SourceReport;
 
 /// Why replication cannot progress.
@@ -49,12 +50,18 @@ pub struct Progress {
     pub oldest_pending_time_ms: AtomicI64,
     pub events_accepted: AtomicU64,
     pub events_duplicate: AtomicU64,
+    /// Source events rejected (each stops ingest until restart).
+    pub events_rejected: AtomicU64,
     pub files_fetched: AtomicU64,
     pub bytes_fetched: AtomicU64,
     pub fetches_from_cm: AtomicU64,
     pub fetch_failures: AtomicU64,
+    /// `fetch_failures` by [`crate::stage::StageError::kind_label`].
+    fetch_failures_by_reason: Mutex<BTreeMap<&'static str, u64>>,
     pub in_flight: AtomicU64,
     pub commits: AtomicU64,
+    /// How long each commit took (for `--metrics`).
+    pub commit_duration: LatencyHistogram,
     pub gc_runs: AtomicU64,
     pub gc_removed: AtomicU64,
     pub gc_freed_bytes: AtomicU64,
@@ -79,12 +86,15 @@ impl Default for Progress {
             oldest_pending_time_ms: AtomicI64::new(UNKNOWN_TIME),
             events_accepted: AtomicU64::new(0),
             events_duplicate: AtomicU64::new(0),
+            events_rejected: AtomicU64::new(0),
             files_fetched: AtomicU64::new(0),
             bytes_fetched: AtomicU64::new(0),
             fetches_from_cm: AtomicU64::new(0),
             fetch_failures: AtomicU64::new(0),
+            fetch_failures_by_reason: Mutex::new(BTreeMap::new()),
             in_flight: AtomicU64::new(0),
             commits: AtomicU64::new(0),
+            commit_duration: LatencyHistogram::for_commits(),
             gc_runs: AtomicU64::new(0),
             gc_removed: AtomicU64::new(0),
             gc_freed_bytes: AtomicU64::new(0),
@@ -108,6 +118,18 @@ impl Progress {
 
     pub fn set_stage_stall(&self, stall: Option<Stall>) {
         *lock(&self.stage_stall) = stall;
+    }
+
+    /// One failed fetch attempt, `reason` a short fixed label.
+    pub fn count_fetch_failure(&self, reason: &'static str) {
+        self.fetch_failures.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.fetch_failures_by_reason)
+            .entry(reason)
+            .or_insert(0) += 1;
+    }
+
+    pub fn fetch_failures_by_reason(&self) -> BTreeMap<&'static str, u64> {
+        lock(&self.fetch_failures_by_reason).clone()
     }
 
     pub fn set_source(&self, report: SourceReport) {

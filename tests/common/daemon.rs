@@ -85,6 +85,8 @@ pub struct DaemonArgs {
     pub env: Vec<(String, String)>,
     /// Follow a Hive metastore instead of the native events.
     pub hive: Option<HiveMetastoreArgs>,
+    /// More flags, appended as given (e.g. `--metrics ADDR`).
+    pub extra: Vec<OsString>,
 }
 
 /// `--hive-metastore URL --source-map M... --hive-poll-ms N`, with the
@@ -114,6 +116,7 @@ impl DaemonArgs {
             retain: None,
             env: Vec::new(),
             hive: None,
+            extra: Vec::new(),
         }
     }
 
@@ -124,6 +127,12 @@ impl DaemonArgs {
 
     pub fn retain(mut self, n: usize) -> DaemonArgs {
         self.retain = Some(n);
+        self
+    }
+
+    /// Appends `flag` to the command line.
+    pub fn arg(mut self, flag: &str) -> DaemonArgs {
+        self.extra.push(flag.into());
         self
     }
 
@@ -162,6 +171,7 @@ impl DaemonArgs {
             a.push("--retain".into());
             a.push(n.to_string().into());
         }
+        a.extend(self.extra.iter().cloned());
         a
     }
 }

@@ -1,0 +1,788 @@
+//! Prometheus metrics: `stagefs mount --metrics ADDR` serves the Prometheus
+//! text format (version 0.0.4) at `http://ADDR/metrics`.
+//!
+//! Owns the exporter (a `tiny_http` server on one thread), the scrape-time
+//! collector and the two latency histograms the pipeline and the FUSE
+//! adapter record into. Every other value is read at scrape time from what
+//! status already keeps ([`Progress`], the catalog snapshot, the blob store,
+//! the view's readers), so a scrape and `.stagefs/status` never disagree and
+//! nothing is counted twice. docs/OPERATIONS.md lists every metric.
+//!
+//! Invariants: text is produced only by `prometheus-client`'s encoder (never
+//! formatted here); nothing binds unless `--metrics` names an address; the
+//! FUSE adapter records only when given a [`FuseRequests`] (two relaxed
+//! atomic adds and two clock reads per request), so a mount without
+//! `--metrics` pays nothing.
+//!
+//! Called by the daemon ([`Exporter::bind`] before replication starts, so a
+//! bad address is a usage error with nothing started; [`Exporter::serve`]
+//! once the mount exists), by the stager (commit durations) and by
+//! [`crate::fuse`] (per-operation timing).
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeMetric, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tracing::{info, warn};
+
+use crate::replicate::Replica;
+use crate::status::{Progress, StatusReport};
+use crate::view::View;
+
+/// Why the exporter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("--metrics {addr}: {reason}")]
+    Address { addr: String, reason: String },
+    #[error("--metrics {addr}: cannot listen: {reason}")]
+    Bind { addr: String, reason: String },
+    #[error("starting the metrics thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// A histogram of durations with fixed bounds, lock-free: one relaxed add
+/// to the bucket and one to the sum per observation (prometheus-client's
+/// own `Histogram` takes a mutex per observation, too much for every FUSE
+/// request). The count is the sum of the buckets, so `_count` always
+/// equals the `+Inf` bucket even while observations race a scrape.
+#[derive(Debug)]
+pub struct LatencyHistogram {
+    /// Upper bounds in nanoseconds, ascending.
+    bounds_ns: &'static [u64],
+    /// One per bound, then the `+Inf` bucket; not cumulative.
+    buckets: Box<[AtomicU64]>,
+    sum_ns: AtomicU64,
+}
+
+const US: u64 = 1_000;
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000_000_000;
+
+/// FUSE requests: 5 µs (a cached lookup) to 5 s.
+const FUSE_BOUNDS_NS: &[u64] = &[
+    5 * US,
+    10 * US,
+    25 * US,
+    50 * US,
+    100 * US,
+    250 * US,
+    500 * US,
+    MS,
+    5 * MS / 2,
+    5 * MS,
+    10 * MS,
+    25 * MS,
+    50 * MS,
+    100 * MS,
+    250 * MS,
+    500 * MS,
+    S,
+    5 * S,
+];
+
+/// Commits (blob fsyncs, resolutions, the commit record): 1 ms to 60 s.
+const COMMIT_BOUNDS_NS: &[u64] = &[
+    MS,
+    5 * MS / 2,
+    5 * MS,
+    10 * MS,
+    25 * MS,
+    50 * MS,
+    100 * MS,
+    250 * MS,
+    500 * MS,
+    S,
+    5 * S / 2,
+    5 * S,
+    10 * S,
+    30 * S,
+    60 * S,
+];
+
+impl LatencyHistogram {
+    fn new(bounds_ns: &'static [u64]) -> LatencyHistogram {
+        LatencyHistogram {
+            bounds_ns,
+            buckets: (0..=bounds_ns.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// For commit durations.
+    pub fn for_commits() -> LatencyHistogram {
+        LatencyHistogram::new(COMMIT_BOUNDS_NS)
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        // The first bucket whose bound is at least `ns` (Prometheus `le`).
+        let i = self.bounds_ns.partition_point(|&b| b < ns);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl EncodeMetric for LatencyHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        // Per-bucket counts; the encoder makes them cumulative.
+        let buckets: Vec<(f64, u64)> = self
+            .bounds_ns
+            .iter()
+            .map(|&b| b as f64 / S as f64)
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(self.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / S as f64;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// The FUSE operations timed, one histogram each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FuseOp {
+    Lookup,
+    Forget,
+    Getattr,
+    Opendir,
+    Readdir,
+    Readdirplus,
+    Releasedir,
+    Open,
+    Read,
+    Release,
+    Getxattr,
+    Listxattr,
+    Setxattr,
+    Removexattr,
+    Access,
+    Statfs,
+    Flush,
+    /// Every data-changing request, answered `EROFS`.
+    Refused,
+}
+
+impl FuseOp {
+    pub const ALL: [FuseOp; 18] = [
+        FuseOp::Lookup,
+        FuseOp::Forget,
+        FuseOp::Getattr,
+        FuseOp::Opendir,
+        FuseOp::Readdir,
+        FuseOp::Readdirplus,
+        FuseOp::Releasedir,
+        FuseOp::Open,
+        FuseOp::Read,
+        FuseOp::Release,
+        FuseOp::Getxattr,
+        FuseOp::Listxattr,
+        FuseOp::Setxattr,
+        FuseOp::Removexattr,
+        FuseOp::Access,
+        FuseOp::Statfs,
+        FuseOp::Flush,
+        FuseOp::Refused,
+    ];
+
+    /// The `op` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            FuseOp::Lookup => "lookup",
+            FuseOp::Forget => "forget",
+            FuseOp::Getattr => "getattr",
+            FuseOp::Opendir => "opendir",
+            FuseOp::Readdir => "readdir",
+            FuseOp::Readdirplus => "readdirplus",
+            FuseOp::Releasedir => "releasedir",
+            FuseOp::Open => "open",
+            FuseOp::Read => "read",
+            FuseOp::Release => "release",
+            FuseOp::Getxattr => "getxattr",
+            FuseOp::Listxattr => "listxattr",
+            FuseOp::Setxattr => "setxattr",
+            FuseOp::Removexattr => "removexattr",
+            FuseOp::Access => "access",
+            FuseOp::Statfs => "statfs",
+            FuseOp::Flush => "flush",
+            FuseOp::Refused => "refused",
+        }
+    }
+}
+
+/// Per-operation latency of the FUSE requests one mount answered.
+#[derive(Debug)]
+pub struct FuseRequests {
+    /// Indexed by `FuseOp as usize`.
+    by_op: Vec<LatencyHistogram>,
+}
+
+impl Default for FuseRequests {
+    fn default() -> Self {
+        FuseRequests {
+            by_op: FuseOp::ALL
+                .iter()
+                .map(|_| LatencyHistogram::new(FUSE_BOUNDS_NS))
+                .collect(),
+        }
+    }
+}
+
+impl FuseRequests {
+    pub fn histogram(&self, op: FuseOp) -> &LatencyHistogram {
+        &self.by_op[op as usize]
+    }
+
+    /// Starts timing one request; recorded when the timer drops.
+    pub fn start(&self, op: FuseOp) -> RequestTimer<'_> {
+        RequestTimer {
+            histogram: self.histogram(op),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// Records the time since [`FuseRequests::start`] when dropped.
+pub struct RequestTimer<'a> {
+    histogram: &'a LatencyHistogram,
+    started: Instant,
+}
+
+impl Drop for RequestTimer<'_> {
+    fn drop(&mut self) {
+        self.histogram.observe(self.started.elapsed());
+    }
+}
+
+/// What a scrape reads.
+pub struct Sources {
+    pub replica: Arc<Replica>,
+    /// The mount's view (readers' views); None without a mount.
+    pub view: Option<Arc<View>>,
+    /// The mount's request timing; None without a mount.
+    pub fuse: Option<Arc<FuseRequests>>,
+}
+
+/// Reads everything at scrape time.
+struct Scrape(Sources);
+
+impl fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Scrape")
+    }
+}
+
+/// Why replication is stalled, as the `reason` label of `stagefs_stalled`:
+/// which part of the pipeline stopped. The message is in the status.
+const STALL_REASONS: [&str; 4] = ["failed", "rejected_event", "source_unreadable", "staging"];
+
+fn stall_reason(progress: &Progress) -> Option<&'static str> {
+    let held = |m: &Mutex<Option<crate::status::Stall>>| {
+        m.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    };
+    if held(&progress.failure) {
+        Some("failed")
+    } else if held(&progress.ingest_stall) {
+        // A rejected event stops ingest until restart, so once one was
+        // counted the ingest stall is that rejection; otherwise the source
+        // cannot be read (retrying, or fatal: a bad metastore URL, ...).
+        if progress.events_rejected.load(Ordering::Relaxed) > 0 {
+            Some("rejected_event")
+        } else {
+            Some("source_unreadable")
+        }
+    } else if held(&progress.stage_stall) {
+        Some("staging")
+    } else {
+        None
+    }
+}
+
+fn gauge<V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: V,
+) -> fmt::Result {
+    let g = ConstGauge::new(value);
+    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// A counter; the encoder adds `_total` to `name`.
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
+    let c = ConstCounter::new(value);
+    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// One counter family with a single label.
+fn counters_by(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, u64)],
+) -> fmt::Result {
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (value, n) in values {
+        ConstCounter::new(*n).encode(family.encode_family(&[(label, *value)])?)?;
+    }
+    Ok(())
+}
+
+impl Scrape {
+    fn encode_replication(&self, enc: &mut DescriptorEncoder, s: &StatusReport) -> fmt::Result {
+        let progress = self.0.replica.progress();
+        gauge(
+            enc,
+            "visible_state_id",
+            "Newest state readers see (the last commit).",
+            s.visible.0,
+        )?;
+        gauge(
+            enc,
+            "latest_state_id",
+            "Newest state-id accepted from the source.",
+            s.latest.0,
+        )?;
+        gauge(
+            enc,
+            "lag_events",
+            "Events the source has that are not visible yet.",
+            s.lag_events,
+        )?;
+        if let Some(lag) = s.lag_seconds {
+            gauge(
+                enc,
+                "lag_seconds",
+                "Age of the oldest event not visible yet (0 when caught up; absent while unknown).",
+                lag,
+            )?;
+        }
+        counter(
+            enc,
+            "events_accepted",
+            "Source events accepted into the journal.",
+            s.events_accepted,
+        )?;
+        counter(
+            enc,
+            "events_duplicate",
+            "Source events skipped as exact repeats of accepted ones.",
+            s.events_duplicate,
+        )?;
+        counter(
+            enc,
+            "events_rejected",
+            "Source events rejected (replication stops at the last good state until restart).",
+            progress.events_rejected.load(Ordering::Relaxed),
+        )?;
+        counter(enc, "commits", "States made visible.", s.commits)?;
+        let h = &progress.commit_duration;
+        h.encode(enc.encode_descriptor(
+            "commit_duration_seconds",
+            "Time to commit one state: publish its blobs, record resolutions, write the commit record.",
+            None,
+            h.metric_type(),
+        )?)?;
+        let from_source = s
+            .staging
+            .files_fetched
+            .saturating_sub(s.staging.from_change_management);
+        counters_by(
+            enc,
+            "fetches",
+            "Files copied into the blob store, by where the copy came from.",
+            "outcome",
+            &[
+                ("source", from_source),
+                ("cm", s.staging.from_change_management),
+            ],
+        )?;
+        let failures = progress.fetch_failures_by_reason();
+        let mut by_reason: Vec<(&str, u64)> = ["unavailable", "disk full", "io"]
+            .iter()
+            .map(|r| (*r, failures.get(r).copied().unwrap_or(0)))
+            .collect();
+        by_reason.extend(
+            failures
+                .iter()
+                .filter(|(r, _)| !by_reason.iter().any(|(k, _)| k == *r))
+                .map(|(r, n)| (*r, *n))
+                .collect::<Vec<_>>(),
+        );
+        counters_by(
+            enc,
+            "fetch_failures",
+            "Failed fetch attempts (each is retried with backoff), by reason.",
+            "reason",
+            &by_reason,
+        )?;
+        gauge(
+            enc,
+            "fetches_in_flight",
+            "Fetches running now.",
+            s.staging.in_flight,
+        )?;
+        counter(
+            enc,
+            "staged_bytes",
+            "Bytes copied into the blob store by fetches.",
+            s.staging.bytes_fetched,
+        )?;
+        gauge(
+            enc,
+            "stored_blobs",
+            "Blobs in the blob store.",
+            self.0.replica.blobs().stored_blobs(),
+        )?;
+        gauge(
+            enc,
+            "stored_bytes",
+            "Bytes of the blobs in the blob store.",
+            s.staged_bytes,
+        )?;
+        gauge(
+            enc,
+            "unverified_files",
+            "Files staged without a source checksum to verify them with (Hive).",
+            s.unverified_files,
+        )?;
+        counter(enc, "gc_runs", "Garbage-collection passes.", s.gc.runs)?;
+        counter(
+            enc,
+            "gc_removed_blobs",
+            "Blobs removed by garbage collection.",
+            s.gc.removed_blobs,
+        )?;
+        counter(
+            enc,
+            "gc_freed_bytes",
+            "Bytes freed by garbage collection.",
+            s.gc.freed_bytes,
+        )?;
+        counter(
+            enc,
+            "journal_records",
+            "Records appended to the journal by this process.",
+            s.journal.records,
+        )?;
+        let reason = stall_reason(progress);
+        let mut stalled = enc.encode_descriptor(
+            "stalled",
+            "1 while replication cannot progress, on the series of its reason (the message is in stagefs status).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for r in STALL_REASONS {
+            let v = i64::from(reason == Some(r));
+            ConstGauge::new(v).encode(stalled.encode_family(&[("reason", r)])?)?;
+        }
+        gauge(
+            enc,
+            "retained_versions",
+            "Versions kept browsable (retained and pinned).",
+            s.retained.len() as u64,
+        )?;
+        gauge(enc, "pins", "Pins in force.", s.pins.len() as u64)?;
+        gauge(
+            enc,
+            "sessions",
+            "stagefs run sessions in force.",
+            s.sessions.len() as u64,
+        )?;
+        Ok(())
+    }
+
+    fn encode_readers(&self, enc: &mut DescriptorEncoder, view: &View) -> fmt::Result {
+        let r = view.readers().summary();
+        gauge(
+            enc,
+            "reader_views",
+            "Processes with a view of their own (active within the view rule's quiet gap).",
+            r.views as u64,
+        )?;
+        if let Some(oldest) = r.oldest_view {
+            gauge(
+                enc,
+                "reader_oldest_view_state_id",
+                "The oldest state a reader's view shows (absent without views).",
+                oldest.0,
+            )?;
+        }
+        counter(
+            enc,
+            "reader_unattributed_requests",
+            "Requests no process could be named for (they see the newest visible state).",
+            r.unattributed_requests,
+        )?;
+        counter(
+            enc,
+            "reader_view_moves",
+            "Times a reader's view moved to a newer state.",
+            r.view_moves,
+        )?;
+        counter(
+            enc,
+            "dentry_invalidations",
+            "Directory entries the mount asked the kernel to drop.",
+            r.dentry_invalidations,
+        )
+    }
+
+    fn encode_fuse(&self, enc: &mut DescriptorEncoder, fuse: &FuseRequests) -> fmt::Result {
+        let mut family = enc.encode_descriptor(
+            "fuse_request_duration_seconds",
+            "FUSE requests answered, by operation: time from the handler's start to its reply (_count is the number of requests).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for op in FuseOp::ALL {
+            fuse.histogram(op)
+                .encode(family.encode_family(&[("op", op.label())])?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let status = self.0.replica.status();
+        self.encode_replication(&mut enc, &status)?;
+        if let Some(view) = &self.0.view {
+            self.encode_readers(&mut enc, view)?;
+        }
+        if let Some(fuse) = &self.0.fuse {
+            self.encode_fuse(&mut enc, fuse)?;
+        }
+        Ok(())
+    }
+}
+
+fn registry(sources: Sources) -> Registry {
+    let mut registry = Registry::with_prefix("stagefs");
+    registry.register_collector(Box::new(Scrape(sources)));
+    registry
+}
+
+fn render_registry(registry: &Registry) -> Result<String, fmt::Error> {
+    let mut text = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut text, registry)?;
+    Ok(text)
+}
+
+/// A bound, not yet serving, metrics listener.
+pub struct Exporter {
+    server: tiny_http::Server,
+    addr: SocketAddr,
+}
+
+impl Exporter {
+    /// Listens on `addr` (`HOST:PORT`; port 0 picks a free one).
+    pub fn bind(addr: &str) -> Result<Exporter, MetricsError> {
+        let address_err = |reason: String| MetricsError::Address {
+            addr: addr.to_owned(),
+            reason,
+        };
+        let resolved = addr
+            .to_socket_addrs()
+            .map_err(|e| address_err(format!("not a HOST:PORT address ({e})")))?
+            .next()
+            .ok_or_else(|| address_err("resolves to no address".into()))?;
+        let server = tiny_http::Server::http(resolved).map_err(|e| MetricsError::Bind {
+            addr: addr.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let addr = server
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| address_err("not an IP address".into()))?;
+        Ok(Exporter { server, addr })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Answers `GET /metrics` on its own thread until [`Serving::stop`].
+    pub fn serve(self, sources: Sources) -> Result<Serving, MetricsError> {
+        let server = Arc::new(self.server);
+        let registry = registry(sources);
+        let thread = {
+            let server = Arc::clone(&server);
+            std::thread::Builder::new()
+                .name("stagefs-metrics".into())
+                .spawn(move || answer_scrapes(&server, &registry))
+                .map_err(MetricsError::Spawn)?
+        };
+        info!(url = %format!("http://{}/metrics", self.addr), "serving metrics");
+        Ok(Serving {
+            server,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn answer_scrapes(server: &tiny_http::Server, registry: &Registry) {
+    use tiny_http::{Header, Method, Response};
+    // `recv` fails only once `unblock` was called (shutdown).
+    while let Ok(request) = server.recv() {
+        let path = request.url().split('?').next().unwrap_or("");
+        let get = matches!(request.method(), Method::Get | Method::Head);
+        let response = match (get, path) {
+            (true, "/metrics") => match render_registry(registry) {
+                Ok(text) => {
+                    let content_type = Header::from_bytes(
+                        "Content-Type",
+                        prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                    );
+                    let mut r = Response::from_string(text);
+                    if let Ok(h) = content_type {
+                        r = r.with_header(h);
+                    }
+                    r
+                }
+                Err(_) => {
+                    Response::from_string("cannot encode the metrics\n").with_status_code(500)
+                }
+            },
+            (true, _) => {
+                Response::from_string("not found: metrics are at /metrics\n").with_status_code(404)
+            }
+            (false, _) => Response::from_string("only GET\n").with_status_code(405),
+        };
+        if let Err(e) = request.respond(response) {
+            warn!(error = %e, "cannot answer a metrics request");
+        }
+    }
+}
+
+/// The running exporter; [`Serving::stop`] ends it and drops what it read.
+pub struct Serving {
+    server: Arc<tiny_http::Server>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Serving {
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        self.server.unblock();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                warn!("the metrics thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_by_upper_bound_and_counts_every_observation() {
+        let h = LatencyHistogram::new(&[10 * US, MS]);
+        h.observe(Duration::from_micros(10)); // le 10 µs: inclusive
+        h.observe(Duration::from_micros(11));
+        h.observe(Duration::from_secs(3)); // +Inf
+        let counts: Vec<u64> = h
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(counts, vec![1, 1, 1]);
+        assert_eq!(h.count(), 3);
+        assert_eq!(h.sum_ns.load(Ordering::Relaxed), 3 * S + 21 * US);
+    }
+
+    #[test]
+    fn fuse_histograms_encode_cumulative_buckets_per_operation() {
+        #[derive(Debug)]
+        struct Only(Arc<FuseRequests>);
+        impl Collector for Only {
+            fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+                let mut family = enc.encode_descriptor(
+                    "fuse_request_duration_seconds",
+                    "test",
+                    None,
+                    MetricType::Histogram,
+                )?;
+                for op in [FuseOp::Read, FuseOp::Lookup] {
+                    self.0
+                        .histogram(op)
+                        .encode(family.encode_family(&[("op", op.label())])?)?;
+                }
+                Ok(())
+            }
+        }
+        let fuse = Arc::new(FuseRequests::default());
+        drop(fuse.start(FuseOp::Read));
+        fuse.histogram(FuseOp::Read)
+            .observe(Duration::from_millis(2));
+        let mut registry = Registry::with_prefix("stagefs");
+        registry.register_collector(Box::new(Only(Arc::clone(&fuse))));
+        let text = render_registry(&registry).unwrap();
+        assert!(
+            text.contains("stagefs_fuse_request_duration_seconds_count{op=\"read\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "stagefs_fuse_request_duration_seconds_bucket{le=\"+Inf\",op=\"read\"} 2"
+            ) || text.contains(
+                "stagefs_fuse_request_duration_seconds_bucket{op=\"read\",le=\"+Inf\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("stagefs_fuse_request_duration_seconds_count{op=\"lookup\"} 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn binding_a_bad_address_is_an_address_error() {
+        assert!(matches!(
+            Exporter::bind("not an address"),
+            Err(MetricsError::Address { .. })
+        ));
+    }
+
+    #[test]
+    fn binding_a_taken_port_is_a_bind_error() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        assert!(matches!(
+            Exporter::bind(&addr),
+            Err(MetricsError::Bind { .. })
+        ));
+    }
+}
