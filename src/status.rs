@@ -223,7 +223,8 @@ pub struct StatusReport {
 /// Per-process views in use.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadersReport {
-    /// Processes with a view (active within the view rule's quiet gap).
+    /// Live processes with a view (forgotten when the process exits or
+    /// the view would move at any request, at most ~10 s after its last).
     pub views: usize,
     /// The oldest state a view shows.
     pub oldest_view: Option<StateId>,
@@ -232,6 +233,10 @@ pub struct ReadersReport {
     pub unattributed_requests: u64,
     /// Times a view moved to a newer state.
     pub view_moves: u64,
+    /// Requests after a wall-clock gap long enough to move the view that
+    /// kept it, because the process spent the gap waiting for a CPU.
+    #[serde(default)]
+    pub starved_keeps: u64,
     /// Table entries the mount asked the kernel to drop (old versions).
     pub dentry_invalidations: u64,
 }

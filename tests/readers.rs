@@ -2,8 +2,8 @@
 //! real mounts and real processes: the view rule (a burst stays on one
 //! state, read-your-check, a poller advances), one process joining two
 //! tables, `stagefs run` sessions, working directories across commits and
-//! GC, DuckDB (when installed) with absolute paths and with its cwd in the
-//! table.
+//! GC, a query starved of CPU between its listing and its opens, DuckDB
+//! (when installed) with absolute paths and with its cwd in the table.
 
 mod common;
 
@@ -480,6 +480,202 @@ print("same", now == data)
     );
     assert!(cwd.ends_with("/db/left"), "{cwd}");
     assert!(rest.contains("same True"), "{rest}");
+}
+
+// ---------------------------------------------------------------------------
+// A starved machine: a query's gaps stretch while it waits for a CPU.
+
+/// Table `db.t` whose files are named after the event that wrote them
+/// (`f<id>_0`, `f<id>_1`, content `<id>`): a listing taken in one state
+/// and opened in the next fails with ENOENT.
+struct RenamingTable {
+    w: EventWriter,
+    next: u64,
+}
+
+impl RenamingTable {
+    fn new(args: &DaemonArgs) -> RenamingTable {
+        let w = EventWriter::new(args);
+        w.append(json!({"id": 1, "op": "create_database", "db": "db"}));
+        w.append(json!({"id": 2, "op": "create_table", "db": "db", "table": "t"}));
+        let mut t = RenamingTable { w, next: 3 };
+        t.step();
+        t
+    }
+
+    fn step(&mut self) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        let files: Vec<_> = (0..2)
+            .map(|i| {
+                self.w
+                    .put_file(&format!("db/t/f{id}_{i}"), id.to_string().as_bytes())
+            })
+            .collect();
+        self.w.append(
+            json!({"id": id, "op": "replace_files", "db": "db", "table": "t", "files": files}),
+        );
+        id
+    }
+}
+
+/// A reader that lists `db/t`, then stays runnable without running (at
+/// nice 19, on one CPU with a busy loop of its own at nice 0) until the
+/// test has committed a new state and at least `gap` seconds passed, then
+/// stops the busy loop and opens what it listed by absolute path. Prints the gap, how much of it
+/// the process waited for a CPU, and what it read, as JSON.
+const STARVED_READER: &str = r#"
+import json, os, sys, time
+mnt, ready, go, gap = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+cpu = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+hog = os.fork()
+if hog == 0:
+    while True:
+        pass
+def waited():
+    total = 0
+    for t in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{t}/schedstat") as f:
+            total += int(f.read().split()[1])
+    return total / 1e9
+names = sorted(os.listdir(f"{mnt}/db/t"))
+os.nice(19)
+t0, w0 = time.monotonic(), waited()
+open(ready, "w").close()
+while not os.path.exists(go) or time.monotonic() - t0 < gap:
+    pass
+t1, w1 = time.monotonic(), waited()
+os.kill(hog, 9)
+os.waitpid(hog, 0)
+read, errors = {}, []
+for n in names:
+    try:
+        with open(f"{mnt}/db/t/{n}") as f:
+            read[n] = f.read()
+    except OSError as e:
+        errors.append(f"{n}: {e}")
+print(json.dumps({"gap": t1 - t0, "waited": w1 - w0, "names": names, "read": read, "errors": errors}))
+"#;
+
+#[test]
+fn a_query_starved_of_cpu_between_listing_and_opening_sees_one_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path());
+    let mut t = RenamingTable::new(&args);
+    let d = Daemon::start(args);
+    d.wait_visible(3);
+    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
+    let reader = Command::new("python3")
+        .args(["-c", STARVED_READER])
+        .arg(d.mnt())
+        .args([&ready, &go])
+        .arg("0.6")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    poll(
+        "the reader listed the table",
+        Duration::from_secs(30),
+        || ready.exists().then_some(()),
+        || d.diag(),
+    );
+    let next = t.step();
+    d.wait_visible(next);
+    fs::write(&go, b"").unwrap();
+    let out = reader.wait_with_output().expect("reader");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("reader JSON");
+    eprintln!("starved reader: {r}\nreaders: {}", d.status()["readers"]);
+    let (gap, waited) = (r["gap"].as_f64().unwrap(), r["waited"].as_f64().unwrap());
+    // The scenario itself: a wall-clock gap past the quiet gap (250 ms)
+    // that is not a pause, because the process waited for a CPU.
+    assert!(
+        gap >= 0.5 && gap - waited < 0.2,
+        "the reader was not starved (gap {gap:.3} s, waited {waited:.3} s)"
+    );
+    assert_eq!(r["names"], json!(["f3_0", "f3_1"]));
+    assert_eq!(r["errors"], json!([]), "the view moved mid-query");
+    assert_eq!(r["read"], json!({"f3_0": "3", "f3_1": "3"}));
+    assert!(d.status()["readers"]["starved_keeps"].as_u64() >= Some(1));
+}
+
+/// The hand run that found the limit (docs/BENCHMARKS.md "views move
+/// mid-query"): 200 Python processes at once on the shared cores, each
+/// listing the table and then opening every file it listed, while the
+/// table's file names change every 20 ms. Long-only (minutes on 2 cores).
+#[test]
+fn two_hundred_readers_at_once_each_see_one_state() {
+    if std::env::var_os("STAGEFS_LONG_TESTS").is_none() {
+        eprintln!("SKIPPED: needs STAGEFS_LONG_TESTS=1");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path()).retain(64);
+    let t = RenamingTable::new(&args);
+    let d = Daemon::start(args);
+    d.wait_visible(3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = Arc::clone(&stop);
+        let mut t = t;
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                t.step();
+                thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let _stop = StopOnDrop(Arc::clone(&stop));
+    let script = r#"
+import glob, sys
+names = sorted(glob.glob(sys.argv[1] + "/db/*/*"))
+ids = set()
+for n in names:
+    with open(n) as f:
+        ids.add(f.read())
+print(len(names), len(ids))
+"#;
+    let children: Vec<_> = (0..200)
+        .map(|_| {
+            Command::new("python3")
+                .args(["-c", script])
+                .arg(d.mnt())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("python3")
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for c in children {
+        let out = c.wait_with_output().expect("reader");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || text.trim() != "2 1" {
+            failures.push(format!(
+                "{} {}",
+                text.trim(),
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = writer.join();
+    eprintln!("readers: {}", d.status()["readers"]);
+    assert!(
+        failures.is_empty(),
+        "{} of 200 readers saw two states: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
 }
 
 // ---------------------------------------------------------------------------

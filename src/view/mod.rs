@@ -1052,6 +1052,7 @@ impl View {
             oldest_view: r.oldest_view,
             unattributed_requests: r.unattributed_requests,
             view_moves: r.view_moves,
+            starved_keeps: r.starved_keeps,
             dentry_invalidations: r.dentry_invalidations,
         };
         let sessions = crate::status::sessions_report(&snap.pins);

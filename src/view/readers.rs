@@ -20,6 +20,15 @@
 //!   least `poll_gap` moves it (a polling loop gets new states);
 //! - a view older than `hard_age` moves at the first pause of `hard_gap`
 //!   (a process that never pauses 40 ms still gets new states);
+//!
+//! where, for the first two, a *pause* does not count the time the
+//! process spent runnable but not running (its threads' `run_delay`,
+//! `/proc/<pid>/task/*/schedstat` field 2): on a starved machine a query's
+//! gaps stretch past the quiet gap while it waits for a CPU, and that is
+//! not a pause. The counter is read only when a wall-clock gap already
+//! reaches a threshold (a move is being considered), never on the plain
+//! request path. The third rule uses wall-clock time alone: it is the
+//! bound that holds whatever the load;
 //! - reading the root's `user.stagefs.visible`, opening `.stagefs/status`
 //!   or changing a pin moves it at once (read-your-check).
 //!
@@ -52,6 +61,44 @@ use crate::event::StateId;
 const RECHECK: Duration = Duration::from_secs(1);
 /// Cached processes not seen for this long are forgotten.
 const FORGET_PROC: Duration = Duration::from_secs(30);
+
+/// How long each thread of a process was runnable but waiting for a CPU,
+/// in total since it started, by thread id (`None`: unknown — no such
+/// process, or a kernel without `/proc/<pid>/task/*/schedstat`).
+/// Replaceable in tests.
+pub type RunDelaySource = Box<dyn Fn(ProcId) -> Option<RunDelays> + Send + Sync>;
+
+/// Per-thread total run delays of one process: (thread id, total).
+pub type RunDelays = Vec<(u32, Duration)>;
+
+/// The CPU wait to take off a gap that thread `caller` ends: that
+/// thread's wait since `mark`; when the mark does not have it (it is new),
+/// the largest wait of any one thread since the mark (a thread new since
+/// then: its whole life) — the largest, not the sum, so threads waiting
+/// side by side are not counted twice.
+fn waited_since(now: &RunDelays, mark: &RunDelays, caller: Option<u32>) -> Duration {
+    let grown = |tid: u32, d: Duration| {
+        let before = mark.iter().find(|(t, _)| *t == tid).map(|(_, m)| *m);
+        d.saturating_sub(before.unwrap_or_default())
+    };
+    let own = caller.and_then(|c| {
+        let d = now.iter().find(|(t, _)| *t == c)?.1;
+        mark.iter().any(|(t, _)| *t == c).then(|| grown(c, d))
+    });
+    own.unwrap_or_else(|| {
+        now.iter()
+            .map(|(tid, d)| grown(*tid, *d))
+            .max()
+            .unwrap_or_default()
+    })
+}
+
+thread_local! {
+    /// The thread id of the request this daemon thread is serving, set by
+    /// [`Readers::identify`] (a daemon thread serves one request at a
+    /// time, and `tree_for` follows `identify` within it).
+    static CALLER: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
 
 /// When a process's view moves on (see the module docs).
 #[derive(Debug, Clone, Copy)]
@@ -136,6 +183,32 @@ pub fn proc_of_pid(pid: u32) -> Option<ProcId> {
     })
 }
 
+/// How long each of `proc`'s threads spent runnable but not running:
+/// field 2 (nanoseconds) of `/proc/<pid>/task/<tid>/schedstat`. `None`
+/// when the process is gone or reused, or the kernel has no schedstat.
+pub fn proc_run_delay(proc: ProcId) -> Option<RunDelays> {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", proc.pid)).ok()?;
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        // A thread that exited meanwhile is left out.
+        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        out.push((tid, parse_run_delay(&text)?));
+    }
+    // Checked after reading, so a pid reused meanwhile is not counted.
+    is_alive(proc).then_some(out)
+}
+
+/// Field 2 of a `schedstat` line: "<cpu ns> <run_delay ns> <timeslices>".
+fn parse_run_delay(text: &str) -> Option<Duration> {
+    let ns: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
 struct CachedThread {
     thread_start: u64,
     proc: ProcId,
@@ -194,6 +267,33 @@ struct ReaderView {
     tree: Arc<Tree>,
     taken: Instant,
     last: Instant,
+    /// The process's total run delay when the view was taken or a move
+    /// was last considered (`None`: not known, then nothing is taken off
+    /// a gap). Measured from here, the wait counted for a gap includes
+    /// waits before it since the mark, which errs towards keeping a view.
+    delay_mark: Option<RunDelays>,
+}
+
+impl ReaderView {
+    fn new(tree: Arc<Tree>, now: Instant, delay_mark: Option<RunDelays>) -> ReaderView {
+        ReaderView {
+            tree,
+            taken: now,
+            last: now,
+            delay_mark,
+        }
+    }
+}
+
+/// Whether a view moves (the rule of the module docs). `waited` is how
+/// much of the gap `idle` the process spent waiting for a CPU (`None`:
+/// not measured); it is taken off the first two rules' pauses, never off
+/// the third's.
+fn rule_moves(rule: &ViewRule, age: Duration, idle: Duration, waited: Option<Duration>) -> bool {
+    let pause = idle.saturating_sub(waited.unwrap_or_default());
+    pause >= rule.quiet_gap
+        || (age >= rule.max_age && pause >= rule.poll_gap)
+        || (age >= rule.hard_age && idle >= rule.hard_gap)
 }
 
 /// What the process belongs to, decided once per process.
@@ -212,8 +312,12 @@ pub struct Readers {
     procs: ProcTable,
     views: Mutex<HashMap<ProcId, ReaderView>>,
     members: Mutex<HashMap<ProcId, Membership>>,
+    run_delay: RunDelaySource,
     unattributed: AtomicU64,
     moves: AtomicU64,
+    /// Moves the wall-clock gap alone would have made but the process
+    /// had been waiting for a CPU (for status and benchmarks).
+    starved_keeps: AtomicU64,
     invalidations: AtomicU64,
 }
 
@@ -232,20 +336,31 @@ pub struct ReadersSummary {
     pub oldest_view: Option<StateId>,
     pub unattributed_requests: u64,
     pub view_moves: u64,
+    /// Requests after a wall-clock gap long enough to move the view that
+    /// kept it, because the process spent the gap waiting for a CPU.
+    pub starved_keeps: u64,
     /// Table entries the adapter asked the kernel to drop.
     pub dentry_invalidations: u64,
 }
 
 impl Readers {
     pub fn new(rule: ViewRule, enabled: bool) -> Readers {
+        Readers::with_run_delay(rule, enabled, Box::new(proc_run_delay))
+    }
+
+    /// As [`Readers::new`], with run delays from `run_delay` instead of
+    /// `/proc` (tests simulate a starved machine with it).
+    pub fn with_run_delay(rule: ViewRule, enabled: bool, run_delay: RunDelaySource) -> Readers {
         Readers {
             rule,
             enabled,
             procs: ProcTable::default(),
             views: Mutex::new(HashMap::new()),
             members: Mutex::new(HashMap::new()),
+            run_delay,
             unattributed: AtomicU64::new(0),
             moves: AtomicU64::new(0),
+            starved_keeps: AtomicU64::new(0),
             invalidations: AtomicU64::new(0),
         }
     }
@@ -258,6 +373,7 @@ impl Readers {
     }
 
     pub fn identify(&self, pid: u32) -> Reader {
+        CALLER.with(|c| c.set((pid != 0).then_some(pid)));
         let found = if pid == 0 {
             None
         } else {
@@ -286,44 +402,76 @@ impl Readers {
         if let Some(tree) = self.session_tree(proc, snap, now) {
             return tree;
         }
-        let mut views = lock(&self.views);
-        match views.get_mut(&proc) {
-            Some(v) if !self.moves_on(v, now) => {
-                v.last = now;
-                Arc::clone(&v.tree)
-            }
-            Some(v) => {
-                if v.tree.state_id != snap.visible.state_id {
-                    self.moves.fetch_add(1, Ordering::Relaxed);
+        // The plain path: one map operation under the lock.
+        let read_delay = {
+            let mut views = lock(&self.views);
+            match views.get_mut(&proc) {
+                None => true,
+                Some(v) if !self.wall_moves(v, now) => {
+                    v.last = now;
+                    return Arc::clone(&v.tree);
                 }
-                *v = ReaderView {
-                    tree: Arc::clone(&snap.visible),
-                    taken: now,
-                    last: now,
-                };
-                Arc::clone(&v.tree)
+                Some(v) => !self.moves_at_any_delay(v, now),
             }
-            None => {
-                let tree = Arc::clone(&snap.visible);
-                views.insert(
-                    proc,
-                    ReaderView {
-                        tree: Arc::clone(&tree),
-                        taken: now,
-                        last: now,
-                    },
-                );
-                tree
-            }
+        };
+        // A new view (its first mark), or a move is being considered and
+        // the run delay could change the answer: read it outside the lock.
+        let delay_now = if read_delay {
+            (self.run_delay)(proc)
+        } else {
+            None
+        };
+        let mut views = lock(&self.views);
+        let Some(v) = views.get_mut(&proc) else {
+            let tree = Arc::clone(&snap.visible);
+            views.insert(proc, ReaderView::new(Arc::clone(&tree), now, delay_now));
+            return tree;
+        };
+        if !self.wall_moves(v, now) {
+            // Another thread of the process made a request meanwhile.
+            v.last = now;
+            return Arc::clone(&v.tree);
         }
+        let since_mark = delay_now
+            .as_ref()
+            .zip(v.delay_mark.as_ref())
+            .map(|(now, mark)| waited_since(now, mark, CALLER.with(|c| c.get())));
+        let (age, idle) = (now.duration_since(v.taken), now.duration_since(v.last));
+        if delay_now.is_some() {
+            v.delay_mark = delay_now;
+        }
+        if !rule_moves(&self.rule, age, idle, since_mark) {
+            self.starved_keeps.fetch_add(1, Ordering::Relaxed);
+            v.last = now;
+            return Arc::clone(&v.tree);
+        }
+        if v.tree.state_id != snap.visible.state_id {
+            self.moves.fetch_add(1, Ordering::Relaxed);
+        }
+        let mark = v.delay_mark.take();
+        *v = ReaderView::new(Arc::clone(&snap.visible), now, mark);
+        Arc::clone(&v.tree)
     }
 
-    fn moves_on(&self, v: &ReaderView, now: Instant) -> bool {
-        let idle = now.duration_since(v.last);
-        let age = now.duration_since(v.taken);
-        idle >= self.rule.quiet_gap
-            || (age >= self.rule.max_age && idle >= self.rule.poll_gap)
-            || (age >= self.rule.hard_age && idle >= self.rule.hard_gap)
+    /// Whether `v` moves on wall-clock time alone (no CPU wait taken off).
+    fn wall_moves(&self, v: &ReaderView, now: Instant) -> bool {
+        rule_moves(
+            &self.rule,
+            now.duration_since(v.taken),
+            now.duration_since(v.last),
+            None,
+        )
+    }
+
+    /// Whether `v` moves however long the process waited for a CPU (the
+    /// third rule), so its run delay need not be read.
+    fn moves_at_any_delay(&self, v: &ReaderView, now: Instant) -> bool {
+        rule_moves(
+            &self.rule,
+            now.duration_since(v.taken),
+            now.duration_since(v.last),
+            Some(Duration::MAX),
+        )
     }
 
     /// Read-your-check: `reader` just learnt that `snap.visible` is
@@ -335,16 +483,14 @@ impl Readers {
         if !self.enabled || self.session_of(proc, snap, Instant::now()).is_some() {
             return;
         }
+        // A fresh mark: waits before the check are not charged to the
+        // next gap (a read of /proc, but a check is rare).
+        let fresh = (self.run_delay)(proc);
         let now = Instant::now();
         let mut views = lock(&self.views);
-        let old = views.insert(
-            proc,
-            ReaderView {
-                tree: Arc::clone(&snap.visible),
-                taken: now,
-                last: now,
-            },
-        );
+        let old_mark = views.get_mut(&proc).and_then(|v| v.delay_mark.take());
+        let mark = fresh.or(old_mark);
+        let old = views.insert(proc, ReaderView::new(Arc::clone(&snap.visible), now, mark));
         if old.is_some_and(|v| v.tree.state_id != snap.visible.state_id) {
             self.moves.fetch_add(1, Ordering::Relaxed);
         }
@@ -404,12 +550,33 @@ impl Readers {
         lock(&self.views).remove(&proc);
     }
 
-    /// Periodic upkeep: forgets idle views (their next request would take
-    /// a fresh one anyway) and stale caches; returns the sessions whose
-    /// leader has exited, for the caller to close.
+    /// Periodic upkeep: forgets the views of exited processes and those
+    /// whose next request would take a fresh one whatever the process
+    /// waited for (the third rule), and stale caches; returns the sessions
+    /// whose leader has exited, for the caller to close.
+    ///
+    /// A live process's view is not forgotten at the quiet gap: only the
+    /// request that ends a gap can tell a pause from a wait for a CPU (the
+    /// kernel adds a wait to `run_delay` when the thread next runs, so a
+    /// reading taken during a long wait misses it).
     pub fn maintain(&self, snap: &Snapshot) -> Vec<String> {
         let now = Instant::now();
-        lock(&self.views).retain(|_, v| !self.moves_on(v, now));
+        let idle: Vec<ProcId> = {
+            let mut views = lock(&self.views);
+            views.retain(|_, v| !self.moves_at_any_delay(v, now));
+            views
+                .iter()
+                .filter(|(_, v)| self.wall_moves(v, now))
+                .map(|(p, _)| *p)
+                .collect()
+        };
+        let exited: Vec<ProcId> = idle.into_iter().filter(|p| !is_alive(*p)).collect();
+        if !exited.is_empty() {
+            let mut views = lock(&self.views);
+            for p in exited {
+                views.remove(&p);
+            }
+        }
         self.procs.forget_older(now);
         lock(&self.members).retain(|_, m| now.duration_since(m.seen) < FORGET_PROC);
         snap.pins
@@ -439,11 +606,9 @@ impl Readers {
     }
 
     pub fn summary(&self) -> ReadersSummary {
-        let now = Instant::now();
         let views = lock(&self.views);
-        let live = views.values().filter(|v| !self.moves_on(v, now));
         let (mut n, mut oldest) = (0, None::<StateId>);
-        for v in live {
+        for v in views.values() {
             n += 1;
             oldest = Some(oldest.map_or(v.tree.state_id, |o| o.min(v.tree.state_id)));
         }
@@ -452,6 +617,7 @@ impl Readers {
             oldest_view: oldest,
             unattributed_requests: self.unattributed.load(Ordering::Relaxed),
             view_moves: self.moves.load(Ordering::Relaxed),
+            starved_keeps: self.starved_keeps.load(Ordering::Relaxed),
             dentry_invalidations: self.invalidations.load(Ordering::Relaxed),
         }
     }
@@ -527,6 +693,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::thread;
 
     #[test]
     fn stat_fields_are_counted_after_the_command_name() {
@@ -558,27 +725,179 @@ mod tests {
         assert!(is_alive(me));
     }
 
-    fn view(taken_ms: u64, last_ms: u64, now: Instant) -> ReaderView {
-        ReaderView {
-            tree: Arc::new(Tree::empty()),
-            taken: now - Duration::from_millis(taken_ms),
-            last: now - Duration::from_millis(last_ms),
-        }
+    #[test]
+    fn view_rule_keeps_bursts_and_moves_pollers() {
+        let rule = ViewRule::default();
+        let moves = |age: u64, idle: u64, waited: Option<u64>| {
+            rule_moves(
+                &rule,
+                Duration::from_millis(age),
+                Duration::from_millis(idle),
+                waited.map(Duration::from_millis),
+            )
+        };
+        // A burst several seconds long with small gaps stays.
+        assert!(!moves(5_000, 10, None));
+        // A pause of the quiet gap moves, at any age.
+        assert!(moves(300, 260, None));
+        // A young view survives a poller's pause; an old one moves.
+        assert!(!moves(1_000, 60, None));
+        assert!(moves(2_100, 60, None));
+        // Past the hard age, a 10 ms pause is enough.
+        assert!(!moves(10_500, 1, None));
+        assert!(moves(10_500, 15, None));
+        // Time spent waiting for a CPU is no pause for the first two
+        // rules; the third counts wall-clock time whatever the wait.
+        assert!(!moves(300, 400, Some(300)));
+        assert!(moves(300, 400, Some(100)));
+        assert!(!moves(2_100, 60, Some(30)));
+        assert!(moves(10_500, 15, Some(15)));
     }
 
     #[test]
-    fn view_rule_keeps_bursts_and_moves_pollers() {
-        let r = Readers::new(ViewRule::default(), true);
-        let now = Instant::now() + Duration::from_secs(60);
-        // A burst several seconds long with small gaps stays.
-        assert!(!r.moves_on(&view(5_000, 10, now), now));
-        // A pause of the quiet gap moves, at any age.
-        assert!(r.moves_on(&view(300, 260, now), now));
-        // A young view survives a poller's pause; an old one moves.
-        assert!(!r.moves_on(&view(1_000, 60, now), now));
-        assert!(r.moves_on(&view(2_100, 60, now), now));
-        // Past the hard age, a 10 ms pause is enough.
-        assert!(!r.moves_on(&view(10_500, 1, now), now));
-        assert!(r.moves_on(&view(10_500, 15, now), now));
+    fn schedstat_run_delay_is_the_second_field() {
+        assert_eq!(
+            parse_run_delay("123 4567 8\n"),
+            Some(Duration::from_nanos(4567))
+        );
+        assert_eq!(parse_run_delay("123\n"), None);
+        let me = proc_of_pid(std::process::id()).expect("this process");
+        let threads = proc_run_delay(me).expect("schedstat of this process");
+        assert!(threads.iter().any(|(tid, _)| *tid == me.pid));
+        // Threads waiting side by side count once; a new thread wholly.
+        let ms = Duration::from_millis;
+        let mark = vec![(1, ms(100)), (2, ms(100))];
+        let now = vec![(1, ms(150)), (2, ms(180)), (3, ms(90))];
+        // The thread that ends the gap: its own wait.
+        assert_eq!(waited_since(&now, &mark, Some(1)), ms(50));
+        // Not known (or new): the largest of any one thread, not the sum.
+        assert_eq!(waited_since(&now, &mark, None), ms(90));
+        assert_eq!(waited_since(&now, &mark, Some(3)), ms(90));
+        let gone = ProcId {
+            pid: me.pid,
+            start: me.start + 1,
+        };
+        assert_eq!(proc_run_delay(gone), None, "a reused pid is not counted");
+    }
+
+    /// Readers whose processes' run delay is what the test sets (ms).
+    fn simulated(rule: ViewRule) -> (Readers, Arc<AtomicU64>) {
+        let delay = Arc::new(AtomicU64::new(0));
+        let d = Arc::clone(&delay);
+        let readers = Readers::with_run_delay(
+            rule,
+            true,
+            Box::new(move |_| Some(vec![(1, Duration::from_millis(d.load(Ordering::Relaxed)))])),
+        );
+        (readers, delay)
+    }
+
+    fn snap_at(id: u64) -> Snapshot {
+        let tree = Arc::new(Tree {
+            state_id: StateId(id),
+            ..Tree::empty()
+        });
+        Snapshot {
+            visible: Arc::clone(&tree),
+            versions: [(StateId(id), tree)].into_iter().collect(),
+            pins: Default::default(),
+        }
+    }
+
+    fn me() -> Reader {
+        Reader::Process(proc_of_pid(std::process::id()).expect("this process"))
+    }
+
+    /// Simulates that of the time since `*since`, all but `pause_ms` was
+    /// spent waiting for a CPU; restarts `*since`.
+    fn starve(delay: &AtomicU64, since: &mut Instant, pause_ms: u64) {
+        let gap = since.elapsed().as_millis() as u64;
+        delay.fetch_add(gap.saturating_sub(pause_ms), Ordering::Relaxed);
+        *since = Instant::now();
+    }
+
+    /// The limit found with 200 readers on 2 cores (docs/BENCHMARKS.md
+    /// "views move mid-query"): a query's gap that stretched past the
+    /// quiet gap because the process waited for a CPU kept its view.
+    #[test]
+    fn a_gap_spent_waiting_for_a_cpu_does_not_move_the_view() {
+        let (r, delay) = simulated(ViewRule::default());
+        let mut since = Instant::now();
+        assert_eq!(r.tree_for(me(), &snap_at(1)).state_id, StateId(1));
+        // 300 ms pass, all but 10 ms runnable but not running.
+        thread::sleep(Duration::from_millis(300));
+        starve(&delay, &mut since, 10);
+        assert_eq!(
+            r.tree_for(me(), &snap_at(2)).state_id,
+            StateId(1),
+            "a starved query moved"
+        );
+        assert_eq!(r.summary().starved_keeps, 1);
+        // The maintenance pass keeps it too (the process is alive).
+        thread::sleep(Duration::from_millis(300));
+        starve(&delay, &mut since, 10);
+        r.maintain(&snap_at(2));
+        assert_eq!(r.summary().views, 1, "maintenance forgot a starved view");
+        assert_eq!(r.tree_for(me(), &snap_at(2)).state_id, StateId(1));
+        // A real pause (asleep, not waiting for a CPU) moves it.
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(r.tree_for(me(), &snap_at(2)).state_id, StateId(2));
+        assert_eq!(r.summary().view_moves, 1);
+        // The view of a process that exited goes at the next pass.
+        let gone = Reader::Process(ProcId {
+            pid: 5_000_000,
+            start: 1,
+        });
+        r.tree_for(gone, &snap_at(2));
+        assert_eq!(r.summary().views, 2);
+        thread::sleep(Duration::from_millis(300));
+        r.maintain(&snap_at(2));
+        assert_eq!(r.summary().views, 1, "an exited process's view stayed");
+    }
+
+    /// Scaled down from the default rule so the tests are quick.
+    fn quick_rule() -> ViewRule {
+        ViewRule {
+            quiet_gap: Duration::from_millis(100),
+            poll_gap: Duration::from_millis(20),
+            max_age: Duration::from_millis(300),
+            hard_age: Duration::from_millis(900),
+            hard_gap: Duration::from_millis(5),
+        }
+    }
+
+    /// A poller: a request every 30 ms, of which all but `pause_ms` is
+    /// spent waiting for a CPU, until the view shows state 2; how long
+    /// that took.
+    fn advance_time(r: &Readers, delay: &AtomicU64, pause_ms: u64) -> Duration {
+        assert_eq!(r.tree_for(me(), &snap_at(1)).state_id, StateId(1));
+        let start = Instant::now();
+        let mut since = start;
+        while r.tree_for(me(), &snap_at(2)).state_id != StateId(2) {
+            // A hang guard, not a timing: the rule moves it in ~1 s.
+            assert!(start.elapsed() < Duration::from_secs(30), "never advanced");
+            thread::sleep(Duration::from_millis(30));
+            starve(delay, &mut since, pause_ms);
+        }
+        start.elapsed()
+    }
+
+    #[test]
+    fn a_poller_advances_on_a_starved_machine() {
+        // Pauses of 25 ms (above the poll gap) between waits for a CPU:
+        // it moves once the view is old, with no hard age to help.
+        let rule = ViewRule {
+            hard_age: Duration::from_secs(3600),
+            ..quick_rule()
+        };
+        let (r, delay) = simulated(rule);
+        let t = advance_time(&r, &delay, 25);
+        assert!(t >= rule.max_age, "moved at {t:?}, before the max age");
+        // A process that waits for a CPU through every gap still moves
+        // at the hard age, on wall-clock time.
+        let rule = quick_rule();
+        let (r, delay) = simulated(rule);
+        let t = advance_time(&r, &delay, 0);
+        assert!(t >= rule.hard_age, "moved at {t:?}, before the hard age");
     }
 }
