@@ -31,6 +31,8 @@ use stagefs::checker::{
 use stagefs::event::StateId;
 use stagefs::status::StatusReport;
 
+#[path = "common/fuse_attr.rs"]
+mod fuse_attr;
 #[path = "common/gatefs.rs"]
 mod gatefs;
 
