@@ -78,6 +78,8 @@ pub struct ReplicateArgs {
     pub events: Option<PathBuf>,
     pub cm_root: Option<PathBuf>,
     pub retain: usize,
+    /// `--fetch-timeout`: see [`ReplicaConfig::fetch_timeout`].
+    pub fetch_timeout: Duration,
     pub hive: HiveArgs,
 }
 
@@ -98,6 +100,7 @@ impl ReplicateArgs {
             events: Some(events.to_owned()),
             cm_root: None,
             retain: 16,
+            fetch_timeout: crate::replicate::DEFAULT_FETCH_TIMEOUT,
             hive: HiveArgs::default(),
         }
     }
@@ -190,6 +193,7 @@ impl ReplicateArgs {
         let mut cfg = ReplicaConfig::new(&self.state, &source_root, &events);
         cfg.cm_root = self.cm_root.clone();
         cfg.retain = self.retain.max(1);
+        cfg.fetch_timeout = self.fetch_timeout;
         cfg.hive = hive;
         Ok(cfg)
     }

@@ -50,6 +50,10 @@ struct SourceArgs {
     /// Newest unpinned versions kept browsable under .stagefs/snapshots.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     retain: u64,
+    /// Seconds a read of a source file may make no progress before the
+    /// fetch is abandoned and retried (a hung NFS or FUSE source).
+    #[arg(long = "fetch-timeout", value_name = "SECS", default_value_t = stagefs::replicate::DEFAULT_FETCH_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    fetch_timeout: u64,
 }
 
 #[derive(Subcommand)]
@@ -158,6 +162,7 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
         events: s.events,
         cm_root: s.cm_root,
         retain: s.retain as usize,
+        fetch_timeout: std::time::Duration::from_secs(s.fetch_timeout),
         hive: HiveArgs {
             rows: hive_rows,
             source_map: s.source_map,

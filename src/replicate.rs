@@ -4,7 +4,9 @@
 //! threads, each the single writer of what it owns:
 //! - **ingest** tails the source log, validates each line against the newest
 //!   accepted state, and appends accepted events to the journal (fsynced in
-//!   groups). A rejected line stops ingest at the last good state.
+//!   groups). A rejected line holds ingest at the last good state until
+//!   the source is corrected: it is read again from the rejected position
+//!   (about once a second, [`Source::reread_from`]), never before it.
 //! - **stager** follows the journal (memory ring first, segment files when
 //!   behind), builds pending states ([`catalog::Pending`], bounded in
 //!   number), sends each missing blob to the fetch workers with every source
@@ -12,7 +14,9 @@
 //!   failures with capped backoff, and
 //!   commits the newest complete state ([`catalog::Catalog::commit`]: commit
 //!   record fsynced before the new state is published).
-//! - **fetch workers** copy and verify one file each into the blob store.
+//! - **fetch workers** ([`fetch`]) copy and verify one file each into the
+//!   blob store; one that makes no progress for `fetch_timeout` (a hung
+//!   source read) is abandoned and replaced, and the attempt retried.
 //! - **gc** deletes blobs that no retained or pending state references.
 //!
 //! GC and the stager agree through [`GcGate`]: the stager publishes its
@@ -26,7 +30,6 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -45,6 +48,10 @@ use crate::source::{Accepted, DecodeError, Position, Source, SourceError, Valida
 use crate::stage::{backoff, BlobStore, FetchOutcome, Fetched, StageError, Unsynced};
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
 
+pub mod fetch;
+
+use fetch::{FetchPool, Finished, PoolConfig};
+
 /// How to run replication.
 #[derive(Debug, Clone)]
 pub struct ReplicaConfig {
@@ -57,6 +64,9 @@ pub struct ReplicaConfig {
     /// Journal records kept in memory for the stager.
     pub ring_capacity: usize,
     pub fetch_threads: usize,
+    /// A fetch that makes no progress for this long (a read of the source
+    /// that hangs) is abandoned and retried: see [`fetch`].
+    pub fetch_timeout: Duration,
     /// Most states kept one by one ahead of the visible one; past it, the
     /// newest pending state absorbs each further event
     /// ([`catalog::Pending::bounded`]), so reading never stops.
@@ -78,6 +88,7 @@ impl ReplicaConfig {
             retain: 16,
             ring_capacity: crate::journal::DEFAULT_RING_CAPACITY,
             fetch_threads: 4,
+            fetch_timeout: DEFAULT_FETCH_TIMEOUT,
             max_pending: 200_000,
             gc_interval: Duration::from_secs(2),
             poll_interval: Duration::from_millis(5),
@@ -85,6 +96,13 @@ impl ReplicaConfig {
         }
     }
 }
+
+/// Default of [`ReplicaConfig::fetch_timeout`] (`--fetch-timeout`): long
+/// enough for a busy NFS server, short enough that a hang shows in status.
+pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Abandoned fetch threads (stuck in a source read) allowed at once; see
+/// [`fetch::PoolConfig::max_abandoned`].
+const MAX_ABANDONED_FETCHES: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -366,10 +384,13 @@ impl Replica {
                             return Err(ReplicaError::WrongSource("a Hive notification log"))
                         }
                     };
+                    let start = Position::Log(pos.clone());
                     let source =
                         NativeSource::new(SourceLog::new(&cfg.events_dir, pos), cfg.poll_interval);
                     Box::new(move || {
-                        run_ingest(source, validator, &journal, &handoff, &progress, &stop)
+                        run_ingest(
+                            source, validator, start, &journal, &handoff, &progress, &stop,
+                        )
                     })
                 }
                 Some(hive) => {
@@ -382,29 +403,40 @@ impl Replica {
                     };
                     let source = HiveSource::open(hive, after)
                         .map_err(|e| ReplicaError::Source(e.to_string()))?;
+                    let start = Position::Hive {
+                        hive_event_id: after,
+                    };
                     Box::new(move || {
-                        run_ingest(source, validator, &journal, &handoff, &progress, &stop)
+                        run_ingest(
+                            source, validator, start, &journal, &handoff, &progress, &stop,
+                        )
                     })
                 }
             };
             threads.push(spawn("ingest", ingest)?);
         }
-        let (job_tx, job_rx) = mpsc::channel::<FetchJob>();
-        let (done_tx, done_rx) = mpsc::channel::<FetchResult>();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        for i in 0..cfg.fetch_threads.max(1) {
-            let (job_rx, done_tx, blobs, cfg) = (
-                Arc::clone(&job_rx),
-                done_tx.clone(),
-                Arc::clone(&blobs),
-                Arc::clone(&cfg),
-            );
-            threads.push(spawn(
-                &format!("fetch-{i}"),
-                Box::new(move || run_fetcher(&cfg, &job_rx, &done_tx, &blobs)),
-            )?);
-        }
-        drop(done_tx);
+        let fetches = {
+            let (blobs, fetch_cfg) = (Arc::clone(&blobs), Arc::clone(&cfg));
+            let work: fetch::Work<FetchJob, FetchResult> = Arc::new(move |job: &FetchJob| {
+                blobs
+                    .fetch_unsynced_any(
+                        &job.files,
+                        &fetch_cfg.source_root,
+                        fetch_cfg.cm_root.as_deref(),
+                    )
+                    .map(|(i, fetched)| (job.files[i].clone(), fetched))
+            });
+            let (progress, stop) = (Arc::clone(&progress), Arc::clone(&stop));
+            let spawn: fetch::Spawn =
+                Arc::new(move |name: &str, f| spawn_supervised(name, f, &progress, &stop));
+            let pool = PoolConfig {
+                threads: cfg.fetch_threads,
+                timeout: cfg.fetch_timeout,
+                max_abandoned: MAX_ABANDONED_FETCHES,
+            };
+            FetchPool::start(pool, FetchJob::pool_key, work, spawn)
+                .map_err(|e| ReplicaError::Io("starting the fetch threads".to_owned(), e))?
+        };
         {
             let stager = Stager {
                 resolutions: Arc::clone(&resolutions),
@@ -415,8 +447,7 @@ impl Replica {
                 progress: Arc::clone(&progress),
                 gate: Arc::clone(&gate),
                 handoff: Arc::clone(&handoff),
-                jobs: job_tx,
-                done: done_rx,
+                fetches,
                 in_flight: HashSet::new(),
                 max_in_flight: cfg.fetch_threads.max(1) * FETCHES_QUEUED_PER_THREAD,
                 queued: VecDeque::new(),
@@ -554,9 +585,11 @@ const INGEST_BATCH: usize = 4096;
 /// Longest wait between attempts to read a source that is unavailable.
 const SOURCE_BACKOFF_CAP: Duration = Duration::from_secs(10);
 
+/// `start` is where the source was opened (after the last journaled event).
 fn run_ingest<S: Source>(
     mut source: S,
     mut validator: Validator,
+    start: Position,
     journal: &Mutex<Journal>,
     handoff: &Handoff,
     progress: &Progress,
@@ -564,6 +597,10 @@ fn run_ingest<S: Source>(
 ) {
     // Records read but not journaled yet: kept across a retry of the first.
     let mut backlog: VecDeque<S::Record> = VecDeque::new();
+    let mut hold = RejectionHold {
+        taken_through: start,
+        held_at: None,
+    };
     let mut failures = 0u32;
     let mut last_error: Option<String> = None;
     let mut report_error = |progress: &Progress, error: Option<String>, failures: &mut u32| {
@@ -592,10 +629,11 @@ fn run_ingest<S: Source>(
             match source.poll(INGEST_BATCH) {
                 Ok(records) => backlog.extend(records),
                 Err(SourceError::Fatal(r)) => {
-                    error!(rejection = %r, "the source cannot go on; replication stops at the last good state");
                     progress.set_source(source.report());
-                    stop_at_rejection(progress, r.stall(), stop);
-                    return;
+                    if !hold.wait(&mut source, &r, progress, stop) {
+                        return;
+                    }
+                    continue;
                 }
                 Err(SourceError::Transient(msg)) => {
                     report_error(progress, Some(msg), &mut failures);
@@ -608,13 +646,21 @@ fn run_ingest<S: Source>(
         }
         if backlog.is_empty() {
             report_error(progress, None, &mut failures);
+            // Re-read after a rejection and nothing is wrong any more
+            // (the bad record was removed): the hold is over.
+            hold.release(progress);
             progress.set_source(source.report());
             sleep_unless_stopped(source.idle_wait(), stop);
             continue;
         }
         let mut accepted = 0u64;
         let mut batch = Vec::new();
+        // A source record that cannot be accepted (held until corrected),
+        // or a failure to journal an accepted one (stops for good: the
+        // validator has taken it, so reading it again would skip it).
         let mut rejected = None;
+        let mut failed = None;
+        let mut last_taken = None;
         let mut retry = None;
         let mut j = match journal.lock() {
             Ok(j) => j,
@@ -648,7 +694,7 @@ fn run_ingest<S: Source>(
                         Ok(p) => p,
                         Err(e) => {
                             let (file, line) = source.locate(record);
-                            rejected = Some(Rejection {
+                            failed = Some(Rejection {
                                 state_id: Some(id),
                                 file,
                                 line,
@@ -659,7 +705,7 @@ fn run_ingest<S: Source>(
                     };
                     if let Err(e) = j.append(id, &payload) {
                         let (file, line) = source.locate(record);
-                        rejected = Some(Rejection {
+                        failed = Some(Rejection {
                             state_id: Some(id),
                             file,
                             line,
@@ -682,7 +728,10 @@ fn run_ingest<S: Source>(
                     break;
                 }
             }
-            backlog.pop_front();
+            last_taken = backlog.pop_front();
+        }
+        if let Some(record) = &last_taken {
+            hold.taken_through = source.position_after(record);
         }
         if let Err(e) = j.sync() {
             // Not durable, never published, but already accepted by the
@@ -704,11 +753,22 @@ fn run_ingest<S: Source>(
             progress.latest_time_ms.store(last_time, Ordering::Relaxed);
         }
         progress.set_source(source.report());
-        if let Some(r) = rejected {
-            progress.events_rejected.fetch_add(1, Ordering::Relaxed);
-            error!(rejection = %r, "rejected a source event; replication stops at the last good state");
+        if accepted > 0 {
+            hold.release(progress);
+        }
+        if let Some(r) = failed {
+            error!(rejection = %r, "cannot journal an accepted event; replication stops at the last good state");
             stop_at_rejection(progress, r.stall(), stop);
             return;
+        }
+        if let Some(r) = rejected {
+            // What follows the rejected record was read past it: forget it,
+            // the re-read brings it back.
+            backlog.clear();
+            if !hold.wait(&mut source, &r, progress, stop) {
+                return;
+            }
+            continue;
         }
         if let Some(msg) = retry {
             report_error(progress, Some(msg), &mut failures);
@@ -796,8 +856,59 @@ fn rewrite_journal_until_synced(
     }
 }
 
-/// Ends ingest at a line that can never be accepted: reports it and waits
-/// for shutdown. The operator corrects the log and restarts.
+/// How often a rejected record is looked at again.
+const REREAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Ingest's place after a rejection: what it waits at, and where the
+/// source is read again from.
+struct RejectionHold {
+    /// Where the source continues after the last record taken (accepted or
+    /// a duplicate): the rejected record is the next one.
+    taken_through: Position,
+    /// The rejection ingest is held at, while the source is re-read.
+    held_at: Option<String>,
+}
+
+impl RejectionHold {
+    /// Holds ingest at a rejected record: reports it (logging it when it is
+    /// new), then waits until the source may hold a correction and has
+    /// been rewound to `taken_through` (true), or shutdown (false).
+    fn wait<S: Source>(
+        &mut self,
+        source: &mut S,
+        rejection: &Rejection,
+        progress: &Progress,
+        stop: &AtomicBool,
+    ) -> bool {
+        let text = rejection.to_string();
+        if self.held_at.as_deref() != Some(text.as_str()) {
+            progress.events_rejected.fetch_add(1, Ordering::Relaxed);
+            error!(rejection = %text, "rejected a source event; replication waits at the last good state until the source is corrected");
+        }
+        progress.set_ingest_stall(Some(rejection.stall()));
+        self.held_at = Some(text);
+        loop {
+            sleep_unless_stopped(REREAD_INTERVAL, stop);
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            if source.reread_from(&self.taken_through) {
+                return true;
+            }
+        }
+    }
+
+    /// Ends the hold once the source reads well again.
+    fn release(&mut self, progress: &Progress) {
+        if let Some(was) = self.held_at.take() {
+            info!(rejection = %was, "the rejected source event was corrected; ingest resumes");
+            progress.set_ingest_stall(None);
+        }
+    }
+}
+
+/// Ends ingest at an accepted event that cannot be journaled: reports it
+/// and waits for shutdown (a restart reads the event again).
 fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
     progress.set_ingest_stall(Some(stall));
     while !stop.load(Ordering::Relaxed) {
@@ -807,37 +918,30 @@ fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
 
 /// One attempt to stage a blob: the sources to try, in order (file
 /// entries naming it, see `Pending::next_sources`).
+#[derive(Clone)]
 struct FetchJob {
     key: BlobId,
     files: Vec<FileRef>,
 }
 
-/// A finished attempt: the blob and, on success, the source that gave it.
-type FetchResult = (BlobId, Result<(FileRef, Fetched), StageError>);
-
-fn run_fetcher(
-    cfg: &ReplicaConfig,
-    jobs: &Mutex<Receiver<FetchJob>>,
-    done: &Sender<FetchResult>,
-    blobs: &BlobStore,
-) {
-    loop {
-        let job = {
-            let rx = match jobs.lock() {
-                Ok(rx) => rx,
-                Err(p) => p.into_inner(),
-            };
-            rx.recv()
-        };
-        let Ok(mut job) = job else { return }; // the stager has gone
-        let result = blobs
-            .fetch_unsynced_any(&job.files, &cfg.source_root, cfg.cm_root.as_deref())
-            .map(|(i, fetched)| (job.files.swap_remove(i), fetched));
-        if done.send((job.key, result)).is_err() {
-            return;
-        }
+impl FetchJob {
+    /// The fetch pool's identity of an attempt: the blob and the first
+    /// source it reads. A retry of a blob whose read hangs waits for that
+    /// read only when it would start at the same source; with other
+    /// sources it goes ahead.
+    fn pool_key(job: &FetchJob) -> (BlobId, String) {
+        (
+            job.key,
+            job.files
+                .first()
+                .map(|f| f.path.clone())
+                .unwrap_or_default(),
+        )
     }
 }
+
+/// A finished attempt: on success, the source that gave the blob.
+type FetchResult = Result<(FileRef, Fetched), StageError>;
 
 struct Retry {
     attempt: u32,
@@ -852,8 +956,7 @@ struct Stager {
     progress: Arc<Progress>,
     gate: Arc<GcGate>,
     handoff: Arc<Handoff>,
-    jobs: Sender<FetchJob>,
-    done: Receiver<FetchResult>,
+    fetches: FetchPool<FetchJob, (BlobId, String), FetchResult>,
     /// Blobs whose attempt the fetch workers have.
     in_flight: HashSet<BlobId>,
     /// Most attempts handed to the fetch workers at once; the rest wait in
@@ -1016,9 +1119,7 @@ impl Stager {
                 continue; // staged or abandoned meanwhile
             }
             self.in_flight.insert(blob);
-            // The receiver lives as long as the fetch threads; a send error
-            // means we are shutting down.
-            let _ = self.jobs.send(FetchJob { key: blob, files });
+            self.fetches.submit(FetchJob { key: blob, files });
         }
         self.progress.in_flight.store(
             (self.in_flight.len() + self.queued.len()) as u64,
@@ -1036,13 +1137,15 @@ impl Stager {
         };
         let mut first = true;
         loop {
-            let next = if first && !wait.is_zero() {
-                self.done.recv_timeout(wait).ok()
-            } else {
-                self.done.try_recv().ok()
-            };
+            let next = self.fetches.next(if first { wait } else { Duration::ZERO });
             first = false;
-            let Some((key, result)) = next else { break };
+            let (key, result) = match next {
+                None => break,
+                Some(Finished::Done(job, result)) => (job.key, result),
+                Some(Finished::TimedOut(job, after)) => {
+                    (job.key, Err(StageError::TimedOut { after }))
+                }
+            };
             self.in_flight.remove(&key);
             let now = self.retry_now.remove(&key);
             let result = result.and_then(|(file, fetched)| {

@@ -152,4 +152,12 @@ pub trait Source: Send {
 
     /// How long to sleep when caught up.
     fn idle_wait(&self) -> std::time::Duration;
+
+    /// After a rejection: checks whether the source may hold something new
+    /// from `at` (the position after the last record ingest took, so the
+    /// rejected record is the next one) — a corrected line or row. When it
+    /// may, forgets everything read after `at` and returns true: the next
+    /// [`Source::poll`] reads from `at` again. Nothing at or before `at` is
+    /// ever read again, so a correction never re-applies an accepted event.
+    fn reread_from(&mut self, at: &Position) -> bool;
 }

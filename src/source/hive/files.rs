@@ -30,6 +30,10 @@ pub struct FileRows {
     txns: HashMap<i64, Vec<TxnWriteRow>>,
     /// A bad line, reported after the good rows before it.
     bad: Option<RowSourceError>,
+    /// What the files looked like at the last rewind, to re-read only
+    /// after a change.
+    rewound_at: Option<Vec<(String, u64, Option<std::time::SystemTime>)>>,
+    path: std::path::PathBuf,
 }
 
 const LINES_PER_READ: usize = 4096;
@@ -47,6 +51,8 @@ impl FileRows {
             ready: VecDeque::new(),
             txns: HashMap::new(),
             bad: None,
+            rewound_at: None,
+            path: path.to_owned(),
         })
     }
 
@@ -133,6 +139,21 @@ impl RowSource for FileRows {
 
     fn describe(&self) -> String {
         self.log.describe()
+    }
+
+    /// Re-reads the files from their start (rows up to `after` are skipped
+    /// as at a restart) once they changed since the last rewind.
+    fn rewind(&mut self) -> bool {
+        let now = self.log.fingerprint();
+        if self.rewound_at.as_ref() == Some(&now) {
+            return false;
+        }
+        self.rewound_at = Some(now);
+        self.log = SourceLog::follow(&self.path, LogPosition::default());
+        self.ready.clear();
+        self.txns.clear();
+        self.bad = None;
+        true
     }
 }
 
