@@ -81,6 +81,10 @@ pub struct ReplicateArgs {
     /// `--fetch-timeout`: see [`ReplicaConfig::fetch_timeout`].
     pub fetch_timeout: Duration,
     pub hive: HiveArgs,
+    /// `--checkpoint-events`: a checkpoint every N state-ids (0: by time only).
+    pub checkpoint_events: u64,
+    /// `--checkpoint-interval`: ...or after this many seconds.
+    pub checkpoint_seconds: u64,
 }
 
 /// The Hive source's flags; `rows` is None for the native source.
@@ -102,6 +106,8 @@ impl ReplicateArgs {
             retain: 16,
             fetch_timeout: crate::replicate::DEFAULT_FETCH_TIMEOUT,
             hive: HiveArgs::default(),
+            checkpoint_events: crate::checkpoint::DEFAULT_CHECKPOINT_EVENTS,
+            checkpoint_seconds: crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
         }
     }
 }
@@ -195,6 +201,10 @@ impl ReplicateArgs {
         cfg.retain = self.retain.max(1);
         cfg.fetch_timeout = self.fetch_timeout;
         cfg.hive = hive;
+        cfg.checkpoint_events = self.checkpoint_events;
+        cfg.checkpoint_interval = Duration::from_secs(self.checkpoint_seconds.max(1));
+        // Ctrl-C or SIGTERM during recovery ends the start, changing nothing.
+        cfg.cancel = Some(stop_requested);
         Ok(cfg)
     }
 
@@ -269,7 +279,13 @@ fn write_status_file(state: &Path, report: &StatusReport) {
 pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     let cfg = args.config()?;
     install_signal_handlers();
-    let replica = Replica::start(cfg)?;
+    let replica = match Replica::start(cfg) {
+        Err(ReplicaError::Cancelled) => {
+            info!("stopped during recovery");
+            return Ok(());
+        }
+        r => r?,
+    };
     info!(state = %args.state.display(), "replicating (headless)");
     let mut tick = 0u32;
     while !stop_requested() {
@@ -433,7 +449,14 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
         .transpose()
         .map_err(|e| DaemonError::Usage(e.to_string()))?;
     install_signal_handlers();
-    let replica = Arc::new(Replica::start(cfg)?);
+    let replica = match Replica::start(cfg) {
+        // Nothing was mounted yet.
+        Err(ReplicaError::Cancelled) => {
+            info!("stopped during recovery; nothing was mounted");
+            return Ok(());
+        }
+        r => Arc::new(r?),
+    };
     let state = args.replicate.state.clone();
     let result = serve(&args, &replica, exporter, stop_requested, |_| {});
     write_status_file(&state, &replica.status());

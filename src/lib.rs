@@ -9,6 +9,7 @@
 
 pub mod catalog;
 pub mod checker;
+pub mod checkpoint;
 pub mod daemon;
 pub mod demo;
 pub mod durable;
