@@ -7,6 +7,8 @@
 //! - `commit`  time to commit a one-file insert vs catalog size
 //! - `memory`  resident bytes per file entry of a catalog tree
 //! - `stage`   staging throughput vs `cp -r` (+ `sync`)
+//! - `hive-ingest`, `hive-stage`  the Hive source's figures (issue 11; see
+//!   `bench_core/hive.rs`)
 //!
 //! Every subcommand prints progress to stderr and, on stdout, lines of the
 //! form `ROW|<benchmark>|<figure>|<target>|<met>` (the figure table) and
@@ -34,6 +36,9 @@ use stagefs::stage::BlobStore;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use stagefs::workload::Rng;
 
+#[path = "bench_core/hive.rs"]
+mod hive;
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() {
@@ -47,6 +52,8 @@ fn main() {
         "commit" => bench_commit(&opts),
         "memory" => bench_memory(&opts),
         "stage" => bench_stage(&opts),
+        "hive-ingest" => hive::bench_ingest(&opts),
+        "hive-stage" => hive::bench_stage(&opts),
         _ => usage(),
     };
     if let Err(e) = result {
@@ -57,8 +64,9 @@ fn main() {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench_core (ingest|commit|memory|stage) [--work DIR] [--events N] \
-         [--inserts N] [--shape PxF] [--files N] [--mib N] [--threads N] [--reps N]"
+        "usage: bench_core (ingest|commit|memory|stage|hive-ingest|hive-stage) [--work DIR] [--events N] \
+         [--inserts N] [--shape PxF] [--files N] [--mib N] [--threads N] [--reps N] \
+         [--bytes N] [--small N] [--small-bytes N] [--large N] [--large-mib N]"
     );
     std::process::exit(2)
 }
