@@ -11,6 +11,8 @@
 //!   catalog, its load time, resident memory after the load
 //! - `restart` restart time and journal bytes after N events, with
 //!   checkpoints and without (main's full replay), in one run
+//! - `hive-ingest`, `hive-stage`  the Hive source's figures (issue 11; see
+//!   `bench_core/hive.rs`)
 //!
 //! Every subcommand prints progress to stderr and, on stdout, lines of the
 //! form `ROW|<benchmark>|<figure>|<target>|<met>` (the figure table) and
@@ -38,6 +40,9 @@ use stagefs::stage::BlobStore;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use stagefs::workload::Rng;
 
+#[path = "bench_core/hive.rs"]
+mod hive;
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() {
@@ -53,6 +58,8 @@ fn main() {
         "stage" => bench_stage(&opts),
         "checkpoint" => bench_checkpoint(&opts),
         "restart" => bench_restart(&opts),
+        "hive-ingest" => hive::bench_ingest(&opts),
+        "hive-stage" => hive::bench_stage(&opts),
         _ => usage(),
     };
     if let Err(e) = result {
@@ -63,8 +70,9 @@ fn main() {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart) [--work DIR] [--events N] \
-         [--inserts N] [--shape PxF] [--files N] [--mib N] [--threads N] [--reps N]"
+        "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart|hive-ingest|hive-stage) \
+         [--work DIR] [--events N] [--inserts N] [--shape PxF] [--files N] [--mib N] [--threads N] \
+         [--reps N] [--bytes N] [--small N] [--small-bytes N] [--large N] [--large-mib N]"
     );
     std::process::exit(2)
 }
