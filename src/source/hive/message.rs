@@ -18,12 +18,11 @@
 //! row it polls; does no I/O.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::io::Read;
 
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
-use flate2::{Crc, Decompress, FlushDecompress, Status};
 use serde_json::{Map, Value};
 
 use super::model::{
@@ -260,10 +259,15 @@ fn gunzip_base64(message: &str, format: &str, limit: u64) -> Result<String> {
             format: format.to_string(),
             reason: e.to_string(),
         })?;
-    let out = gunzip_reusing(&compressed, limit).map_err(|reason| DecodeError::BadGzip {
-        format: format.to_string(),
-        reason,
-    })?;
+    let mut out = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit as usize));
+    // bufread: the slice is the buffer (no 32 KiB BufReader per message).
+    flate2::bufread::MultiGzDecoder::new(compressed.as_slice())
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| DecodeError::BadGzip {
+            format: format.to_string(),
+            reason: e.to_string(),
+        })?;
     if out.len() as u64 > limit {
         return Err(DecodeError::TooLarge {
             format: format.to_string(),
@@ -274,127 +278,6 @@ fn gunzip_base64(message: &str, format: &str, limit: u64) -> Result<String> {
         format: format.to_string(),
         reason: e.utf8_error().to_string(),
     })
-}
-
-thread_local! {
-    /// One raw-deflate state per thread, reset per gzip member: a fresh
-    /// `Decompress` allocates and zeroes ~40 KiB per message, which was the
-    /// largest cost of decoding a small message.
-    static INFLATE: RefCell<Decompress> = RefCell::new(Decompress::new(false));
-}
-
-/// Every member of the gzip stream `data`, concatenated (as
-/// `flate2::bufread::MultiGzDecoder` reads it), stopping once more than
-/// `limit` bytes came out (the caller reports that). Errors are reasons for
-/// [`DecodeError::BadGzip`].
-fn gunzip_reusing(data: &[u8], limit: u64) -> std::result::Result<Vec<u8>, String> {
-    INFLATE.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut inflate) => gunzip_members(&mut inflate, data, limit),
-        // Not reached (no re-entry), but never a panic.
-        Err(_) => gunzip_members(&mut Decompress::new(false), data, limit),
-    })
-}
-
-fn gunzip_members(
-    inflate: &mut Decompress,
-    mut input: &[u8],
-    limit: u64,
-) -> std::result::Result<Vec<u8>, String> {
-    let cap_limit = usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX);
-    let mut out: Vec<u8> = Vec::with_capacity(input.len().saturating_mul(4).min(cap_limit));
-    loop {
-        input = &input[gzip_header_len(input)?..];
-        inflate.reset(false);
-        let start = out.len();
-        loop {
-            if out.len() == out.capacity() {
-                let more = out
-                    .capacity()
-                    .max(4096)
-                    .min(cap_limit - out.len().min(cap_limit));
-                out.reserve(more.max(1));
-            }
-            let (in_before, out_before) = (inflate.total_in(), inflate.total_out());
-            let status = inflate
-                .decompress_vec(input, &mut out, FlushDecompress::None)
-                .map_err(|e| format!("corrupt deflate stream: {e}"))?;
-            let consumed = usize::try_from(inflate.total_in() - in_before).unwrap_or(input.len());
-            input = &input[consumed.min(input.len())..];
-            if out.len() as u64 > limit {
-                return Ok(out);
-            }
-            match status {
-                Status::StreamEnd => break,
-                _ if consumed == 0 && inflate.total_out() == out_before => {
-                    return Err("unexpected end of the deflate stream".into())
-                }
-                _ => {}
-            }
-        }
-        let Some((trailer, rest)) = input.split_first_chunk::<8>() else {
-            return Err("the gzip trailer (CRC32 and size) is missing".into());
-        };
-        let mut crc = Crc::new();
-        crc.update(&out[start..]);
-        let want_crc = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
-        let want_len = u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
-        if crc.sum() != want_crc {
-            return Err("corrupt gzip stream does not have a matching checksum".into());
-        }
-        if crc.amount() != want_len {
-            return Err("corrupt gzip stream does not have a matching length".into());
-        }
-        input = rest;
-        if input.is_empty() {
-            return Ok(out);
-        }
-    }
-}
-
-/// The length of the gzip member header at the start of `b` (RFC 1952 2.3).
-fn gzip_header_len(b: &[u8]) -> std::result::Result<usize, String> {
-    const FHCRC: u8 = 2;
-    const FEXTRA: u8 = 4;
-    const FNAME: u8 = 8;
-    const FCOMMENT: u8 = 16;
-    let truncated = || "truncated gzip header".to_string();
-    if b.len() < 10 {
-        return Err(truncated());
-    }
-    if b[0] != 0x1f || b[1] != 0x8b {
-        return Err("invalid gzip header".into());
-    }
-    if b[2] != 8 {
-        return Err(format!("unsupported gzip compression method {}", b[2]));
-    }
-    let flags = b[3];
-    let mut at = 10;
-    if flags & FEXTRA != 0 {
-        let len = b.get(at..at + 2).ok_or_else(truncated)?;
-        at += 2 + usize::from(u16::from_le_bytes([len[0], len[1]]));
-    }
-    for flag in [FNAME, FCOMMENT] {
-        if flags & flag != 0 {
-            let nul = b
-                .get(at..)
-                .and_then(|rest| rest.iter().position(|&c| c == 0))
-                .ok_or_else(truncated)?;
-            at += nul + 1;
-        }
-    }
-    if flags & FHCRC != 0 {
-        let want = b.get(at..at + 2).ok_or_else(truncated)?;
-        let mut crc = Crc::new();
-        crc.update(&b[..at]);
-        if crc.sum() as u16 != u16::from_le_bytes([want[0], want[1]]) {
-            return Err("corrupt gzip header checksum".into());
-        }
-        at += 2;
-    }
-    if at > b.len() {
-        return Err(truncated());
-    }
-    Ok(at)
 }
 
 fn non_empty(s: Option<&str>) -> Option<&str> {
@@ -706,47 +589,6 @@ mod tests {
             }
         );
         assert!(decode_text_limited(&b64, Some("gzip"), 4 << 20).is_ok());
-    }
-
-    /// The reused decompressor reads what `MultiGzDecoder` reads: header
-    /// fields, several members, and a good message after a bad one.
-    #[test]
-    fn reused_decompressor_matches_multigzdecoder() {
-        use flate2::GzBuilder;
-        use std::io::{Read, Write};
-        let member = |text: &[u8], named: bool| {
-            let b = if named {
-                GzBuilder::new()
-                    .filename("m.json")
-                    .comment("c")
-                    .extra(vec![1, 2, 3])
-            } else {
-                GzBuilder::new()
-            };
-            let mut enc = b.write(Vec::new(), flate2::Compression::default());
-            enc.write_all(text).unwrap();
-            enc.finish().unwrap()
-        };
-        let mut two = member(b"{\"a\":", true);
-        two.extend(member(&vec![b'1'; 100_000], false));
-        two.extend(member(b"}", false));
-        for data in [member(b"test", false), member(b"", true), two] {
-            let mut want = Vec::new();
-            flate2::bufread::MultiGzDecoder::new(data.as_slice())
-                .read_to_end(&mut want)
-                .unwrap();
-            assert_eq!(gunzip_reusing(&data, MAX_DECOMPRESSED).unwrap(), want);
-            let mut cut = data.clone();
-            cut.truncate(data.len() - 3);
-            assert!(gunzip_reusing(&cut, MAX_DECOMPRESSED).is_err());
-            let mut flipped = data.clone();
-            let at = data.len() - 6;
-            flipped[at] ^= 0x55;
-            assert!(gunzip_reusing(&flipped, MAX_DECOMPRESSED).is_err());
-            let mut trailing = data.clone();
-            trailing.extend_from_slice(b"xx");
-            assert!(gunzip_reusing(&trailing, MAX_DECOMPRESSED).is_err());
-        }
     }
 
     #[test]
