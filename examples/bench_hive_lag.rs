@@ -1,7 +1,7 @@
 //! Replication lag from a Hive metastore: an INSERT event committed into
 //! `NOTIFICATION_LOG` (the way DbNotificationListener commits it) → the
 //! mount's `user.stagefs.visible` reaches its id. Method and figures:
-//! docs/BENCHMARKS.md ("Hive metastore lag").
+//! docs/BENCHMARKS.md ("Hive source (issue 11)"); scripts/bench/hive.sh runs it.
 //!
 //!     bench_hive_lag STAGEFS_BIN [--db postgres|mariadb] [--rate 100]
 //!                    [--seconds 10] [--poll-ms 500] [--bytes 4096]

@@ -78,7 +78,13 @@ pub struct ReplicateArgs {
     pub events: Option<PathBuf>,
     pub cm_root: Option<PathBuf>,
     pub retain: usize,
+    /// `--fetch-timeout`: see [`ReplicaConfig::fetch_timeout`].
+    pub fetch_timeout: Duration,
     pub hive: HiveArgs,
+    /// `--checkpoint-events`: a checkpoint every N state-ids (0: by time only).
+    pub checkpoint_events: u64,
+    /// `--checkpoint-interval`: ...or after this many seconds.
+    pub checkpoint_seconds: u64,
 }
 
 /// The Hive source's flags; `rows` is None for the native source.
@@ -100,7 +106,10 @@ impl ReplicateArgs {
             events: Some(events.to_owned()),
             cm_root: None,
             retain: 16,
+            fetch_timeout: crate::replicate::DEFAULT_FETCH_TIMEOUT,
             hive: HiveArgs::default(),
+            checkpoint_events: crate::checkpoint::DEFAULT_CHECKPOINT_EVENTS,
+            checkpoint_seconds: crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
         }
     }
 }
@@ -192,7 +201,12 @@ impl ReplicateArgs {
         let mut cfg = ReplicaConfig::new(&self.state, &source_root, &events);
         cfg.cm_root = self.cm_root.clone();
         cfg.retain = self.retain.max(1);
+        cfg.fetch_timeout = self.fetch_timeout;
         cfg.hive = hive;
+        cfg.checkpoint_events = self.checkpoint_events;
+        cfg.checkpoint_interval = Duration::from_secs(self.checkpoint_seconds.max(1));
+        // Ctrl-C or SIGTERM during recovery ends the start, changing nothing.
+        cfg.cancel = Some(stop_requested);
         Ok(cfg)
     }
 
@@ -268,7 +282,13 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     let cfg = args.config()?;
     install_signal_handlers();
     bootstrap_if_asked(&args, &cfg)?;
-    let replica = Replica::start(cfg)?;
+    let replica = match Replica::start(cfg) {
+        Err(ReplicaError::Cancelled) => {
+            info!("stopped during recovery");
+            return Ok(());
+        }
+        r => r?,
+    };
     show_bootstrap(&replica, &args.state);
     info!(state = %args.state.display(), "replicating (headless)");
     let mut tick = 0u32;
@@ -518,7 +538,14 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::Usage(e.to_string()))?;
     install_signal_handlers();
     bootstrap_if_asked(&args.replicate, &cfg)?;
-    let replica = Arc::new(Replica::start(cfg)?);
+    let replica = match Replica::start(cfg) {
+        // Nothing was mounted yet.
+        Err(ReplicaError::Cancelled) => {
+            info!("stopped during recovery; nothing was mounted");
+            return Ok(());
+        }
+        r => Arc::new(r?),
+    };
     show_bootstrap(&replica, &args.replicate.state);
     let state = args.replicate.state.clone();
     let result = serve(&args, &replica, exporter, stop_requested, |_| {});

@@ -54,6 +54,17 @@ struct SourceArgs {
     /// Newest unpinned versions kept browsable under .stagefs/snapshots.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     retain: u64,
+    /// Seconds a read of a source file may make no progress before the
+    /// fetch is abandoned and retried (a hung NFS or FUSE source).
+    #[arg(long = "fetch-timeout", value_name = "SECS", default_value_t = stagefs::replicate::DEFAULT_FETCH_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    fetch_timeout: u64,
+    /// Write a catalog checkpoint (and compact the journal) once the visible
+    /// state-id moved N past the last one; 0: by time only.
+    #[arg(long = "checkpoint-events", value_name = "N", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_EVENTS)]
+    checkpoint_events: u64,
+    /// ...or once this many seconds passed with a newer visible state.
+    #[arg(long = "checkpoint-interval", value_name = "SECONDS", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_interval: u64,
 }
 
 #[derive(Subcommand)]
@@ -169,12 +180,15 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
         events: s.events,
         cm_root: s.cm_root,
         retain: s.retain as usize,
+        fetch_timeout: std::time::Duration::from_secs(s.fetch_timeout),
         hive: HiveArgs {
             rows: hive_rows,
             source_map: s.source_map,
             poll_ms: s.hive_poll_ms,
             bootstrap: s.bootstrap,
         },
+        checkpoint_events: s.checkpoint_events,
+        checkpoint_seconds: s.checkpoint_interval,
     }
 }
 

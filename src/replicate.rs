@@ -4,7 +4,9 @@
 //! threads, each the single writer of what it owns:
 //! - **ingest** tails the source log, validates each line against the newest
 //!   accepted state, and appends accepted events to the journal (fsynced in
-//!   groups). A rejected line stops ingest at the last good state.
+//!   groups). A rejected line holds ingest at the last good state until
+//!   the source is corrected: it is read again from the rejected position
+//!   (about once a second, [`Source::reread_from`]), never before it.
 //! - **stager** follows the journal (memory ring first, segment files when
 //!   behind), builds pending states ([`catalog::Pending`], bounded in
 //!   number), sends each missing blob to the fetch workers with every source
@@ -12,8 +14,15 @@
 //!   failures with capped backoff, and
 //!   commits the newest complete state ([`catalog::Catalog::commit`]: commit
 //!   record fsynced before the new state is published).
-//! - **fetch workers** copy and verify one file each into the blob store.
+//! - **fetch workers** ([`fetch`]) copy and verify one file each into the
+//!   blob store; one that makes no progress for `fetch_timeout` (a hung
+//!   source read) is abandoned and replaced, and the attempt retried.
 //! - **gc** deletes blobs that no retained or pending state references.
+//! - **checkpoint** writes the retained and pinned trees to
+//!   `checkpoints/` every [`ReplicaConfig::checkpoint_events`] state-ids or
+//!   [`ReplicaConfig::checkpoint_interval`], then compacts the journal
+//!   ([`crate::checkpoint`]). A restart loads the newest readable
+//!   checkpoint and replays only the journal after it.
 //!
 //! GC and the stager agree through [`GcGate`]: the stager publishes its
 //! pending trees and checks blob presence under the gate, and GC never
@@ -26,7 +35,6 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -36,14 +44,21 @@ use tracing::{debug, error, info, info_span, warn};
 
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Resolutions, Tree};
+use crate::checkpoint::{self, CheckpointData};
 use crate::event::{BlobId, Event, FileRef, StateId};
-use crate::journal::{Journal, JournalConfig, JournalError};
+use crate::journal::{Compactor, Journal, JournalConfig, JournalError};
 use crate::source::hive::{HiveConfig, HiveSource};
 use crate::source::native::{LogPosition, NativeSource, SourceLog};
 use crate::source::Rejection;
-use crate::source::{Accepted, DecodeError, Position, Source, SourceError, Validator, Verdict};
+use crate::source::{
+    Accepted, DecodeError, DupWindow, Position, Source, SourceError, Validator, Verdict,
+};
 use crate::stage::{backoff, BlobStore, FetchOutcome, Fetched, StageError, Unsynced};
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
+
+pub mod fetch;
+
+use fetch::{FetchPool, Finished, PoolConfig};
 
 /// How to run replication.
 #[derive(Debug, Clone)]
@@ -54,9 +69,24 @@ pub struct ReplicaConfig {
     pub cm_root: Option<PathBuf>,
     /// Newest unpinned versions kept browsable.
     pub retain: usize,
-    /// Journal records kept in memory for the stager.
+    /// Journal records kept in memory for the stager...
     pub ring_capacity: usize,
+    /// ...and the bound on their payload bytes.
+    pub ring_bytes: usize,
+    /// Size after which the journal starts a new segment file.
+    pub segment_bytes: u64,
+    /// A checkpoint once the visible state-id moved this far past the last
+    /// one (0: never by count)...
+    pub checkpoint_events: u64,
+    /// ...or once this long has passed with a newer visible state.
+    pub checkpoint_interval: Duration,
+    /// Asked during recovery: `true` stops [`Replica::start`] with
+    /// [`ReplicaError::Cancelled`] (Ctrl-C during a long start).
+    pub cancel: Option<fn() -> bool>,
     pub fetch_threads: usize,
+    /// A fetch that makes no progress for this long (a read of the source
+    /// that hangs) is abandoned and retried: see [`fetch`].
+    pub fetch_timeout: Duration,
     /// Most states kept one by one ahead of the visible one; past it, the
     /// newest pending state absorbs each further event
     /// ([`catalog::Pending::bounded`]), so reading never stops.
@@ -77,7 +107,13 @@ impl ReplicaConfig {
             cm_root: None,
             retain: 16,
             ring_capacity: crate::journal::DEFAULT_RING_CAPACITY,
+            ring_bytes: crate::journal::DEFAULT_RING_BYTES,
+            segment_bytes: crate::journal::DEFAULT_SEGMENT_BYTES,
+            checkpoint_events: checkpoint::DEFAULT_CHECKPOINT_EVENTS,
+            checkpoint_interval: checkpoint::DEFAULT_CHECKPOINT_INTERVAL,
+            cancel: None,
             fetch_threads: 4,
+            fetch_timeout: DEFAULT_FETCH_TIMEOUT,
             max_pending: 200_000,
             gc_interval: Duration::from_secs(2),
             poll_interval: Duration::from_millis(5),
@@ -85,6 +121,13 @@ impl ReplicaConfig {
         }
     }
 }
+
+/// Default of [`ReplicaConfig::fetch_timeout`] (`--fetch-timeout`): long
+/// enough for a busy NFS server, short enough that a hang shows in status.
+pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Abandoned fetch threads (stuck in a source read) allowed at once; see
+/// [`fetch::PoolConfig::max_abandoned`].
+const MAX_ABANDONED_FETCHES: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -106,6 +149,11 @@ pub enum ReplicaError {
     WrongSource(&'static str),
     #[error("{0}")]
     Source(String),
+    #[error("the journal was compacted through state {floor} but no readable checkpoint at or after it was found ({detail}); restore the checkpoints folder or remove the state folder to replicate from the start")]
+    CompactedWithoutCheckpoint { floor: StateId, detail: String },
+    /// Recovery was asked to stop (`ReplicaConfig::cancel`).
+    #[error("recovery was interrupted")]
+    Cancelled,
 }
 
 /// One journal record's payload: the accepted event and where the source
@@ -163,21 +211,44 @@ pub fn state_in_use(dir: &Path) -> bool {
 /// entry is not here (read from files, or dropped at the capacity bound).
 #[derive(Default)]
 struct Handoff {
-    queue: Mutex<VecDeque<Accepted>>,
+    queue: Mutex<HandoffQueue>,
 }
 
-/// Entries kept for the stager (like the journal ring, a bound on memory).
+/// Entries with their journal payload size, the measure of their memory.
+#[derive(Default)]
+struct HandoffQueue {
+    entries: VecDeque<(Accepted, usize)>,
+    bytes: usize,
+}
+
+/// Entries kept for the stager (like the journal ring, a bound on memory):
+/// at most this many...
 const HANDOFF_CAPACITY: usize = 65_536;
+/// ...and at most this many bytes of their events' journal payloads.
+const HANDOFF_BYTES: usize = 64 << 20;
+
+impl HandoffQueue {
+    fn pop_front(&mut self) -> Option<Accepted> {
+        let (a, bytes) = self.entries.pop_front()?;
+        self.bytes -= bytes;
+        Some(a)
+    }
+}
 
 impl Handoff {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Accepted>> {
+    fn lock(&self) -> MutexGuard<'_, HandoffQueue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push(&self, batch: Vec<Accepted>) {
+    /// Adds a batch of (accepted event, its journal payload bytes); the
+    /// oldest entries go past the bounds (the stager decodes those).
+    fn push(&self, batch: Vec<(Accepted, usize)>) {
         let mut q = self.lock();
-        q.extend(batch);
-        while q.len() > HANDOFF_CAPACITY {
+        for (a, bytes) in batch {
+            q.bytes += bytes;
+            q.entries.push_back((a, bytes));
+        }
+        while q.entries.len() > HANDOFF_CAPACITY || q.bytes > HANDOFF_BYTES {
             q.pop_front();
         }
     }
@@ -185,10 +256,10 @@ impl Handoff {
     /// The entry for `id`, dropping older ones the stager went past.
     fn take(&self, id: StateId) -> Option<Accepted> {
         let mut q = self.lock();
-        while q.front().is_some_and(|a| a.event.id < id) {
+        while q.entries.front().is_some_and(|(a, _)| a.event.id < id) {
             q.pop_front();
         }
-        if q.front().is_some_and(|a| a.event.id == id) {
+        if q.entries.front().is_some_and(|(a, _)| a.event.id == id) {
             q.pop_front()
         } else {
             None
@@ -229,6 +300,7 @@ pub struct Replica {
     progress: Arc<Progress>,
     journal: Arc<Mutex<Journal>>,
     journal_stats: Arc<crate::journal::JournalStats>,
+    compactor: Compactor,
     gate: Arc<GcGate>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -245,17 +317,54 @@ impl Replica {
         let lock = lock_state(&cfg.state_dir)?;
         let blobs = Arc::new(BlobStore::open(&cfg.state_dir)?);
         let (record, mut pins) = load_durable(&cfg.state_dir)?;
-        let mut jcfg = JournalConfig::new(cfg.state_dir.join("journal"));
+        let cancelled = || cfg.cancel.is_some_and(|c| c());
+        let journal_dir = cfg.state_dir.join("journal");
+        // The newest readable checkpoint at or below the committed state;
+        // unreadable ones are set aside and reported.
+        let found = checkpoint::load_newest(&cfg.state_dir, record.visible).map_err(|e| {
+            ReplicaError::Io(
+                format!(
+                    "reading checkpoints in {}",
+                    checkpoint::dir(&cfg.state_dir).display()
+                ),
+                e,
+            )
+        })?;
+        let restored = found.loaded;
+        let base = restored.as_ref().map_or(StateId(0), |l| l.data.state);
+        if let Some(floor) = crate::journal::compacted_through(&journal_dir)? {
+            if base < floor {
+                return Err(ReplicaError::CompactedWithoutCheckpoint {
+                    floor,
+                    detail: if found.skipped.is_empty() {
+                        "no checkpoint files".to_owned()
+                    } else {
+                        found.skipped.join("; ")
+                    },
+                });
+            }
+        }
+        if cancelled() {
+            return Err(ReplicaError::Cancelled);
+        }
+        let mut jcfg = JournalConfig::new(journal_dir);
         jcfg.ring_capacity = cfg.ring_capacity;
+        jcfg.ring_bytes = cfg.ring_bytes;
+        jcfg.segment_bytes = cfg.segment_bytes;
+        jcfg.cancel = cfg.cancel;
         // Every committed state must survive recovery: it may cut a torn
         // tail only above the commit record's visible state.
         jcfg.durable_through = record.visible;
-        let (journal, report) = Journal::open(jcfg)?;
+        let (journal, report) = match Journal::open(jcfg) {
+            Err(JournalError::Cancelled) => return Err(ReplicaError::Cancelled),
+            r => r?,
+        };
         if let Some(reason) = &report.reason {
             warn!(truncated_bytes = report.truncated_bytes, %reason, "journal tail was cut");
         }
 
-        // Replay the journal: rebuild the newest accepted state (for
+        // Start from the checkpoint (or the empty tree), then replay the
+        // journal after it: rebuild the newest accepted state (for
         // validation), the visible state and every retained one.
         let keep: HashSet<StateId> = record
             .retained
@@ -267,13 +376,37 @@ impl Replica {
         let mut tree = Arc::new(Tree::empty());
         let mut validator =
             Validator::new(Arc::clone(&tree)).with_resolutions(Arc::clone(&resolutions));
-        let mut visible = (record.visible == StateId(0)).then(|| Arc::clone(&tree));
         let mut versions = std::collections::BTreeMap::new();
         let mut resume: Option<Position> = None;
-        let mut follower = journal.follower(StateId(0));
+        let (ckpt_id, ckpt_size, ckpt_written) = match &restored {
+            Some(l) => (Some(l.data.state), l.size, l.data.created_ms),
+            None => (None, 0, UNKNOWN_TIME),
+        };
+        if let Some(l) = restored {
+            let CheckpointData {
+                state,
+                resume: at,
+                window,
+                versions: saved,
+                ..
+            } = l.data;
+            info!(checkpoint = %state, path = %l.path.display(), versions = saved.len(), "restoring from checkpoint");
+            tree = Arc::clone(&saved[&state]);
+            validator.restored(Arc::clone(&tree), &window);
+            resume = at;
+            versions = saved
+                .into_iter()
+                .filter(|(s, _)| keep.contains(s) || *s == record.visible)
+                .collect();
+        }
+        let mut visible = (record.visible == tree.state_id).then(|| Arc::clone(&tree));
+        let mut follower = journal.follower(base);
         let started = Instant::now();
         let mut replayed = 0u64;
         while let Some(rec) = follower.try_next()? {
+            if replayed % 4096 == 4095 && cancelled() {
+                return Err(ReplicaError::Cancelled);
+            }
             let entry = decode(rec.id, &rec.payload)?;
             let (next, added) = tree
                 .apply(&entry.event)
@@ -293,12 +426,14 @@ impl Replica {
             resume = Some(entry.next);
             replayed += 1;
         }
+        drop(follower);
         let visible = visible.ok_or(ReplicaError::JournalBehindCommit {
             journal: tree.state_id,
             visible: record.visible,
         })?;
         info!(
             replayed,
+            checkpoint = base.0,
             visible = %visible.state_id,
             latest = %tree.state_id,
             ms = started.elapsed().as_millis() as u64,
@@ -329,6 +464,17 @@ impl Replica {
             cfg.retain,
         ));
         let progress = Arc::new(Progress::default());
+        progress.set_checkpoint(|c| {
+            c.last_id = ckpt_id;
+            c.size_bytes = ckpt_size;
+            c.restored_from = ckpt_id;
+            c.replayed_records = replayed;
+            c.problems = found.skipped.clone();
+        });
+        progress
+            .checkpoint_written_ms
+            .store(ckpt_written, Ordering::Relaxed);
+        let window = validator.window();
         progress
             .unverified_files
             .store(resolutions.unverified_files(), Ordering::Relaxed);
@@ -337,6 +483,7 @@ impl Replica {
             .latest_time_ms
             .store(tree.time_ms, Ordering::Relaxed);
         let journal_stats = journal.stats();
+        let compactor = journal.compactor();
         let stager_follower = journal.follower(visible.state_id);
         let journal = Arc::new(Mutex::new(journal));
         let stop = Arc::new(AtomicBool::new(false));
@@ -366,10 +513,13 @@ impl Replica {
                             return Err(ReplicaError::WrongSource("a Hive notification log"))
                         }
                     };
+                    let start = Position::Log(pos.clone());
                     let source =
                         NativeSource::new(SourceLog::new(&cfg.events_dir, pos), cfg.poll_interval);
                     Box::new(move || {
-                        run_ingest(source, validator, &journal, &handoff, &progress, &stop)
+                        run_ingest(
+                            source, validator, start, &journal, &handoff, &progress, &stop,
+                        )
                     })
                 }
                 Some(hive) => {
@@ -382,29 +532,40 @@ impl Replica {
                     };
                     let source = HiveSource::open(hive, after)
                         .map_err(|e| ReplicaError::Source(e.to_string()))?;
+                    let start = Position::Hive {
+                        hive_event_id: after,
+                    };
                     Box::new(move || {
-                        run_ingest(source, validator, &journal, &handoff, &progress, &stop)
+                        run_ingest(
+                            source, validator, start, &journal, &handoff, &progress, &stop,
+                        )
                     })
                 }
             };
             threads.push(spawn("ingest", ingest)?);
         }
-        let (job_tx, job_rx) = mpsc::channel::<FetchJob>();
-        let (done_tx, done_rx) = mpsc::channel::<FetchResult>();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        for i in 0..cfg.fetch_threads.max(1) {
-            let (job_rx, done_tx, blobs, cfg) = (
-                Arc::clone(&job_rx),
-                done_tx.clone(),
-                Arc::clone(&blobs),
-                Arc::clone(&cfg),
-            );
-            threads.push(spawn(
-                &format!("fetch-{i}"),
-                Box::new(move || run_fetcher(&cfg, &job_rx, &done_tx, &blobs)),
-            )?);
-        }
-        drop(done_tx);
+        let fetches = {
+            let (blobs, fetch_cfg) = (Arc::clone(&blobs), Arc::clone(&cfg));
+            let work: fetch::Work<FetchJob, FetchResult> = Arc::new(move |job: &FetchJob| {
+                blobs
+                    .fetch_unsynced_any(
+                        &job.files,
+                        &fetch_cfg.source_root,
+                        fetch_cfg.cm_root.as_deref(),
+                    )
+                    .map(|(i, fetched)| (job.files[i].clone(), fetched))
+            });
+            let (progress, stop) = (Arc::clone(&progress), Arc::clone(&stop));
+            let spawn: fetch::Spawn =
+                Arc::new(move |name: &str, f| spawn_supervised(name, f, &progress, &stop));
+            let pool = PoolConfig {
+                threads: cfg.fetch_threads,
+                timeout: cfg.fetch_timeout,
+                max_abandoned: MAX_ABANDONED_FETCHES,
+            };
+            FetchPool::start(pool, FetchJob::pool_key, work, spawn)
+                .map_err(|e| ReplicaError::Io("starting the fetch threads".to_owned(), e))?
+        };
         {
             let stager = Stager {
                 resolutions: Arc::clone(&resolutions),
@@ -415,8 +576,7 @@ impl Replica {
                 progress: Arc::clone(&progress),
                 gate: Arc::clone(&gate),
                 handoff: Arc::clone(&handoff),
-                jobs: job_tx,
-                done: done_rx,
+                fetches,
                 in_flight: HashSet::new(),
                 max_in_flight: cfg.fetch_threads.max(1) * FETCHES_QUEUED_PER_THREAD,
                 queued: VecDeque::new(),
@@ -443,6 +603,18 @@ impl Replica {
                 Box::new(move || run_gc(&cfg, &catalog, &blobs, &progress, &gate, &stop)),
             )?);
         }
+        {
+            let checkpointer = Checkpointer {
+                cfg: Arc::clone(&cfg),
+                catalog: Arc::clone(&catalog),
+                compactor: compactor.clone(),
+                window,
+                progress: Arc::clone(&progress),
+                stop: Arc::clone(&stop),
+                last: base,
+            };
+            threads.push(spawn("checkpoint", Box::new(move || checkpointer.run()))?);
+        }
 
         Ok(Replica {
             catalog,
@@ -450,6 +622,7 @@ impl Replica {
             progress,
             journal,
             journal_stats,
+            compactor,
             gate,
             stop,
             threads,
@@ -479,6 +652,7 @@ impl Replica {
     /// The status of SPEC §7.
     pub fn status(&self) -> StatusReport {
         let s = &self.journal_stats;
+        let size = self.compactor.size();
         StatusReport::live(
             &self.progress,
             &self.catalog.snapshot(),
@@ -487,6 +661,8 @@ impl Replica {
                 records: s.appended.load(Ordering::Relaxed),
                 ring_reads: s.ring_reads.load(Ordering::Relaxed),
                 file_reads: s.file_reads.load(Ordering::Relaxed),
+                segments: size.segments,
+                bytes: size.bytes,
             },
         )
     }
@@ -554,9 +730,11 @@ const INGEST_BATCH: usize = 4096;
 /// Longest wait between attempts to read a source that is unavailable.
 const SOURCE_BACKOFF_CAP: Duration = Duration::from_secs(10);
 
+/// `start` is where the source was opened (after the last journaled event).
 fn run_ingest<S: Source>(
     mut source: S,
     mut validator: Validator,
+    start: Position,
     journal: &Mutex<Journal>,
     handoff: &Handoff,
     progress: &Progress,
@@ -564,6 +742,10 @@ fn run_ingest<S: Source>(
 ) {
     // Records read but not journaled yet: kept across a retry of the first.
     let mut backlog: VecDeque<S::Record> = VecDeque::new();
+    let mut hold = RejectionHold {
+        taken_through: start,
+        held_at: None,
+    };
     let mut failures = 0u32;
     let mut last_error: Option<String> = None;
     let mut report_error = |progress: &Progress, error: Option<String>, failures: &mut u32| {
@@ -592,10 +774,11 @@ fn run_ingest<S: Source>(
             match source.poll(INGEST_BATCH) {
                 Ok(records) => backlog.extend(records),
                 Err(SourceError::Fatal(r)) => {
-                    error!(rejection = %r, "the source cannot go on; replication stops at the last good state");
                     progress.set_source(source.report());
-                    stop_at_rejection(progress, r.stall(), stop);
-                    return;
+                    if !hold.wait(&mut source, &r, progress, stop) {
+                        return;
+                    }
+                    continue;
                 }
                 Err(SourceError::Transient(msg)) => {
                     report_error(progress, Some(msg), &mut failures);
@@ -608,13 +791,21 @@ fn run_ingest<S: Source>(
         }
         if backlog.is_empty() {
             report_error(progress, None, &mut failures);
+            // Re-read after a rejection and nothing is wrong any more
+            // (the bad record was removed): the hold is over.
+            hold.release(progress);
             progress.set_source(source.report());
             sleep_unless_stopped(source.idle_wait(), stop);
             continue;
         }
         let mut accepted = 0u64;
         let mut batch = Vec::new();
+        // A source record that cannot be accepted (held until corrected),
+        // or a failure to journal an accepted one (stops for good: the
+        // validator has taken it, so reading it again would skip it).
         let mut rejected = None;
+        let mut failed = None;
+        let mut last_taken = None;
         let mut retry = None;
         let mut j = match journal.lock() {
             Ok(j) => j,
@@ -648,7 +839,7 @@ fn run_ingest<S: Source>(
                         Ok(p) => p,
                         Err(e) => {
                             let (file, line) = source.locate(record);
-                            rejected = Some(Rejection {
+                            failed = Some(Rejection {
                                 state_id: Some(id),
                                 file,
                                 line,
@@ -659,7 +850,7 @@ fn run_ingest<S: Source>(
                     };
                     if let Err(e) = j.append(id, &payload) {
                         let (file, line) = source.locate(record);
-                        rejected = Some(Rejection {
+                        failed = Some(Rejection {
                             state_id: Some(id),
                             file,
                             line,
@@ -667,11 +858,12 @@ fn run_ingest<S: Source>(
                         });
                         break;
                     }
+                    let bytes = payload.len();
                     appended.push((id, payload));
                     if let Some(t) = acc.event.time_ms {
                         last_time = t;
                     }
-                    batch.push(*acc);
+                    batch.push((*acc, bytes));
                     accepted += 1;
                 }
                 Ok(Verdict::Duplicate) => {
@@ -682,7 +874,10 @@ fn run_ingest<S: Source>(
                     break;
                 }
             }
-            backlog.pop_front();
+            last_taken = backlog.pop_front();
+        }
+        if let Some(record) = &last_taken {
+            hold.taken_through = source.position_after(record);
         }
         if let Err(e) = j.sync() {
             // Not durable, never published, but already accepted by the
@@ -704,11 +899,22 @@ fn run_ingest<S: Source>(
             progress.latest_time_ms.store(last_time, Ordering::Relaxed);
         }
         progress.set_source(source.report());
-        if let Some(r) = rejected {
-            progress.events_rejected.fetch_add(1, Ordering::Relaxed);
-            error!(rejection = %r, "rejected a source event; replication stops at the last good state");
+        if accepted > 0 {
+            hold.release(progress);
+        }
+        if let Some(r) = failed {
+            error!(rejection = %r, "cannot journal an accepted event; replication stops at the last good state");
             stop_at_rejection(progress, r.stall(), stop);
             return;
+        }
+        if let Some(r) = rejected {
+            // What follows the rejected record was read past it: forget it,
+            // the re-read brings it back.
+            backlog.clear();
+            if !hold.wait(&mut source, &r, progress, stop) {
+                return;
+            }
+            continue;
         }
         if let Some(msg) = retry {
             report_error(progress, Some(msg), &mut failures);
@@ -796,8 +1002,59 @@ fn rewrite_journal_until_synced(
     }
 }
 
-/// Ends ingest at a line that can never be accepted: reports it and waits
-/// for shutdown. The operator corrects the log and restarts.
+/// How often a rejected record is looked at again.
+const REREAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Ingest's place after a rejection: what it waits at, and where the
+/// source is read again from.
+struct RejectionHold {
+    /// Where the source continues after the last record taken (accepted or
+    /// a duplicate): the rejected record is the next one.
+    taken_through: Position,
+    /// The rejection ingest is held at, while the source is re-read.
+    held_at: Option<String>,
+}
+
+impl RejectionHold {
+    /// Holds ingest at a rejected record: reports it (logging it when it is
+    /// new), then waits until the source may hold a correction and has
+    /// been rewound to `taken_through` (true), or shutdown (false).
+    fn wait<S: Source>(
+        &mut self,
+        source: &mut S,
+        rejection: &Rejection,
+        progress: &Progress,
+        stop: &AtomicBool,
+    ) -> bool {
+        let text = rejection.to_string();
+        if self.held_at.as_deref() != Some(text.as_str()) {
+            progress.events_rejected.fetch_add(1, Ordering::Relaxed);
+            error!(rejection = %text, "rejected a source event; replication waits at the last good state until the source is corrected");
+        }
+        progress.set_ingest_stall(Some(rejection.stall()));
+        self.held_at = Some(text);
+        loop {
+            sleep_unless_stopped(REREAD_INTERVAL, stop);
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            if source.reread_from(&self.taken_through) {
+                return true;
+            }
+        }
+    }
+
+    /// Ends the hold once the source reads well again.
+    fn release(&mut self, progress: &Progress) {
+        if let Some(was) = self.held_at.take() {
+            info!(rejection = %was, "the rejected source event was corrected; ingest resumes");
+            progress.set_ingest_stall(None);
+        }
+    }
+}
+
+/// Ends ingest at an accepted event that cannot be journaled: reports it
+/// and waits for shutdown (a restart reads the event again).
 fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
     progress.set_ingest_stall(Some(stall));
     while !stop.load(Ordering::Relaxed) {
@@ -807,37 +1064,30 @@ fn stop_at_rejection(progress: &Progress, stall: Stall, stop: &AtomicBool) {
 
 /// One attempt to stage a blob: the sources to try, in order (file
 /// entries naming it, see `Pending::next_sources`).
+#[derive(Clone)]
 struct FetchJob {
     key: BlobId,
     files: Vec<FileRef>,
 }
 
-/// A finished attempt: the blob and, on success, the source that gave it.
-type FetchResult = (BlobId, Result<(FileRef, Fetched), StageError>);
-
-fn run_fetcher(
-    cfg: &ReplicaConfig,
-    jobs: &Mutex<Receiver<FetchJob>>,
-    done: &Sender<FetchResult>,
-    blobs: &BlobStore,
-) {
-    loop {
-        let job = {
-            let rx = match jobs.lock() {
-                Ok(rx) => rx,
-                Err(p) => p.into_inner(),
-            };
-            rx.recv()
-        };
-        let Ok(mut job) = job else { return }; // the stager has gone
-        let result = blobs
-            .fetch_unsynced_any(&job.files, &cfg.source_root, cfg.cm_root.as_deref())
-            .map(|(i, fetched)| (job.files.swap_remove(i), fetched));
-        if done.send((job.key, result)).is_err() {
-            return;
-        }
+impl FetchJob {
+    /// The fetch pool's identity of an attempt: the blob and the first
+    /// source it reads. A retry of a blob whose read hangs waits for that
+    /// read only when it would start at the same source; with other
+    /// sources it goes ahead.
+    fn pool_key(job: &FetchJob) -> (BlobId, String) {
+        (
+            job.key,
+            job.files
+                .first()
+                .map(|f| f.path.clone())
+                .unwrap_or_default(),
+        )
     }
 }
+
+/// A finished attempt: on success, the source that gave the blob.
+type FetchResult = Result<(FileRef, Fetched), StageError>;
 
 struct Retry {
     attempt: u32,
@@ -852,8 +1102,7 @@ struct Stager {
     progress: Arc<Progress>,
     gate: Arc<GcGate>,
     handoff: Arc<Handoff>,
-    jobs: Sender<FetchJob>,
-    done: Receiver<FetchResult>,
+    fetches: FetchPool<FetchJob, (BlobId, String), FetchResult>,
     /// Blobs whose attempt the fetch workers have.
     in_flight: HashSet<BlobId>,
     /// Most attempts handed to the fetch workers at once; the rest wait in
@@ -1016,9 +1265,7 @@ impl Stager {
                 continue; // staged or abandoned meanwhile
             }
             self.in_flight.insert(blob);
-            // The receiver lives as long as the fetch threads; a send error
-            // means we are shutting down.
-            let _ = self.jobs.send(FetchJob { key: blob, files });
+            self.fetches.submit(FetchJob { key: blob, files });
         }
         self.progress.in_flight.store(
             (self.in_flight.len() + self.queued.len()) as u64,
@@ -1036,13 +1283,15 @@ impl Stager {
         };
         let mut first = true;
         loop {
-            let next = if first && !wait.is_zero() {
-                self.done.recv_timeout(wait).ok()
-            } else {
-                self.done.try_recv().ok()
-            };
+            let next = self.fetches.next(if first { wait } else { Duration::ZERO });
             first = false;
-            let Some((key, result)) = next else { break };
+            let (key, result) = match next {
+                None => break,
+                Some(Finished::Done(job, result)) => (job.key, result),
+                Some(Finished::TimedOut(job, after)) => {
+                    (job.key, Err(StageError::TimedOut { after }))
+                }
+            };
             self.in_flight.remove(&key);
             let now = self.retry_now.remove(&key);
             let result = result.and_then(|(file, fetched)| {
@@ -1243,6 +1492,122 @@ impl Stager {
             })
         };
         self.progress.set_stage_stall(stall);
+    }
+}
+
+/// The checkpoint thread: writes a checkpoint of the visible state when it
+/// moved `checkpoint_events` state-ids past the last one or
+/// `checkpoint_interval` passed, then prunes old checkpoints and compacts
+/// the journal through the oldest one kept. Works on an immutable catalog
+/// snapshot, so commits never wait for it. A failure is logged, shown in
+/// status and retried at the next trigger; nothing is compacted then.
+struct Checkpointer {
+    cfg: Arc<ReplicaConfig>,
+    catalog: Arc<Catalog>,
+    compactor: Compactor,
+    window: Arc<DupWindow>,
+    progress: Arc<Progress>,
+    stop: Arc<AtomicBool>,
+    /// State of the newest checkpoint (0: none).
+    last: StateId,
+}
+
+impl Checkpointer {
+    fn run(mut self) {
+        // Since the last checkpoint (or the start).
+        let mut since = Instant::now();
+        while !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            let visible = self.catalog.snapshot().visible.state_id;
+            if visible <= self.last {
+                continue;
+            }
+            let by_count = self.cfg.checkpoint_events > 0
+                && visible.0 - self.last.0 >= self.cfg.checkpoint_events;
+            if !by_count && since.elapsed() < self.cfg.checkpoint_interval {
+                continue;
+            }
+            since = Instant::now();
+            match self.checkpoint() {
+                Ok(()) => {}
+                Err(e) if self.stop.load(Ordering::Relaxed) => {
+                    debug!(error = %e, "checkpoint abandoned at shutdown");
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot write a checkpoint; will retry");
+                    self.progress.set_checkpoint(|c| {
+                        c.problems.retain(|p| !p.starts_with("last write failed"));
+                        c.problems.push(format!("last write failed: {e}"));
+                    });
+                }
+            }
+        }
+    }
+
+    /// One checkpoint of the current snapshot, then pruning and compaction.
+    fn checkpoint(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        let snapshot = self.catalog.snapshot();
+        let state = snapshot.visible.state_id;
+        let resume = self.position_after(state)?;
+        let data = CheckpointData {
+            state,
+            created_ms: crate::status::now_ms(),
+            resume,
+            window: self.window.through(state),
+            versions: snapshot.versions.clone(),
+        };
+        drop(snapshot);
+        let (path, size) = checkpoint::write(&self.cfg.state_dir, &data, Some(&self.stop))
+            .map_err(|e| format!("writing the checkpoint of state {state}: {e}"))?;
+        let wrote_ms = started.elapsed().as_millis() as u64;
+        self.last = state;
+        self.progress
+            .checkpoint_written_ms
+            .store(data.created_ms, Ordering::Relaxed);
+        self.progress.set_checkpoint(|c| {
+            c.last_id = Some(state);
+            c.size_bytes = size;
+            c.written += 1;
+            c.problems.retain(|p| !p.starts_with("last write failed"));
+        });
+        drop(data);
+        // Only once the new checkpoint is durable: drop the oldest, then
+        // the journal that no kept checkpoint needs.
+        let oldest = checkpoint::prune(&self.cfg.state_dir)
+            .map_err(|e| format!("removing old checkpoints: {e}"))?;
+        let removed = match oldest {
+            Some(through) => self
+                .compactor
+                .remove_through(through)
+                .map_err(|e| format!("compacting the journal: {e}"))?,
+            None => 0,
+        };
+        info!(
+            state = %state,
+            bytes = size,
+            ms = wrote_ms,
+            path = %path.display(),
+            segments_removed = removed,
+            "checkpoint written"
+        );
+        Ok(())
+    }
+
+    /// The source position journaled with event `state` (where reading
+    /// continues after it), for a restart with no journal record after it.
+    fn position_after(&self, state: StateId) -> Result<Option<Position>, String> {
+        if state == StateId(0) {
+            return Ok(None);
+        }
+        let mut f = self.compactor.follower(StateId(state.0 - 1));
+        match f.try_next() {
+            Ok(Some(rec)) if rec.id == state => decode(rec.id, &rec.payload)
+                .map(|e| Some(e.next))
+                .map_err(|e| e.to_string()),
+            Ok(_) => Err(format!("journal record {state} is not in the journal")),
+            Err(e) => Err(format!("reading journal record {state}: {e}")),
+        }
     }
 }
 

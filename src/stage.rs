@@ -58,6 +58,7 @@ use sha2::{Digest, Sha256};
 
 use crate::durable::fsync_dir;
 use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
+use crate::replicate::fetch::heartbeat;
 use crate::source_open::open_beneath;
 
 /// Read → hash → write in chunks this large: big enough that syscall and
@@ -67,6 +68,9 @@ const COPY_BUFFER_BYTES: usize = 1 << 20;
 /// `sync_data` waits for the tail only, and the disk works while we hash.
 #[cfg(target_os = "linux")]
 const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
+/// Most bytes one `copy_file_range` call is asked for: each call is a sign
+/// of progress for the fetch timeout.
+const KERNEL_COPY_CHUNK_BYTES: u64 = 64 << 20;
 /// Files at least this large hash on a second thread ([`copy_pipelined`]);
 /// below it, starting a thread costs more than the overlap saves.
 const PIPELINE_MIN_BYTES: u64 = 8 << 20;
@@ -101,6 +105,11 @@ pub enum StageError {
     /// Any other I/O error in the store; `context` is a verb phrase with the path.
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
+    /// Reading the source made no progress for `after` (a hung NFS or FUSE
+    /// source): the fetch workers abandoned the attempt
+    /// ([`crate::replicate::fetch`]).
+    #[error("read timed out after {after:?} with no progress")]
+    TimedOut { after: Duration },
 }
 
 impl StageError {
@@ -108,9 +117,10 @@ impl StageError {
     /// freed, the disk recovers), so the stager retries all of them.
     pub fn is_retryable(&self) -> bool {
         match self {
-            StageError::Unavailable { .. } | StageError::NoSpace { .. } | StageError::Io { .. } => {
-                true
-            }
+            StageError::Unavailable { .. }
+            | StageError::NoSpace { .. }
+            | StageError::Io { .. }
+            | StageError::TimedOut { .. } => true,
         }
     }
 
@@ -120,6 +130,7 @@ impl StageError {
             StageError::Unavailable { .. } => "unavailable",
             StageError::NoSpace { .. } => "disk full",
             StageError::Io { .. } => "io",
+            StageError::TimedOut { .. } => "timed out",
         }
     }
 }
@@ -708,7 +719,10 @@ fn check_length(copied: u64, expected: u64, at_end: bool) -> Option<String> {
 fn read_chunk(src: &mut File, buf: &mut [u8], copied: u64) -> Result<usize, String> {
     loop {
         match src.read(buf) {
-            Ok(n) => return Ok(n),
+            Ok(n) => {
+                heartbeat();
+                return Ok(n);
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("read error after {copied} bytes: {e}")),
         }
@@ -731,7 +745,8 @@ fn copy_in_kernel(
     use std::os::unix::fs::FileExt;
     let mut copied = 0u64;
     while copied < expected {
-        let want = (expected - copied).min(1 << 30) as usize;
+        // Bounded so that a slow but steady copy shows progress often.
+        let want = (expected - copied).min(KERNEL_COPY_CHUNK_BYTES) as usize;
         // SAFETY: two valid open descriptors; null offsets use and advance
         // the files' own positions.
         let n = unsafe {
@@ -760,6 +775,7 @@ fn copy_in_kernel(
         if n == 0 {
             break; // the source is shorter than it said
         }
+        heartbeat();
         copied += n as u64;
     }
     temp.written = copied;
@@ -776,6 +792,7 @@ fn copy_in_kernel(
             Err(e) => return Err(store_error("reading back", &temp.path, e)),
         };
         hashing.update(&buf[..n]);
+        heartbeat();
         at += n as u64;
     }
     if at != copied {

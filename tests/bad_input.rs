@@ -1,7 +1,8 @@
 //! Bad input: every rejection class of SPEC §2 stops replication at the last
 //! good state with the event id, file, line and reason in status, loses
 //! nothing staged, and after the line is corrected and the daemon restarted,
-//! replication continues.
+//! replication continues. A correction made while the daemon runs is
+//! picked up without a restart, and never re-applies an accepted event.
 
 mod common;
 
@@ -201,4 +202,72 @@ fn a_table_with_100000_partition_keys_stalls_clearly_and_the_daemon_serves_and_r
             d.restart();
         }
     }
+}
+
+#[test]
+fn a_corrected_line_resumes_replication_without_a_restart() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let log = src.path().join("events/log-000001.jsonl");
+    let good = std::fs::read_to_string(&log).unwrap();
+    let seed_events = good.lines().filter(|l| !l.trim().is_empty()).count() as u64;
+    let bad = good.clone() + "{\"id\": 55, \"op\": \"explode\"}\n{\"id\": 60, \"op\": \"noop\"}\n";
+    std::fs::write(&log, &bad).unwrap();
+
+    let replica = Replica::start(config(state.path(), src.path())).unwrap();
+    wait_for("the rejection", || {
+        replica
+            .status()
+            .stalled
+            .is_some_and(|s| s.reason.contains("unknown op"))
+            && replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+    assert_eq!(replica.catalog().snapshot().visible.state_id, StateId(50));
+    // Corrected in place, the daemon still running: the same lines before
+    // it, the bad line replaced.
+    let fixed = good + "{\"id\": 55, \"op\": \"noop\"}\n{\"id\": 60, \"op\": \"noop\"}\n";
+    std::fs::write(&log, fixed).unwrap();
+    wait_for("replication past the corrected line", || {
+        replica.catalog().snapshot().visible.state_id == StateId(60)
+    });
+    let status = replica.status();
+    assert!(status.stalled.is_none(), "{:?}", status.stalled);
+    assert_eq!(status.latest, StateId(60));
+    // Nothing accepted before the rejection was read again.
+    assert_eq!(status.events_accepted, seed_events + 2);
+    assert_eq!(status.events_duplicate, 0);
+    replica.stop();
+}
+
+#[test]
+fn a_correction_that_rewrites_accepted_lines_is_refused_and_applies_nothing() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let log = src.path().join("events/log-000001.jsonl");
+    let good = std::fs::read_to_string(&log).unwrap();
+    std::fs::write(&log, good.clone() + "{\"id\": 55, \"op\": \"explode\"}\n").unwrap();
+    let replica = Replica::start(config(state.path(), src.path())).unwrap();
+    wait_for("the rejection", || {
+        replica.status().stalled.is_some()
+            && replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+    let accepted = replica.status().events_accepted;
+    // The accepted lines are rewritten (one byte longer, the same events),
+    // so the position after them no longer starts a line: refused,
+    // reported, nothing applied.
+    let shifted = good.replacen("\"id\":5,", "\"id\": 5,", 1);
+    assert_ne!(shifted, good);
+    std::fs::write(&log, shifted + "{\"id\": 55, \"op\": \"noop\"}\n").unwrap();
+    wait_for("the refusal", || {
+        replica
+            .status()
+            .stalled
+            .is_some_and(|s| s.reason.contains("no longer starts a line"))
+    });
+    let status = replica.status();
+    assert_eq!(status.visible, StateId(50));
+    assert_eq!(status.events_accepted, accepted);
+    replica.stop();
 }

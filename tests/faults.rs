@@ -13,7 +13,10 @@
 //!   reported, and replication continues once it is fixed;
 //! - a source path that leaves the source root through a symlink, or is a
 //!   device node, is refused unopened and reported (with `--allow-other`
-//!   the status names no host path), and the mount keeps serving.
+//!   the status names no host path), and the mount keeps serving;
+//! - a source read that hangs (the source root on a FUSE layer whose reads
+//!   block) times out after `--fetch-timeout`, is reported as a stall naming
+//!   the file, and the state commits once the read is let go.
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -27,6 +30,11 @@ use stagefs::checker::{
 };
 use stagefs::event::StateId;
 use stagefs::status::StatusReport;
+
+#[path = "common/fuse_attr.rs"]
+mod fuse_attr;
+#[path = "common/gatefs.rs"]
+mod gatefs;
 
 /// A hand-written source warehouse: `source/`, `events/`, `cm/`.
 struct Source {
@@ -140,10 +148,15 @@ impl Setup {
 
     /// [`Setup::start`] with more flags (e.g. `--allow-other`).
     fn start_with(&self, state: &Path, extra: &[&str]) -> DaemonProcess {
+        self.start_on(state, &self.src.root.join("source"), extra)
+    }
+
+    /// [`Setup::start_with`], reading the source files from `source_root`.
+    fn start_on(&self, state: &Path, source_root: &Path, extra: &[&str]) -> DaemonProcess {
         let root = &self.src.root;
         let flags = mount_flags(
             state,
-            &root.join("source"),
+            source_root,
             &root.join("events"),
             &root.join("cm"),
             None,
@@ -669,4 +682,49 @@ fn source_path_that_is_a_device_node_is_refused_unopened_and_reported() {
     wait_visible(&s, 4, 30);
     assert_eq!(s.file("p=a/f").unwrap(), f);
     assert_eq!(s.file("p=b/g").unwrap(), g);
+}
+
+#[test]
+fn hung_source_read_times_out_is_reported_and_commits_once_released() {
+    let s = Setup::new();
+    // The source root is a FUSE layer over `source/` whose reads of
+    // `slow.bin` hang, as on an NFS server that went away.
+    let gate_mnt = s.dir.path().join("gate");
+    std::fs::create_dir(&gate_mnt).unwrap();
+    let gate = gatefs::GateFs::mount(&s.src.root.join("source"), &gate_mnt).unwrap();
+    gate.hold("slow.bin");
+    let f = bytes(40, 3000);
+    s.src.put("a", "slow.bin", &f);
+    s.src.event(
+        3,
+        "add_files",
+        "a",
+        &[Source::file_ref("a", "slow.bin", &f)],
+    );
+    let _d = s.start_on(
+        &s.dir.path().join("state"),
+        &gate_mnt,
+        &["--fetch-timeout", "1"],
+    );
+    wait_visible(&s, 2, 20);
+    let (id, reason) = wait_stall_naming(&s, "db/t/p=a/slow.bin");
+    assert_eq!(id, Some(StateId(3)));
+    assert!(reason.contains("read timed out after 1s"), "{reason}");
+    assert!(
+        gate.waiting() >= 1,
+        "the daemon's read is blocked in the layer"
+    );
+    // While the read hangs, the stall stays and the retry does not pile up
+    // blocked threads: one read waits at a time.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(stall_reason(&s).is_some_and(|(_, r)| r.contains("timed out")));
+    assert_eq!(gate.waiting(), 1);
+    assert_eq!(gate.waited(), 1, "a retry started another blocked read");
+    assert_eq!(visible(&s.mnt()).unwrap(), StateId(2));
+    // The read is let go: the abandoned attempt's result is dropped, the
+    // retry reads the file, and the state commits.
+    gate.release();
+    wait_visible(&s, 3, 30);
+    assert_eq!(s.file("p=a/slow.bin").unwrap(), f);
+    wait_for("the stall to clear", 10, || s.status().stalled.is_none());
 }

@@ -567,3 +567,38 @@ fn partition_renames_ctas_into_partitions_and_external_tables_match_the_writer_a
         vec!["ds=x/000000_0", "ds=z/000000_0", "ds=z/000001_0"]
     );
 }
+
+#[test]
+fn a_corrected_row_resumes_replication_without_a_restart() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let fx = HiveFixture::convert(src.path(), true);
+    let rows = rows_of(&fx);
+    let mut broken = rows.clone();
+    let mut row: serde_json::Value = serde_json::from_str(&broken[39]).unwrap();
+    row["MESSAGE"] = "not base64 at all!".into();
+    broken[39] = row.to_string();
+    set_rows(&fx, &broken);
+    let (replica, reason) = stall_after(&fx, state.path(), 39, "the bad message");
+    assert!(reason.starts_with("event 40: cannot decode"), "{reason}");
+    let accepted = replica.status().events_accepted;
+    // The row is corrected in the file while the daemon runs.
+    set_rows(&fx, &rows);
+    let last = rows
+        .iter()
+        .filter_map(|r| serde_json::from_str::<serde_json::Value>(r).ok()?["EVENT_ID"].as_u64())
+        .max()
+        .unwrap();
+    wait_for(
+        "replication past the corrected row",
+        Duration::from_secs(20),
+        || replica.catalog().snapshot().visible.state_id == StateId(last),
+    );
+    let status = replica.status();
+    assert!(status.stalled.is_none(), "{:?}", status.stalled);
+    // Events 1..=39 were not applied again.
+    assert_eq!(status.events_accepted, accepted + (last - 39));
+    assert_eq!(status.events_duplicate, 0);
+    replica.stop();
+}

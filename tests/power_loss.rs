@@ -23,6 +23,8 @@
 //! `STAGEFS_POWER_CUTS=N` runs N, and `STAGEFS_POWER_DEBUG=1` prints what
 //! the child reports and each cut's counts.
 
+#[path = "common/fuse_attr.rs"]
+mod fuse_attr;
 #[path = "common/oracle.rs"]
 mod oracle;
 #[path = "common/powerfs.rs"]

@@ -20,7 +20,7 @@ use crate::catalog::Tree;
 use crate::event::{Event, StateId};
 use crate::status::Stall;
 
-pub use validate::{Accepted, Validator, Verdict};
+pub use validate::{Accepted, DupWindow, Validator, Verdict, DUPLICATE_WINDOW};
 
 /// Where a source continues after an event; journaled with it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,4 +152,12 @@ pub trait Source: Send {
 
     /// How long to sleep when caught up.
     fn idle_wait(&self) -> std::time::Duration;
+
+    /// After a rejection: checks whether the source may hold something new
+    /// from `at` (the position after the last record ingest took, so the
+    /// rejected record is the next one) — a corrected line or row. When it
+    /// may, forgets everything read after `at` and returns true: the next
+    /// [`Source::poll`] reads from `at` again. Nothing at or before `at` is
+    /// ever read again, so a correction never re-applies an accepted event.
+    fn reread_from(&mut self, at: &Position) -> bool;
 }

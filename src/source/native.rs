@@ -54,6 +54,8 @@ pub enum IngestError {
     LineTooLong { file: String, line: u64, max: usize },
     #[error("{file} is shorter ({len} bytes) than the position already read ({offset}); the source log must only grow")]
     Shrunk { file: String, len: u64, offset: u64 },
+    #[error("{file} changed before the position already read (byte {offset} no longer starts a line); only the lines after it may change")]
+    Rewritten { file: String, offset: u64 },
 }
 
 /// Tails the source log folder (or one file).
@@ -97,6 +99,31 @@ impl SourceLog {
 
     pub fn position(&self) -> &LogPosition {
         &self.pos
+    }
+
+    /// Forgets what was read after `pos`: the next poll reads from there.
+    pub fn seek(&mut self, pos: LogPosition) {
+        self.buf_offset = pos.offset;
+        self.pos = pos;
+        self.open = None;
+        self.buf.clear();
+    }
+
+    /// Names, sizes and modification times of the files followed: changes
+    /// when any of them is written, replaced, added or removed.
+    pub fn fingerprint(&self) -> Vec<(String, u64, Option<std::time::SystemTime>)> {
+        let Ok(files) = self.log_files() else {
+            return Vec::new();
+        };
+        files
+            .into_iter()
+            .map(|name| {
+                let meta = std::fs::metadata(self.dir.join(&name)).ok();
+                let len = meta.as_ref().map_or(0, |m| m.len());
+                let mtime = meta.and_then(|m| m.modified().ok());
+                (name, len, mtime)
+            })
+            .collect()
     }
 
     /// The folder or file followed, for status.
@@ -202,6 +229,23 @@ impl SourceLog {
                     len,
                     offset: self.pos.offset,
                 });
+            }
+            // A position inside a line means the file was rewritten before it
+            // (a correction must only change lines not read yet).
+            if self.pos.offset > 0 {
+                let mut before = [0u8; 1];
+                f.seek(SeekFrom::Start(self.pos.offset - 1))
+                    .and_then(|_| f.read_exact(&mut before))
+                    .map_err(|source| IngestError::Read {
+                        path: path.clone(),
+                        source,
+                    })?;
+                if before[0] != b'\n' {
+                    return Err(IngestError::Rewritten {
+                        file: self.pos.file.clone(),
+                        offset: self.pos.offset,
+                    });
+                }
             }
             f.seek(SeekFrom::Start(self.pos.offset))
                 .map_err(|source| IngestError::Read {
@@ -331,6 +375,17 @@ impl Source for NativeSource {
 
     fn idle_wait(&self) -> Duration {
         self.poll_interval
+    }
+
+    /// Reading one line again is cheap: always re-read from `at`.
+    fn reread_from(&mut self, at: &Position) -> bool {
+        match at {
+            Position::Log(pos) => {
+                self.log.seek(pos.clone());
+                true
+            }
+            Position::Hive { .. } => false,
+        }
     }
 }
 

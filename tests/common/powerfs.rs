@@ -33,10 +33,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use fuser::{
     BsdFileFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -211,26 +211,7 @@ impl Model {
             Kind::Dir => FileType::Directory,
             Kind::File => FileType::RegularFile,
         };
-        let time = |s: i64, ns: i64| {
-            UNIX_EPOCH + Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32)
-        };
-        Ok(FileAttr {
-            ino: INodeNo(ino),
-            size: meta.len(),
-            blocks: meta.blocks(),
-            atime: time(meta.atime(), meta.atime_nsec()),
-            mtime: time(meta.mtime(), meta.mtime_nsec()),
-            ctime: time(meta.ctime(), meta.ctime_nsec()),
-            crtime: SystemTime::UNIX_EPOCH,
-            kind,
-            perm: (meta.mode() & 0o7777) as u16,
-            nlink: if kind == FileType::Directory { 2 } else { 1 },
-            uid: meta.uid(),
-            gid: meta.gid(),
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
-        })
+        Ok(super::fuse_attr::attr_of(ino, &meta, kind))
     }
 
     fn add_node(&mut self, parent: u64, name: &OsStr, node: Node) -> u64 {

@@ -321,6 +321,18 @@ impl Source for HiveSource {
     fn idle_wait(&self) -> Duration {
         self.poll_interval
     }
+
+    fn reread_from(&mut self, at: &Position) -> bool {
+        let &Position::Hive { hive_event_id } = at else {
+            return false;
+        };
+        if !self.rows.rewind() {
+            return false;
+        }
+        self.last_read = hive_event_id;
+        self.broken = None;
+        true
+    }
 }
 
 /// Maps one message onto changes against the newest accepted tree.

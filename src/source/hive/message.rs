@@ -260,7 +260,8 @@ fn gunzip_base64(message: &str, format: &str, limit: u64) -> Result<String> {
             reason: e.to_string(),
         })?;
     let mut out = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit as usize));
-    flate2::read::MultiGzDecoder::new(compressed.as_slice())
+    // bufread: the slice is the buffer (no 32 KiB BufReader per message).
+    flate2::bufread::MultiGzDecoder::new(compressed.as_slice())
         .take(limit.saturating_add(1))
         .read_to_end(&mut out)
         .map_err(|e| DecodeError::BadGzip {

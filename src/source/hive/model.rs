@@ -92,6 +92,12 @@ pub trait RowSource: Send {
     fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError>;
     /// What status shows as the source (`postgresql://user@host:port/db`, no password; or a path).
     fn describe(&self) -> String;
+    /// After a rejection: true when a row may have been corrected, having
+    /// forgotten what was read, so the next poll reads the rows above its
+    /// `after` afresh. A database is asked anew at every poll: always true.
+    fn rewind(&mut self) -> bool {
+        true
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
