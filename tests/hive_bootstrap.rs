@@ -455,7 +455,9 @@ fn stall_reason(s: &Value) -> String {
 /// Status while the re-bootstrap runs: stalled at the gap, bootstrapping.
 fn bootstrapping_again(s: &Value) -> bool {
     stall_reason(s).contains("bootstrapping again")
-        && s["bootstrap"]["phase"].as_str().is_some_and(|p| p != "done")
+        && s["bootstrap"]["phase"]
+            .as_str()
+            .is_some_and(|p| p != "done")
 }
 
 #[test]
@@ -485,7 +487,9 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
     let mut d = Daemon::spawn(args);
     wait_mounted_long(&mut d, Duration::from_secs(60));
     let first = d.wait_status("the first bootstrap", |s| s["bootstrap"]["phase"] == "done");
-    let y0 = first["bootstrap"]["state_id"].as_i64().expect("bootstrap id");
+    let y0 = first["bootstrap"]["state_id"]
+        .as_i64()
+        .expect("bootstrap id");
     for _ in 0..8 {
         wh.step();
     }
@@ -521,13 +525,19 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
         assert!(Instant::now() < deadline, "no re-bootstrap\n{}", d.diag());
         let before = d.status();
         let v = visible(&before);
-        assert!(v >= seen_visible, "visible went back from {seen_visible} to {v}");
+        assert!(
+            v >= seen_visible,
+            "visible went back from {seen_visible} to {v}"
+        );
         seen_visible = v;
         if v > old as u64 {
             break before;
         }
         check_content(d.mnt(), &old_content, "the old state");
-        assert_eq!(getxattr(d.mnt(), "user.stagefs.visible").unwrap(), old_xattr);
+        assert_eq!(
+            getxattr(d.mnt(), "user.stagefs.visible").unwrap(),
+            old_xattr
+        );
         let after = d.status();
         if bootstrapping_again(&before) && bootstrapping_again(&after) && visible(&after) == v {
             assert!(
@@ -544,7 +554,10 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
                 d.restart();
                 let s = d.status();
                 let v = visible(&s);
-                assert!(v >= seen_visible, "visible went back from {seen_visible} to {v}");
+                assert!(
+                    v >= seen_visible,
+                    "visible went back from {seen_visible} to {v}"
+                );
                 if v == old as u64 {
                     check_content(d.mnt(), &old_content, "the old state after kill -9");
                 }
@@ -552,7 +565,10 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(during >= 1, "the old state was read while bootstrapping again");
+    assert!(
+        during >= 1,
+        "the old state was read while bootstrapping again"
+    );
     let y = y["bootstrap"]["state_id"].as_i64().unwrap_or(0);
     let s = d.wait_status("the re-bootstrap reported", |s| {
         s["bootstrap"]["phase"] == "done" && s["bootstrap"]["state_id"].as_i64() > Some(old)
@@ -572,12 +588,19 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
     let prev = std::cell::Cell::new(seen_visible);
     d.wait_status_for("every event replicated", Duration::from_secs(60), |s| {
         let v = visible(s);
-        assert!(v >= prev.get(), "visible went back from {} to {v}", prev.get());
+        assert!(
+            v >= prev.get(),
+            "visible went back from {} to {v}",
+            prev.get()
+        );
         prev.set(v);
         v >= last as u64
     });
     check_at(d.mnt(), &wh, last);
-    assert_eq!(getxattr(d.mnt(), "user.stagefs.visible").unwrap(), last.to_string());
+    assert_eq!(
+        getxattr(d.mnt(), "user.stagefs.visible").unwrap(),
+        last.to_string()
+    );
     // The journal: the first bootstrap, events, the re-bootstrap at `y`
     // (equal to the oracle there, whole), events after it.
     let state = d.args().state.clone();
