@@ -202,6 +202,7 @@ impl ReplicateArgs {
         cfg.cm_root = self.cm_root.clone();
         cfg.retain = self.retain.max(1);
         cfg.fetch_timeout = self.fetch_timeout;
+        cfg.rebootstrap = self.hive.bootstrap && hive.is_some();
         cfg.hive = hive;
         cfg.checkpoint_events = self.checkpoint_events;
         cfg.checkpoint_interval = Duration::from_secs(self.checkpoint_seconds.max(1));
@@ -307,7 +308,9 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
 
 /// `--bootstrap`: builds the first state before replication starts
 /// (nothing is mounted meanwhile; `stagefs status --state` and the log
-/// show progress). A state folder that already replicates is left as it is.
+/// show progress). A state folder that already replicates is left as it is
+/// here; its replica bootstraps again if it stops at an id gap
+/// (`ReplicaConfig::rebootstrap`).
 fn bootstrap_if_asked(args: &ReplicateArgs, cfg: &ReplicaConfig) -> Result<(), DaemonError> {
     if !args.hive.bootstrap {
         return Ok(());
@@ -370,23 +373,94 @@ fn show_bootstrap(replica: &Replica, state: &Path) {
 }
 
 /// `stagefs bootstrap`: the bootstrap alone, without replicating after it.
+/// On a folder that already replicates and stalled at an id gap, the
+/// re-bootstrap of a `--bootstrap` daemon, run to its commit
+/// ([`rebootstrap_stalled`]).
 pub fn bootstrap(args: ReplicateArgs) -> Result<(), DaemonError> {
-    let cfg = args.config()?;
+    let mut cfg = args.config()?;
     install_signal_handlers();
-    let Some(hive) = &cfg.hive else {
+    let Some(hive) = cfg.hive.clone() else {
         return Err(DaemonError::Usage(
             "bootstrap needs --hive-metastore URL and --source-map".into(),
         ));
     };
-    match run_bootstrap(&args.state, hive)? {
+    match run_bootstrap(&args.state, &hive)? {
         crate::bootstrap::Outcome::Bootstrapped(id) => {
             info!(state_id = %id, "bootstrapped; `stagefs mount` or `replicate` on the same --state continues from here")
         }
         crate::bootstrap::Outcome::AlreadyReplicating(id) => {
-            info!(latest = %id, "the state folder already replicates; nothing to do")
+            let gap = crate::bootstrap::gap_after(&hive, id)
+                .map_err(|e| DaemonError::Io(e.to_string()))?;
+            let Some((from, to)) = gap else {
+                info!(latest = %id, "the state folder already replicates and has no gap; nothing to do");
+                return Ok(());
+            };
+            info!(from, to, latest = %id, "events after the state folder's last id are missing: bootstrapping again");
+            cfg.rebootstrap = true;
+            let y = rebootstrap_stalled(cfg, id)?;
+            info!(state_id = %y, "bootstrapped again; `stagefs mount` or `replicate` on the same --state continues from here");
         }
     }
     Ok(())
+}
+
+/// Runs the replica of a folder stalled at an id gap (its latest id `at`)
+/// until its re-bootstrap is committed; returns the new state's id. A
+/// failed run is an error (the daemon would try again; this command
+/// reports it).
+fn rebootstrap_stalled(
+    cfg: ReplicaConfig,
+    at: crate::event::StateId,
+) -> Result<crate::event::StateId, DaemonError> {
+    let state = cfg.state_dir.clone();
+    let replica = Replica::start(cfg)?;
+    let mut tick = 0u32;
+    let result = loop {
+        if stop_requested() {
+            break Err(DaemonError::Io(
+                "bootstrap stopped before it completed (run the same command to resume)".into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        tick += 1;
+        if tick % 20 == 0 {
+            write_status_file(&state, &replica.status());
+        }
+        let report = replica
+            .progress()
+            .bootstrap
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(report) = report else { continue };
+        match (report.phase.as_str(), report.state_id) {
+            ("failed", _) => {
+                break Err(DaemonError::Io(format!(
+                    "bootstrap: {}",
+                    report.error.unwrap_or_else(|| "failed".into())
+                )))
+            }
+            ("done", Some(y)) if y > at.0 as i64 => {
+                let y = crate::event::StateId(y as u64);
+                if replica.catalog().snapshot().visible.state_id >= y {
+                    break Ok(y);
+                }
+            }
+            _ => {}
+        }
+        if let Some(failure) = replica
+            .progress()
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            break Err(DaemonError::Io(failure.reason));
+        }
+    };
+    write_status_file(&state, &replica.status());
+    replica.stop();
+    result
 }
 
 /// The status served as `.stagefs/status`; with `--allow-other` its host

@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, info_span, warn};
 
+use crate::bootstrap::after_gap::{AfterGap, Gap, GcHold};
+use crate::bootstrap::{BootstrapConfig, Built};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Resolutions, Tree};
 use crate::checkpoint::{self, CheckpointData};
@@ -96,6 +98,10 @@ pub struct ReplicaConfig {
     pub poll_interval: Duration,
     /// Follow Hive's notification log instead of `events_dir`.
     pub hive: Option<HiveConfig>,
+    /// `--bootstrap`: a Hive source that stops at an id gap bootstraps
+    /// again from the metastore (`bootstrap::after_gap`) while the visible
+    /// state stays served; without it the gap stalls replication.
+    pub rebootstrap: bool,
 }
 
 impl ReplicaConfig {
@@ -118,6 +124,7 @@ impl ReplicaConfig {
             gc_interval: Duration::from_secs(2),
             poll_interval: Duration::from_millis(5),
             hive: None,
+            rebootstrap: false,
         }
     }
 }
@@ -373,6 +380,10 @@ impl Replica {
             .chain(pins.states())
             .collect();
         let resolutions = Arc::new(Resolutions::open(&cfg.state_dir)?);
+        let gc_hold = Arc::new(GcHold::open(&cfg.state_dir));
+        if gc_hold.holds(record.visible) {
+            info!("a re-bootstrap after an id gap is under way or not visible yet: garbage collection waits for it");
+        }
         let mut tree = Arc::new(Tree::empty());
         let mut validator =
             Validator::new(Arc::clone(&tree)).with_resolutions(Arc::clone(&resolutions));
@@ -518,7 +529,14 @@ impl Replica {
                         NativeSource::new(SourceLog::new(&cfg.events_dir, pos), cfg.poll_interval);
                     Box::new(move || {
                         run_ingest(
-                            source, validator, start, &journal, &handoff, &progress, &stop,
+                            source,
+                            validator,
+                            start,
+                            &journal,
+                            &handoff,
+                            &progress,
+                            &stop,
+                            &mut |_, _| None,
                         )
                     })
                 }
@@ -535,9 +553,45 @@ impl Replica {
                     let start = Position::Hive {
                         hive_event_id: after,
                     };
+                    let again = cfg.rebootstrap.then(|| AfterGap {
+                        cfg: BootstrapConfig::new(&cfg.state_dir, hive.clone()),
+                        blobs: Arc::clone(&blobs),
+                        hold: Arc::clone(&gc_hold),
+                    });
+                    let (hive, resolutions) = (hive.clone(), Arc::clone(&resolutions));
                     Box::new(move || {
+                        let mut on_fatal = |source: &mut HiveSource, validator: &mut Validator| {
+                            let (Some(again), Some((from, to))) = (&again, source.gap()) else {
+                                return None;
+                            };
+                            let at = validator.last_id();
+                            let mut record = |built: Built| {
+                                journal_rebootstrap(
+                                    built,
+                                    validator,
+                                    &resolutions,
+                                    &journal,
+                                    &handoff,
+                                    &progress,
+                                    &stop,
+                                )
+                            };
+                            let gap = Gap { from, to };
+                            let y = again.run(gap, at, &progress, &stop, &mut record)?;
+                            *source = reopen_hive(&hive, y, &progress, &stop)?;
+                            Some(Position::Hive {
+                                hive_event_id: y.0 as i64,
+                            })
+                        };
                         run_ingest(
-                            source, validator, start, &journal, &handoff, &progress, &stop,
+                            source,
+                            validator,
+                            start,
+                            &journal,
+                            &handoff,
+                            &progress,
+                            &stop,
+                            &mut on_fatal,
                         )
                     })
                 }
@@ -598,9 +652,10 @@ impl Replica {
                 Arc::clone(&stop),
                 Arc::clone(&cfg),
             );
+            let hold = Arc::clone(&gc_hold);
             threads.push(spawn(
                 "gc",
-                Box::new(move || run_gc(&cfg, &catalog, &blobs, &progress, &gate, &stop)),
+                Box::new(move || run_gc(&cfg, &catalog, &blobs, &progress, &gate, &hold, &stop)),
             )?);
         }
         {
@@ -730,7 +785,11 @@ const INGEST_BATCH: usize = 4096;
 /// Longest wait between attempts to read a source that is unavailable.
 const SOURCE_BACKOFF_CAP: Duration = Duration::from_secs(10);
 
-/// `start` is where the source was opened (after the last journaled event).
+/// Follows `source` into the journal. `start` is where the source was
+/// opened (after the last journaled event). `on_fatal` gets a source that
+/// cannot go on: `Some(position)` when it made the source able to go on
+/// from `position` (the re-bootstrap after an id gap), `None` to hold at
+/// the last good state until the source is corrected.
 fn run_ingest<S: Source>(
     mut source: S,
     mut validator: Validator,
@@ -739,6 +798,7 @@ fn run_ingest<S: Source>(
     handoff: &Handoff,
     progress: &Progress,
     stop: &AtomicBool,
+    on_fatal: &mut dyn FnMut(&mut S, &mut Validator) -> Option<Position>,
 ) {
     // Records read but not journaled yet: kept across a retry of the first.
     let mut backlog: VecDeque<S::Record> = VecDeque::new();
@@ -775,6 +835,11 @@ fn run_ingest<S: Source>(
                 Ok(records) => backlog.extend(records),
                 Err(SourceError::Fatal(r)) => {
                     progress.set_source(source.report());
+                    if let Some(at) = on_fatal(&mut source, &mut validator) {
+                        hold.taken_through = at;
+                        progress.set_source(source.report());
+                        continue;
+                    }
                     if !hold.wait(&mut source, &r, progress, stop) {
                         return;
                     }
@@ -924,6 +989,97 @@ fn run_ingest<S: Source>(
             report_error(progress, None, &mut failures);
         }
     }
+}
+
+/// Journals a re-bootstrap (the ingest thread, the journal's only writer):
+/// the record at the new id replaces the newest accepted warehouse with the
+/// bootstrapped one (`plan::replacing`), so the stager stages (nothing:
+/// its files are stored) and commits it like any state. Durability order:
+/// blobs (published while staging), what the files resolved to, the record.
+fn journal_rebootstrap(
+    built: Built,
+    validator: &mut Validator,
+    resolutions: &Resolutions,
+    journal: &Mutex<Journal>,
+    handoff: &Handoff,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> Result<StateId, String> {
+    built
+        .record_contents(resolutions)
+        .map_err(|e| e.to_string())?;
+    let event = crate::bootstrap::plan::replacing(validator.latest(), built.event);
+    let y = event.id;
+    if y <= validator.last_id() {
+        return Err(format!(
+            "the bootstrap state {y} is not above the replica's {}",
+            validator.last_id()
+        ));
+    }
+    let acc = match validator.check(event, None, None) {
+        Ok(Verdict::Accepted(acc)) => acc,
+        Ok(Verdict::Duplicate) => return Err(format!("state {y} is already journaled")),
+        Err(r) => return Err(r.reason),
+    };
+    let next = Position::Hive {
+        hive_event_id: y.0 as i64,
+    };
+    let payload = serde_json::to_vec(&JournalEntryRef {
+        event: &acc.event,
+        next: &next,
+    })
+    .map_err(|e| format!("encoding the bootstrap record: {e}"))?;
+    let mut j = match journal.lock() {
+        Ok(j) => j,
+        Err(p) => p.into_inner(),
+    };
+    // The validator has accepted it: write it until it is durable.
+    if let Err(e) = j.append(y, &payload).and_then(|()| j.sync()) {
+        if !rewrite_journal_until_synced(&mut j, &[(y, payload)], e, progress, stop) {
+            return Err("stopped before the bootstrap record was durable".into());
+        }
+    }
+    drop(j);
+    if let Some(t) = acc.event.time_ms {
+        progress.latest_time_ms.store(t, Ordering::Relaxed);
+    }
+    handoff.push(vec![*acc]);
+    progress.events_accepted.fetch_add(1, Ordering::Relaxed);
+    progress.latest.store(y.0, Ordering::Relaxed);
+    Ok(y)
+}
+
+/// The Hive source again, after the re-bootstrap at `y` (retried while the
+/// metastore is unavailable; None at shutdown).
+fn reopen_hive(
+    hive: &HiveConfig,
+    y: StateId,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> Option<HiveSource> {
+    let mut failures = 0;
+    while !stop.load(Ordering::Relaxed) {
+        match HiveSource::open(hive, y.0 as i64) {
+            Ok(s) => {
+                if failures > 0 {
+                    progress.set_ingest_stall(None);
+                }
+                return Some(s);
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot open the metastore after the re-bootstrap; retrying");
+                progress.set_ingest_stall(Some(Stall {
+                    state_id: None,
+                    reason: format!("opening the metastore: {e} (retrying)"),
+                    file: None,
+                    line: None,
+                }));
+                sleep_unless_stopped(source_backoff(failures), stop);
+                failures += 1;
+            }
+        }
+    }
+    None
 }
 
 /// Delay before the next read of a source that failed `failures` times in
@@ -1676,6 +1832,7 @@ fn run_gc(
     blobs: &BlobStore,
     progress: &Progress,
     gate: &GcGate,
+    hold: &GcHold,
     stop: &AtomicBool,
 ) {
     let mut last: Option<Arc<catalog::Snapshot>> = None;
@@ -1690,6 +1847,10 @@ fn run_gc(
         }
         next = Instant::now() + cfg.gc_interval;
         let snapshot = catalog.snapshot();
+        // A re-bootstrap's staged files belong to no state yet.
+        if hold.holds(snapshot.visible.state_id) {
+            continue;
+        }
         if !held_last && last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
             continue;
         }

@@ -34,7 +34,11 @@ fn long() -> bool {
 /// Every table of the oracle at `id` equals what `root` (the mount, or a
 /// snapshot directory) shows, and no other table is there.
 fn check_at(root: &Path, wh: &HmsWarehouse, id: i64) {
-    let expected = wh.expected(id);
+    check_content(root, wh.expected(id), &id.to_string());
+}
+
+/// `root` shows exactly `expected` (`what` names it in failures).
+fn check_content(root: &Path, expected: &stagefs::workload::WarehouseContent, what: &str) {
     let mut dbs: Vec<String> = expected
         .keys()
         .filter_map(|k| k.split_once('.').map(|(db, _)| db.to_owned()))
@@ -45,12 +49,12 @@ fn check_at(root: &Path, wh: &HmsWarehouse, id: i64) {
             .keys()
             .filter_map(|k| k.strip_prefix(&format!("{db}.")).map(str::to_owned))
             .collect();
-        assert_eq!(names(&root.join(db)), want, "tables of {db} at {id}");
+        assert_eq!(names(&root.join(db)), want, "tables of {db} at {what}");
     }
     for (key, content) in expected.iter() {
         let (db, t) = key.split_once('.').expect("db.table");
         let (_, got) = read_table(&root.join(db).join(t));
-        assert_eq!(got, expected_tree(content), "{key} at {id}");
+        assert_eq!(got, expected_tree(content), "{key} at {what}");
     }
 }
 
@@ -199,6 +203,18 @@ fn bootstrap_under_a_busy_writer(kind: Kind) {
 /// oracle at its id (the tables it touched, and the table list), through
 /// `last`, which is compared whole. Returns the states checked.
 fn check_journal(state: &Path, wh: &HmsWarehouse, y: i64, last: i64) -> usize {
+    check_journal_from(state, wh, y, None, last)
+}
+
+/// [`check_journal`], where the record at `again` (a re-bootstrap) is
+/// compared whole, as the first one is.
+fn check_journal_from(
+    state: &Path,
+    wh: &HmsWarehouse,
+    y: i64,
+    again: Option<i64>,
+    last: i64,
+) -> usize {
     use stagefs::journal::{Journal, JournalConfig};
     let (journal, _) = Journal::open(JournalConfig::new(state.join("journal"))).expect("journal");
     let resolutions = stagefs::catalog::Resolutions::open(state).expect("resolved.log");
@@ -215,7 +231,8 @@ fn check_journal(state: &Path, wh: &HmsWarehouse, y: i64, last: i64) -> usize {
         if checked == 0 {
             assert_eq!(id, y, "the first record is the bootstrap state");
         }
-        let touched: Option<Vec<String>> = (checked > 0 && id != last).then(|| {
+        let whole = checked == 0 || id == last || Some(id) == again;
+        let touched: Option<Vec<String>> = (!whole).then(|| {
             entry
                 .event
                 .changes
@@ -428,4 +445,176 @@ fn a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_show
         let len = std::fs::metadata(&seg).map(|m| m.len()).unwrap_or(0);
         assert!(len <= 16, "{} holds records", seg.display());
     }
+}
+
+/// The stall reason in a status, or "".
+fn stall_reason(s: &Value) -> String {
+    s["stalled"]["reason"].as_str().unwrap_or("").to_owned()
+}
+
+/// Status while the re-bootstrap runs: stalled at the gap, bootstrapping.
+fn bootstrapping_again(s: &Value) -> bool {
+    stall_reason(s).contains("bootstrapping again")
+        && s["bootstrap"]["phase"]
+            .as_str()
+            .is_some_and(|p| p != "done")
+}
+
+#[test]
+fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path());
+    let root = args.mnt.parent().unwrap().to_owned();
+    let shape = Shape {
+        databases: 2,
+        tables_per_db: 12,
+        partitions_per_table: 4,
+        unpartitioned_every: 4,
+        file_bytes: 256,
+        seed: 41,
+    };
+    let t0 = Instant::now();
+    let (server, mut wh) = setup(Kind::Postgres, &root, &shape);
+    let args = args
+        .hive_metastore(HiveMetastoreArgs {
+            url: server.url("hive"),
+            password: PASSWORD.into(),
+            source_map: wh.source_map(),
+            poll_ms: 50,
+        })
+        .retain(100_000)
+        .arg("--bootstrap");
+    let mut d = Daemon::spawn(args);
+    wait_mounted_long(&mut d, Duration::from_secs(60));
+    let first = d.wait_status("the first bootstrap", |s| s["bootstrap"]["phase"] == "done");
+    let y0 = first["bootstrap"]["state_id"]
+        .as_i64()
+        .expect("bootstrap id");
+    for _ in 0..8 {
+        wh.step();
+    }
+    let old = wh.latest();
+    d.wait_visible(old as u64);
+    check_at(d.mnt(), &wh, old);
+    let old_content = wh.expected(old).clone();
+
+    // The cleaner purges events the daemon has not read: the daemon is
+    // stopped (SIGSTOP) meanwhile so that it cannot read them first.
+    d.signal(libc::SIGSTOP);
+    for _ in 0..6 {
+        wh.step();
+    }
+    let (gap_from, gap_to) = (old + 1, wh.latest());
+    wh.purge_events(gap_from, gap_to);
+    wh.step();
+    d.signal(libc::SIGCONT);
+    // More events while it bootstraps again (a few per listing window over
+    // 24 tables: the rounds converge).
+    let (stop, writer) = busy_writer(wh, Duration::from_millis(300), |wh| {
+        wh.step();
+    });
+
+    // Until the new state commits, readers see the old one exactly, and
+    // the visible id does not move.
+    let old_xattr = old.to_string();
+    let mut during = 0;
+    let mut killed = false;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen_visible = old as u64;
+    let y = loop {
+        assert!(Instant::now() < deadline, "no re-bootstrap\n{}", d.diag());
+        let before = d.status();
+        let v = visible(&before);
+        assert!(
+            v >= seen_visible,
+            "visible went back from {seen_visible} to {v}"
+        );
+        seen_visible = v;
+        if v > old as u64 {
+            break before;
+        }
+        check_content(d.mnt(), &old_content, "the old state");
+        assert_eq!(
+            getxattr(d.mnt(), "user.stagefs.visible").unwrap(),
+            old_xattr
+        );
+        let after = d.status();
+        if bootstrapping_again(&before) && bootstrapping_again(&after) && visible(&after) == v {
+            assert!(
+                stall_reason(&after).contains(&format!(
+                    "events {gap_from}..{gap_to} are missing from the metastore"
+                )),
+                "{after}"
+            );
+            during += 1;
+            if !killed && during >= 2 {
+                // kill -9 in the middle: the same command resumes.
+                killed = true;
+                d.kill9();
+                d.restart();
+                let s = d.status();
+                let v = visible(&s);
+                assert!(
+                    v >= seen_visible,
+                    "visible went back from {seen_visible} to {v}"
+                );
+                if v == old as u64 {
+                    check_content(d.mnt(), &old_content, "the old state after kill -9");
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        during >= 1,
+        "the old state was read while bootstrapping again"
+    );
+    let y = y["bootstrap"]["state_id"].as_i64().unwrap_or(0);
+    let s = d.wait_status("the re-bootstrap reported", |s| {
+        s["bootstrap"]["phase"] == "done" && s["bootstrap"]["state_id"].as_i64() > Some(old)
+    });
+    let y = s["bootstrap"]["state_id"].as_i64().unwrap().max(y);
+    assert!(y > gap_to, "the new state ({y}) is past the gap ({gap_to})");
+    assert!(
+        !stall_reason(&s).contains("missing"),
+        "the stall is over: {s}"
+    );
+    // Later events keep applying.
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let wh = writer.join().expect("writer");
+    let last = wh.latest();
+    assert!(last > y, "events after the re-bootstrap ({last} > {y})");
+    let prev = std::cell::Cell::new(seen_visible);
+    d.wait_status_for("every event replicated", Duration::from_secs(60), |s| {
+        let v = visible(s);
+        assert!(
+            v >= prev.get(),
+            "visible went back from {} to {v}",
+            prev.get()
+        );
+        prev.set(v);
+        v >= last as u64
+    });
+    check_at(d.mnt(), &wh, last);
+    assert_eq!(
+        getxattr(d.mnt(), "user.stagefs.visible").unwrap(),
+        last.to_string()
+    );
+    // The journal: the first bootstrap, events, the re-bootstrap at `y`
+    // (equal to the oracle there, whole), events after it.
+    let state = d.args().state.clone();
+    d.sigterm();
+    let checked = check_journal_from(&state, &wh, y0, Some(y), last);
+    // A restart replays to the same content.
+    d.restart();
+    let s = d.wait_visible(last as u64);
+    assert_eq!(visible(&s), last as u64, "{s}");
+    check_at(d.mnt(), &wh, last);
+    eprintln!(
+        "gap {gap_from}..{gap_to}, re-bootstrap at {y}, {during} reads of the old state during it, \
+         killed: {killed}, {checked} states checked, {:?} in all",
+        t0.elapsed()
+    );
+    drop(server);
 }

@@ -33,7 +33,14 @@
 //! snapshot and finds the files it staged in `staged.log` (not copied
 //! again). Called by the daemon before it starts the replica
 //! (`--bootstrap`) and by `stagefs bootstrap`.
+//!
+//! After an id gap on a folder that already replicates, the same steps 1-3
+//! ([`rebuild`]) run inside the replica's ingest thread
+//! ([`after_gap`]); its record replaces the replica's newest state with the
+//! bootstrapped warehouse ([`plan::replacing`]) at an id above every id
+//! the folder holds.
 
+pub mod after_gap;
 pub mod listing;
 pub mod plan;
 pub mod progress;
@@ -150,17 +157,19 @@ fn write_report(state_dir: &Path, report: &BootstrapReport) {
 
 /// Runs a bootstrap into `cfg.state_dir` (see the module docs). The caller
 /// must not run a replica on the folder meanwhile (the state lock is held).
-/// `stop` is polled between steps.
+/// `stop` is polled between steps. A folder that already replicates is left
+/// as it is ([`Outcome::AlreadyReplicating`]); the re-bootstrap after an id
+/// gap runs inside the replica instead (`replicate.rs`, [`rebuild`]).
 pub fn run(
     cfg: &BootstrapConfig,
     progress: &BootstrapProgress,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> Result<Outcome, BootstrapError> {
-    let HiveRows::Metastore(url) = &cfg.hive.rows else {
+    if !matches!(cfg.hive.rows, HiveRows::Metastore(_)) {
         return Err(BootstrapError::Usage(
             "--bootstrap reads the metastore's tables: give --hive-metastore URL".into(),
         ));
-    };
+    }
     let io = |what: String| move |e: String| BootstrapError::Failed(format!("{what}: {e}"));
     std::fs::create_dir_all(&cfg.state_dir).map_err(|e| {
         BootstrapError::Failed(format!("creating {}: {e}", cfg.state_dir.display()))
@@ -177,15 +186,119 @@ pub fn run(
         BlobStore::open(&cfg.state_dir)
             .map_err(|e| io("opening the blob store".into())(e.to_string()))?,
     );
-    let stager = FileStager::open(
-        &cfg.state_dir.join(DIR),
-        Arc::clone(&blobs),
-        cfg.copy_threads,
-    )
-    .map_err(BootstrapError::Failed)?;
     let resolutions = Resolutions::open(&cfg.state_dir)
         .map_err(|e| io("opening resolved.log".into())(e.to_string()))?;
+    let built = rebuild(cfg, progress, stop, blobs, 0)?;
 
+    // Durability order: blobs (published while staging) → what each
+    // listed file resolved to → the journal record.
+    built.record_contents(&resolutions)?;
+    let event = built.event;
+    let y = event.id;
+    let entry = JournalEntry {
+        next: Position::Hive {
+            hive_event_id: y.0 as i64,
+        },
+        event,
+    };
+    let payload = serde_json::to_vec(&entry)
+        .map_err(|e| io("encoding the bootstrap record".into())(e.to_string()))?;
+    journal
+        .append(y, &payload)
+        .and_then(|()| journal.sync())
+        .map_err(|e| io("writing the bootstrap record".into())(e.to_string()))?;
+    let report = finished(&cfg.state_dir, progress, y);
+    info!(
+        state_id = %y,
+        changes = entry.event.changes.len(),
+        record_bytes = payload.len(),
+        files_copied = report.files_copied,
+        files_reused = report.files_reused,
+        seconds = report.elapsed_seconds,
+        "bootstrap complete"
+    );
+    Ok(Outcome::Bootstrapped(y))
+}
+
+/// The gap `(from, to)` right after event `after` in the metastore of
+/// `hive`, if its notification log lacks the next events (purged before a
+/// replica read them); None when the next event is there or none is yet.
+pub fn gap_after(hive: &HiveConfig, after: StateId) -> Result<Option<(i64, i64)>, BootstrapError> {
+    let mut source = HiveSource::open(hive, after.0 as i64)
+        .map_err(|e| BootstrapError::Failed(format!("opening the metastore: {e}")))?;
+    match source.poll(1) {
+        Ok(_) => Ok(None),
+        Err(SourceError::Fatal(r)) => match source.gap() {
+            Some(gap) => Ok(Some(gap)),
+            None => Err(BootstrapError::Failed(format!(
+                "reading the metastore: {r}"
+            ))),
+        },
+        Err(SourceError::Transient(e)) => Err(BootstrapError::Failed(format!(
+            "reading the metastore: {e}"
+        ))),
+    }
+}
+
+/// Marks `progress` done at `y` and records the report; returns it.
+pub fn finished(state_dir: &Path, progress: &BootstrapProgress, y: StateId) -> BootstrapReport {
+    progress.done(y.0 as i64);
+    let report = progress.report();
+    write_report(state_dir, &report);
+    report
+}
+
+/// A bootstrapped warehouse, staged, not journaled yet.
+pub struct Built {
+    /// The changes that build the warehouse from empty, at its id.
+    pub event: crate::event::Event,
+    /// Reference key of every listed file → its content.
+    contents: HashMap<BlobId, (BlobId, u64)>,
+}
+
+impl Built {
+    /// Records (durably) what each listed file resolved to: before the
+    /// journal record, so replaying it finds every file's content.
+    pub fn record_contents(&self, resolutions: &Resolutions) -> Result<(), BootstrapError> {
+        for f in self.event.files() {
+            let Some(key) = f.key else { continue };
+            if let Some(&(blob, size)) = self.contents.get(&key) {
+                resolutions
+                    .resolve(key, blob, size, true)
+                    .map_err(|e| BootstrapError::Failed(format!("{}: {e}", f.source_label())))?;
+            }
+        }
+        resolutions
+            .flush()
+            .map_err(|e| BootstrapError::Failed(format!("recording resolved files: {e}")))
+    }
+}
+
+/// Steps 1-3 of the module docs: snapshot, listing and staging, exactness
+/// rounds. The first snapshot must be above event `after` (the id a
+/// replica already holds; 0 for an empty folder): below it the run waits,
+/// saying so, since a state folder's id never goes back. A failure is
+/// recorded in `progress` and `report.json`. Nothing is journaled here.
+pub fn rebuild(
+    cfg: &BootstrapConfig,
+    progress: &BootstrapProgress,
+    stop: &(dyn Fn() -> bool + Sync),
+    blobs: Arc<BlobStore>,
+    after: i64,
+) -> Result<Built, BootstrapError> {
+    let HiveRows::Metastore(url) = &cfg.hive.rows else {
+        return Err(BootstrapError::Usage(
+            "--bootstrap reads the metastore's tables: give --hive-metastore URL".into(),
+        ));
+    };
+    std::fs::create_dir_all(cfg.state_dir.join(DIR)).map_err(|e| {
+        BootstrapError::Failed(format!(
+            "creating {}: {e}",
+            cfg.state_dir.join(DIR).display()
+        ))
+    })?;
+    let stager = FileStager::open(&cfg.state_dir.join(DIR), blobs, cfg.copy_threads)
+        .map_err(BootstrapError::Failed)?;
     let done = std::sync::atomic::AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
         let reporter = scope.spawn(|| {
@@ -204,15 +317,22 @@ pub fn run(
             progress,
             stager: &stager,
             stop,
+            after,
             contents: HashMap::new(),
         };
-        let result = driver.build().map(|event| (event, driver.contents));
+        let result = driver.build().map(|event| Built {
+            event,
+            contents: driver.contents,
+        });
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = reporter.join();
         result
     });
-    let (event, contents) = match result {
-        Ok(r) => r,
+    match result {
+        Ok(built) => {
+            progress.set_phase("committing");
+            Ok(built)
+        }
         Err(e) => {
             let unlisted = match &e {
                 BootstrapError::Unlisted(t) => t.clone(),
@@ -220,50 +340,9 @@ pub fn run(
             };
             progress.failed(e.to_string(), unlisted);
             write_report(&cfg.state_dir, &progress.report());
-            return Err(e);
-        }
-    };
-
-    // Durability order: blobs (published while staging) → what each
-    // listed file resolved to → the journal record.
-    progress.set_phase("committing");
-    let y = event.id;
-    for f in event.files() {
-        let Some(key) = f.key else { continue };
-        if let Some(&(blob, size)) = contents.get(&key) {
-            resolutions
-                .resolve(key, blob, size, true)
-                .map_err(|e| BootstrapError::Failed(format!("{}: {e}", f.source_label())))?;
+            Err(e)
         }
     }
-    resolutions
-        .flush()
-        .map_err(|e| io("recording resolved files".into())(e.to_string()))?;
-    let entry = JournalEntry {
-        next: Position::Hive {
-            hive_event_id: y.0 as i64,
-        },
-        event,
-    };
-    let payload = serde_json::to_vec(&entry)
-        .map_err(|e| io("encoding the bootstrap record".into())(e.to_string()))?;
-    journal
-        .append(y, &payload)
-        .and_then(|()| journal.sync())
-        .map_err(|e| io("writing the bootstrap record".into())(e.to_string()))?;
-    progress.done(y.0 as i64);
-    let report = progress.report();
-    write_report(&cfg.state_dir, &report);
-    info!(
-        state_id = %y,
-        changes = entry.event.changes.len(),
-        record_bytes = payload.len(),
-        files_copied = report.files_copied,
-        files_reused = report.files_reused,
-        seconds = report.elapsed_seconds,
-        "bootstrap complete"
-    );
-    Ok(Outcome::Bootstrapped(y))
 }
 
 /// One run's working state.
@@ -273,6 +352,8 @@ struct Driver<'a> {
     progress: &'a BootstrapProgress,
     stager: &'a FileStager,
     stop: &'a (dyn Fn() -> bool + Sync),
+    /// The id the replica already holds: the first snapshot must be above.
+    after: i64,
     /// Reference key of every listed file → its content.
     contents: HashMap<BlobId, (BlobId, u64)>,
 }
@@ -316,7 +397,29 @@ impl Driver<'_> {
 
     fn build(&mut self) -> Result<crate::event::Event, BootstrapError> {
         let mut plan = Plan::new();
-        let snap = self.snapshot()?;
+        let mut snap = self.snapshot()?;
+        let mut said = false;
+        while self.after > 0 && snap.event_id <= self.after {
+            // The ratchet: the new state's id must be above every id the
+            // replica has shown; a metastore behind it (restored from a
+            // backup, say) is waited for, never followed back.
+            if !said {
+                warn!(
+                    metastore = snap.event_id,
+                    replica = self.after,
+                    "bootstrap: the metastore's current event id is not above the replica's; \
+                     waiting for it to pass (a state folder's id never goes back)"
+                );
+                said = true;
+            }
+            self.progress.set_phase("waiting");
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                self.check_stop()?;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            snap = self.snapshot()?;
+        }
         if snap.event_id < 1 {
             return Err(BootstrapError::Failed(
                 "the metastore's notification log has no event yet (NEXT_EVENT_ID is 1): \

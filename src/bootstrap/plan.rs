@@ -402,6 +402,28 @@ impl Plan {
     }
 }
 
+/// The record of a bootstrap over a state folder that already holds a
+/// warehouse (after an id gap): every database of `current` dropped, then
+/// `built`'s changes, which build the new warehouse from empty. Applied to
+/// `current` it gives exactly what `built` gives applied to an empty tree:
+/// tables, partitions and files the new snapshot lacks are gone, the rest
+/// is replaced. Deterministic in `current`, so replaying the journal (which
+/// rebuilds `current` first) gives the same catalog.
+pub fn replacing(current: &Tree, built: Event) -> Event {
+    let mut changes: Vec<Change> = current
+        .root
+        .children
+        .iter()
+        .map(|(db, _)| Change::new(Op::DropDatabase, db, ""))
+        .collect();
+    changes.extend(built.changes);
+    Event {
+        id: built.id,
+        time_ms: built.time_ms,
+        changes,
+    }
+}
+
 /// The tables an event's changes touch, by their names before it.
 fn touched(event: &Event, tree: &Tree) -> Vec<TableName> {
     let mut names = Vec::new();
@@ -614,6 +636,46 @@ mod tests {
         let event = plan.finish().unwrap();
         assert_eq!(files_of(&event, "a"), vec!["p=1/n1"]);
         assert!(files_of(&event, "z").is_empty());
+    }
+
+    #[test]
+    fn a_rebootstrap_record_replaces_the_old_warehouse_whatever_it_held() {
+        // The old warehouse: db with tables a and b, and a database `old`
+        // the new snapshot no longer has.
+        let mut old = seeded();
+        old.apply_event(&noop(11)).unwrap();
+        old.apply_event(&noop(12)).unwrap();
+        let mut extra = old.finish().unwrap();
+        extra
+            .changes
+            .push(Change::new(Op::CreateDatabase, "old", ""));
+        let (current, _) = Tree::empty().apply(&extra).unwrap();
+        // The new one, at 40: only table a, with other files.
+        let mut new = Plan::new();
+        new.seed(40, &["db".into()], vec![base("a", &[("2", &["n1"])])], 40)
+            .unwrap();
+        let built = new.finish().unwrap();
+        let (from_empty, _) = Tree::empty().apply(&built).unwrap();
+        let record = replacing(&current, built.clone());
+        assert_eq!(record.id, StateId(40));
+        let (replaced, _) = current.apply(&record).unwrap();
+        assert!(replaced.database("old").is_none());
+        assert!(replaced.table("db", "b").is_none());
+        let files = |t: &Tree| -> Vec<String> {
+            t.table("db", "a")
+                .unwrap()
+                .files_below()
+                .into_iter()
+                .map(|(p, _)| p)
+                .collect()
+        };
+        assert_eq!(files(&replaced), vec!["p=2/n1"]);
+        assert_eq!(files(&replaced), files(&from_empty));
+        // On an empty tree it is the bootstrap itself.
+        assert_eq!(
+            replacing(&Tree::empty(), built.clone()).changes.len(),
+            built.changes.len()
+        );
     }
 
     #[test]

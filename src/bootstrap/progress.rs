@@ -19,7 +19,9 @@ pub struct UnlistedTable {
 /// The status JSON's `bootstrap` object.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BootstrapReport {
-    /// `snapshot`, `listing`, `events`, `committing`, `done`, `failed`.
+    /// `snapshot`, `waiting` (a re-bootstrap whose metastore is not above
+    /// the replica's id yet), `listing`, `events`, `committing`, `done`,
+    /// `failed`.
     pub phase: String,
     pub round: u32,
     /// The id of the newest metadata snapshot.

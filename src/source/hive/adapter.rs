@@ -90,6 +90,8 @@ pub struct HiveSource {
     error: Option<String>,
     /// A gap or repeat found after good rows: reported at the next poll.
     broken: Option<Rejection>,
+    /// The missing ids `(from, to)` when `broken` is a gap.
+    gap: Option<(i64, i64)>,
     /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG`, once asked.
     txn_log: Option<bool>,
 }
@@ -118,8 +120,15 @@ impl HiveSource {
             newest: None,
             error: None,
             broken: None,
+            gap: None,
             txn_log: None,
         }
+    }
+
+    /// The missing ids `(from, to)` once the source stopped at a gap
+    /// (the notification log's cleaner purged events not read yet).
+    pub fn gap(&self) -> Option<(i64, i64)> {
+        self.gap
     }
 
     /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG` (asked once).
@@ -196,8 +205,11 @@ impl Source for HiveSource {
             let expected = self.last_read + 1;
             if row.event_id != expected {
                 let reason = if row.event_id > expected {
+                    self.gap = Some((expected, row.event_id - 1));
                     format!(
-                        "events {expected}..{} are missing from the metastore: re-bootstrap",
+                        "events {expected}..{} are missing from the metastore: re-bootstrap \
+                         (restart with --bootstrap, or stop the daemon and run `stagefs bootstrap` \
+                         with the same flags)",
                         row.event_id - 1
                     )
                 } else {
