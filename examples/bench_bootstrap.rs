@@ -13,6 +13,8 @@
 
 #[path = "../tests/common/dbserver.rs"]
 mod dbserver;
+#[path = "../tests/common/hive_writer.rs"]
+mod hive_writer;
 #[path = "../tests/common/hms_warehouse.rs"]
 mod hms_warehouse;
 

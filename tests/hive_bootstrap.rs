@@ -7,12 +7,18 @@
 //! tables unless STAGEFS_LONG_TESTS is set, to keep the suite short). Then: `kill -9`
 //! during a bootstrap (the rerun copies nothing already staged), and a
 //! table that changes faster than it can be listed (reported, never shown).
+//! Transactional tables: bootstrapped to exactly the files a Hive reader at
+//! the snapshot reads (base, deltas, aborted and compacted directories),
+//! reported when only Hive's row filtering could read them, and brought
+//! forward by the COMMIT_TXN events that follow.
 //!
 //! Bigger warehouses run with STAGEFS_LONG_TESTS=1.
 
 mod common;
 #[path = "common/dbserver.rs"]
 mod dbserver;
+#[path = "common/hive_writer.rs"]
+mod hive_writer;
 #[path = "common/hms_warehouse.rs"]
 mod hms_warehouse;
 
@@ -617,4 +623,140 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
         t0.elapsed()
     );
     drop(server);
+}
+
+/// A transactional table's directories at the snapshot, and what a Hive
+/// reader reads of them (`AcidUtils.getAcidState` with the snapshot's
+/// `ValidWriteIdList`, worked out by hand). Write ids 1..=8 are allocated
+/// (`NWI_NEXT` 9): 6 by aborted txn 16, 8 by txn 18, still open; the
+/// compactor's txns 10 and 20 committed, its txn 40 is still running.
+const ACID_FILES: [&str; 15] = [
+    // An original file from before the table was transactional: obsolete
+    // once there is a base.
+    "000000_0",
+    "delta_0000001_0000001_0000/bucket_00000",
+    // An INSERT OVERWRITE base, older than the compacted one.
+    "base_0000002/bucket_00000",
+    // Major compaction by txn 10 (committed): the base read.
+    "base_0000003_v0000010/bucket_00000",
+    // Compacted into delta_4_5 by txn 20 (committed): obsolete.
+    "delta_0000004_0000004_0000/bucket_00000",
+    "delta_0000005_0000005_0000/bucket_00000",
+    "delta_0000004_0000005_v0000020/bucket_00000",
+    "delete_delta_0000004_0000005_v0000020/bucket_00000",
+    // Write id 6 aborted.
+    "delta_0000006_0000006_0000/bucket_00000",
+    // Two statements of one transaction: both read.
+    "delta_0000007_0000007_0000/bucket_00000",
+    "delta_0000007_0000007_0001/bucket_00000",
+    "delete_delta_0000007_0000007_0001/bucket_00000",
+    // Open at the snapshot; its COMMIT_TXN comes after the bootstrap.
+    "delta_0000008_0000008_0000/bucket_00000",
+    // Above the high watermark.
+    "delta_0000009_0000009_0000/bucket_00000",
+    // A compaction still running (txn 40 open).
+    "base_0000007_v0000040/bucket_00000",
+];
+
+const ACID_READ: [&str; 6] = [
+    "base_0000003_v0000010/bucket_00000",
+    "delete_delta_0000004_0000005_v0000020/bucket_00000",
+    "delete_delta_0000007_0000007_0001/bucket_00000",
+    "delta_0000004_0000005_v0000020/bucket_00000",
+    "delta_0000007_0000007_0000/bucket_00000",
+    "delta_0000007_0000007_0001/bucket_00000",
+];
+
+fn transactional_tables_bootstrap_to_what_hive_reads(kind: Kind) {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path());
+    let root = args.mnt.parent().unwrap().to_owned();
+    let shape = Shape {
+        databases: 1,
+        tables_per_db: 2,
+        partitions_per_table: 2,
+        unpartitioned_every: 0,
+        file_bytes: 64,
+        seed: 21,
+    };
+    let (server, mut wh) = setup(kind, &root, &shape);
+    wh.create_acid_table("db0", "acid", &ACID_FILES, &ACID_READ);
+    // A streaming batch over write ids 1..=3 whose second txn is open: a
+    // Hive reader filters that write id's rows, a copy cannot.
+    let streamed = "delta_0000001_0000003/bucket_00000";
+    wh.create_acid_table("db0", "streamed", &[streamed], &[]);
+    wh.set_txns(
+        &[(16, 'a'), (18, 'o'), (32, 'o'), (40, 'o')],
+        &[
+            ("db0", "acid", 6, 16),
+            ("db0", "acid", 8, 18),
+            ("db0", "streamed", 2, 32),
+        ],
+        &[("db0", "acid", 9), ("db0", "streamed", 4)],
+    );
+    let (url, map) = (server.url("hive"), wh.source_map());
+
+    let reported = root.join("state-reported");
+    let out = bootstrap_command(&reported, &url, &map)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let r = report(&reported);
+    let unlisted = r["unlisted"].as_array().expect("unlisted tables");
+    assert_eq!(unlisted.len(), 1, "only the undecidable table: {r}");
+    assert_eq!(unlisted[0]["table"], "db0.streamed", "{r}");
+    let reason = unlisted[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("delta_0000001_0000003") && reason.contains("still open"),
+        "{reason}"
+    );
+
+    // The streaming transaction commits: now every write id of the batch
+    // is valid, and the table can be bootstrapped.
+    wh.commit_acid("db0", "streamed", 32, &[streamed]);
+    let st = bootstrap_command(&args.state, &url, &map)
+        .status()
+        .expect("run");
+    assert!(st.success());
+    let y = report(&args.state)["state_id"].as_i64().unwrap();
+    assert_eq!(y, wh.latest());
+
+    let args = args.hive_metastore(HiveMetastoreArgs {
+        url,
+        password: PASSWORD.into(),
+        source_map: map,
+        poll_ms: 50,
+    });
+    let d = Daemon::start(args);
+    d.wait_visible(y as u64);
+    check_at(d.mnt(), &wh, y);
+    let (_, acid) = read_table(&d.join("db0/acid"));
+    assert_eq!(
+        acid.keys().map(String::as_str).collect::<Vec<_>>(),
+        ACID_READ
+    );
+
+    // Write id 8 commits after the bootstrap: its event brings its delta.
+    let id = wh.commit_acid(
+        "db0",
+        "acid",
+        18,
+        &["delta_0000008_0000008_0000/bucket_00000"],
+    );
+    d.wait_visible(id as u64);
+    check_at(d.mnt(), &wh, id);
+    let (_, acid) = read_table(&d.join("db0/acid"));
+    assert!(acid.contains_key("delta_0000008_0000008_0000/bucket_00000"));
+    assert_eq!(acid.len(), ACID_READ.len() + 1);
+}
+
+#[test]
+fn postgres_transactional_tables_bootstrap_to_what_a_hive_reader_reads_then_commits_apply() {
+    transactional_tables_bootstrap_to_what_hive_reads(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_transactional_tables_bootstrap_to_what_a_hive_reader_reads_then_commits_apply() {
+    transactional_tables_bootstrap_to_what_hive_reads(Kind::MariaDb);
 }

@@ -9,7 +9,10 @@
 //! 1. [`snapshot::read`]: databases, tables, partition keys, partitions,
 //!    locations and table parameters in one consistent database snapshot,
 //!    with the event id X it is at.
-//! 2. Each table's locations are listed and every file is staged
+//! 2. Each table's locations are listed (a transactional table's: only
+//!    the `base_`/`delta_` directories a Hive reader at X reads, chosen
+//!    by [`acid`]; undecidable ones make the table untrusted) and every
+//!    file is staged
 //!    ([`listing`]: copied into the blob store with its sha256, published
 //!    durably in groups).
 //! 3. The events after X are read (the notification log, decoded exactly
@@ -40,6 +43,7 @@
 //! bootstrapped warehouse ([`plan::replacing`]) at an id above every id
 //! the folder holds.
 
+pub mod acid;
 pub mod after_gap;
 pub mod listing;
 pub mod plan;
@@ -597,12 +601,6 @@ impl Driver<'_> {
                 }
             }
         }
-        if t.is_transactional() && untrusted.is_none() {
-            untrusted = Some(format!(
-                "transactional table: which base_/delta_ directories are valid at id {snapshot_id} \
-                 needs TXNS and TXN_TO_WRITE_ID, which this build does not read"
-            ));
-        }
         Ok(TableBase {
             name: (db, table),
             partition_keys: keys,
@@ -766,7 +764,12 @@ fn list_table(
     }
     let list = |uri: &str| -> Result<Vec<(String, ListedFile)>, String> {
         let (mapped, below) = map.resolve(uri)?;
-        let files = list_location(mapped, &mapped.join(below))?;
+        let dir = mapped.join(below);
+        let mut files = list_location(mapped, &dir)?;
+        if t.is_transactional() {
+            files = acid::choose_listed(&dir, files, t.acid.as_ref())
+                .map_err(|e| format!("transactional table, {uri}: {e}"))?;
+        }
         let base = uri.trim_end_matches('/');
         Ok(files
             .into_iter()

@@ -12,7 +12,14 @@
 //!
 //! Tables read: `DBS`, `TBLS`, `SDS`, `PARTITION_KEYS`, `PARTITIONS`,
 //! `PARTITION_KEY_VALS`, `TABLE_PARAMS` (transactional flags only) and the
-//! sequence. Keys and values are ordered by `INTEGER_IDX`, never by name.
+//! sequence; for transactional tables what Hive's `ValidTxnList` and
+//! `ValidWriteIdList` are made of (`TxnHandler.getOpenTxns`,
+//! `getValidWriteIds`): `TXNS` open (`o`) and aborted (`a`), the highest
+//! transaction id (`NEXT_TXN_ID.NTXN_NEXT - 1` on Hive 3, `MAX(TXNS.TXN_ID)`
+//! where that table is gone), `NEXT_WRITE_ID` (a table's high watermark is
+//! `NWI_NEXT - 1`) and the `TXN_TO_WRITE_ID` rows of open and aborted
+//! transactions. A metastore without those tables gives transactional
+//! tables no ids ([`TableMeta::acid`] None): the bootstrap reports them. Keys and values are ordered by `INTEGER_IDX`, never by name.
 //! Values arrive as text (PostgreSQL's simple query protocol, MySQL's text
 //! protocol) and are parsed here, so column widths (int4/int8) do not
 //! matter. Every statement is bounded by the server's statement timeout
@@ -21,7 +28,10 @@
 //! Called by the bootstrap driver once per round.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use super::acid::{AcidIds, ValidTxns, ValidWriteIds};
 
 use crate::source::hive::metastore::{endpoint, Endpoint, PASSWORD_ENV};
 
@@ -36,6 +46,9 @@ pub struct TableMeta {
     /// `transactional`, `transactional_properties` (keys lower-cased).
     pub params: BTreeMap<String, String>,
     pub partitions: Vec<PartitionMeta>,
+    /// For a transactional table: its write ids and the transactions at
+    /// the snapshot (None when the metastore has no transaction tables).
+    pub acid: Option<AcidIds>,
 }
 
 impl TableMeta {
@@ -123,6 +136,18 @@ struct Rows {
     vals: Vec<Vec<Option<String>>>,
     /// TBL_ID, PARAM_KEY, PARAM_VALUE
     params: Vec<Vec<Option<String>>>,
+    /// Whether `TXNS`, `TXN_TO_WRITE_ID` and `NEXT_WRITE_ID` exist (then
+    /// the rows below were read).
+    acid: bool,
+    /// TXN_ID, TXN_STATE of open and aborted transactions.
+    txns: Vec<Vec<Option<String>>>,
+    max_txn_id: Option<String>,
+    /// `NEXT_TXN_ID.NTXN_NEXT` (Hive 3 schemas only).
+    next_txn_id: Option<String>,
+    /// NWI_DATABASE, NWI_TABLE, NWI_NEXT
+    next_write_ids: Vec<Vec<Option<String>>>,
+    /// T2W_DATABASE, T2W_TABLE, T2W_WRITEID, TXN_STATE (open or aborted).
+    invalid_write_ids: Vec<Vec<Option<String>>>,
 }
 
 /// The queries, with `{T}` for a quoted table name and `{C}` for a quoted
@@ -138,6 +163,48 @@ const QUERIES: [&str; 6] = [
     "SELECT {C:TBL_ID}, {C:PARAM_KEY}, {C:PARAM_VALUE} FROM {T:TABLE_PARAMS} \
      WHERE LOWER({C:PARAM_KEY}) IN ('transactional', 'transactional_properties')",
 ];
+
+/// Read when the transaction tables exist ([`ACID_TABLES`]).
+const ACID_QUERIES: [&str; 4] = [
+    "SELECT {C:TXN_ID}, {C:TXN_STATE} FROM {T:TXNS} WHERE {C:TXN_STATE} IN ('o', 'a')",
+    "SELECT MAX({C:TXN_ID}) FROM {T:TXNS}",
+    "SELECT {C:NWI_DATABASE}, {C:NWI_TABLE}, {C:NWI_NEXT} FROM {T:NEXT_WRITE_ID}",
+    "SELECT w.{C:T2W_DATABASE}, w.{C:T2W_TABLE}, w.{C:T2W_WRITEID}, t.{C:TXN_STATE} \
+     FROM {T:TXN_TO_WRITE_ID} w JOIN {T:TXNS} t ON t.{C:TXN_ID} = w.{C:T2W_TXNID} \
+     WHERE t.{C:TXN_STATE} IN ('o', 'a')",
+];
+/// Hive 3's transaction id sequence (gone in Hive 4).
+const NEXT_TXN_QUERY: &str = "SELECT MAX({C:NTXN_NEXT}) FROM {T:NEXT_TXN_ID}";
+const ACID_TABLES: [&str; 3] = ["TXNS", "TXN_TO_WRITE_ID", "NEXT_WRITE_ID"];
+
+/// Which optional tables the metastore has (by their upper-case names).
+#[derive(Debug, Clone, Copy, Default)]
+struct Optional {
+    acid: bool,
+    next_txn: bool,
+}
+
+impl Optional {
+    fn of(has: impl Fn(&str) -> bool) -> Optional {
+        Optional {
+            acid: ACID_TABLES.iter().all(|t| has(t)),
+            next_txn: has("NEXT_TXN_ID"),
+        }
+    }
+
+    /// Every query of a snapshot, in the order [`fill`] takes them.
+    fn queries(self) -> Vec<&'static str> {
+        let mut out = vec![SEQUENCE_QUERY, MAX_EVENT_QUERY];
+        out.extend(QUERIES);
+        if self.acid {
+            out.extend(ACID_QUERIES);
+            if self.next_txn {
+                out.push(NEXT_TXN_QUERY);
+            }
+        }
+        out
+    }
+}
 
 const SEQUENCE_QUERY: &str = "SELECT MAX({C:NEXT_EVENT_ID}) FROM {T:NOTIFICATION_SEQUENCE}";
 const MAX_EVENT_QUERY: &str = "SELECT MAX({C:EVENT_ID}) FROM {T:NOTIFICATION_LOG}";
@@ -233,6 +300,7 @@ fn assemble(rows: Rows) -> Result<Snapshot, SnapshotError> {
                 location: cell(r, 3).clone(),
             });
     }
+    let acid = acid_ids(&rows)?;
     let mut tables = Vec::with_capacity(rows.tbls.len());
     for r in &rows.tbls {
         let tbl_id = int(cell(r, 0), "TBLS.TBL_ID")?;
@@ -246,7 +314,7 @@ fn assemble(rows: Rows) -> Result<Snapshot, SnapshotError> {
         k.sort();
         let mut partitions = parts.remove(&tbl_id).unwrap_or_default();
         partitions.sort_by(|a, b| a.name.cmp(&b.name));
-        tables.push(TableMeta {
+        let mut table = TableMeta {
             db,
             name: text(cell(r, 2), "TBLS.TBL_NAME")?,
             table_type: cell(r, 3).clone(),
@@ -254,7 +322,18 @@ fn assemble(rows: Rows) -> Result<Snapshot, SnapshotError> {
             partition_keys: k.into_iter().map(|(_, n)| n).collect(),
             params: params.remove(&tbl_id).unwrap_or_default(),
             partitions,
-        });
+            acid: None,
+        };
+        if table.is_transactional() {
+            if let Some((txns, write_ids)) = &acid {
+                let key = (table.db.to_lowercase(), table.name.to_lowercase());
+                table.acid = Some(AcidIds {
+                    write_ids: write_ids.get(&key).cloned().unwrap_or_default(),
+                    txns: Arc::clone(txns),
+                });
+            }
+        }
+        tables.push(table);
     }
     tables.sort_by(|a, b| (&a.db, &a.name).cmp(&(&b.db, &b.name)));
     Ok(Snapshot {
@@ -262,6 +341,66 @@ fn assemble(rows: Rows) -> Result<Snapshot, SnapshotError> {
         databases: db_names.into_values().collect(),
         tables,
     })
+}
+
+/// Per table (lower-cased db, table): its write ids; and the transactions.
+type AcidRows = (Arc<ValidTxns>, BTreeMap<(String, String), ValidWriteIds>);
+
+/// The `ValidTxnList` and every table's `ValidWriteIdList` of the
+/// snapshot (None when the metastore has no transaction tables).
+fn acid_ids(rows: &Rows) -> Result<Option<AcidRows>, SnapshotError> {
+    if !rows.acid {
+        return Ok(None);
+    }
+    let mut txns = ValidTxns::default();
+    let max = match &rows.max_txn_id {
+        Some(_) => int(&rows.max_txn_id, "TXNS.TXN_ID")?,
+        None => 0,
+    };
+    let next = match &rows.next_txn_id {
+        Some(_) => int(&rows.next_txn_id, "NEXT_TXN_ID.NTXN_NEXT")? - 1,
+        None => 0,
+    };
+    txns.high_watermark = max.max(next);
+    for r in &rows.txns {
+        let id = int(cell(r, 0), "TXNS.TXN_ID")?;
+        match cell(r, 1).as_deref().map(str::trim) {
+            Some("o") => txns.open.insert(id),
+            Some("a") => txns.aborted.insert(id),
+            other => {
+                return Err(SnapshotError::Fatal(format!(
+                    "TXNS.TXN_STATE {other:?} of transaction {id} is not 'o' or 'a'"
+                )))
+            }
+        };
+    }
+    let key = |r: &[Option<String>], what: &str| -> Result<(String, String), SnapshotError> {
+        Ok((
+            text(cell(r, 0), &format!("{what}_DATABASE"))?.to_lowercase(),
+            text(cell(r, 1), &format!("{what}_TABLE"))?.to_lowercase(),
+        ))
+    };
+    let mut tables: BTreeMap<(String, String), ValidWriteIds> = BTreeMap::new();
+    for r in &rows.next_write_ids {
+        let next = int(cell(r, 2), "NEXT_WRITE_ID.NWI_NEXT")?;
+        tables
+            .entry(key(r, "NEXT_WRITE_ID.NWI")?)
+            .or_default()
+            .high_watermark = next - 1;
+    }
+    for r in &rows.invalid_write_ids {
+        let id = int(cell(r, 2), "TXN_TO_WRITE_ID.T2W_WRITEID")?;
+        let ids = tables.entry(key(r, "TXN_TO_WRITE_ID.T2W")?).or_default();
+        if id > ids.high_watermark {
+            continue;
+        }
+        if cell(r, 3).as_deref().map(str::trim) == Some("a") {
+            ids.aborted.insert(id);
+        } else {
+            ids.open.insert(id);
+        }
+    }
+    Ok(Some((Arc::new(txns), tables)))
 }
 
 mod pg {
@@ -326,12 +465,24 @@ mod pg {
                         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                         .await
                         .map_err(|e| unavailable_or_fatal("starting the snapshot", &e))?;
+                    let present = client
+                        .simple_query(
+                            "SELECT table_name FROM information_schema.tables \
+                             WHERE table_schema = current_schema()",
+                        )
+                        .await
+                        .map_err(|e| unavailable_or_fatal("listing the tables", &e))?;
+                    let names: Vec<String> = present
+                        .iter()
+                        .filter_map(|m| match m {
+                            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                            _ => None,
+                        })
+                        .collect();
+                    let optional = Optional::of(|t| names.iter().any(|n| n == t));
                     let mut rows = Rows::default();
                     let mut all = Vec::new();
-                    for q in [SEQUENCE_QUERY, MAX_EVENT_QUERY]
-                        .iter()
-                        .chain(QUERIES.iter())
-                    {
+                    for q in optional.queries() {
                         let sql = query(q);
                         let messages = client
                             .simple_query(&sql)
@@ -350,7 +501,7 @@ mod pg {
                         all.push(table);
                     }
                     let _ = client.batch_execute("COMMIT").await;
-                    fill(&mut rows, all);
+                    fill(&mut rows, all, optional);
                     Ok(rows)
                 }
                 .await;
@@ -368,8 +519,8 @@ mod pg {
     }
 }
 
-/// Puts the results of `[sequence, max event, QUERIES...]` in place.
-fn fill(rows: &mut Rows, mut all: Vec<Vec<Vec<Option<String>>>>) {
+/// Puts the results of [`Optional::queries`] in place.
+fn fill(rows: &mut Rows, mut all: Vec<Vec<Vec<Option<String>>>>, optional: Optional) {
     let mut take = || {
         if all.is_empty() {
             Vec::new()
@@ -391,6 +542,16 @@ fn fill(rows: &mut Rows, mut all: Vec<Vec<Vec<Option<String>>>>) {
     rows.parts = take();
     rows.vals = take();
     rows.params = take();
+    rows.acid = optional.acid;
+    if optional.acid {
+        rows.txns = take();
+        rows.max_txn_id = first(take());
+        rows.next_write_ids = take();
+        rows.invalid_write_ids = take();
+        if optional.next_txn {
+            rows.next_txn_id = first(take());
+        }
+    }
 }
 
 mod my {
@@ -456,11 +617,9 @@ mod my {
             .map_err(|e| classify("setting the isolation level", &e))?;
         conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
             .map_err(|e| classify("starting the snapshot", &e))?;
+        let optional = Optional::of(|t| tables.iter().any(|n| n.eq_ignore_ascii_case(t)));
         let mut all = Vec::new();
-        for q in [SEQUENCE_QUERY, MAX_EVENT_QUERY]
-            .iter()
-            .chain(QUERIES.iter())
-        {
+        for q in optional.queries() {
             let sql = render(q, &table, &column);
             let result: Vec<::mysql::Row> = conn.query(&sql).map_err(|e| classify(&sql, &e))?;
             all.push(
@@ -472,7 +631,7 @@ mod my {
         }
         let _ = conn.query_drop("COMMIT");
         let mut rows = Rows::default();
-        fill(&mut rows, all);
+        fill(&mut rows, all, optional);
         Ok(rows)
     }
 }
@@ -511,6 +670,7 @@ mod tests {
             parts: vec![vec![s("9"), s("7"), s("ds=1/region=eu"), s("hdfs://nn/x")]],
             vals: vec![vec![s("9"), s("eu"), s("1")], vec![s("9"), s("1"), s("0")]],
             params: vec![vec![s("7"), s("TRANSACTIONAL"), s("TRUE")]],
+            ..Rows::default()
         };
         let snap = assemble(rows).unwrap();
         assert_eq!(snap.event_id, 42);
@@ -519,6 +679,44 @@ mod tests {
         assert_eq!(t.partition_keys, vec!["ds", "region"]);
         assert_eq!(t.partitions[0].values, vec!["1", "eu"]);
         assert!(t.is_transactional());
+    }
+
+    #[test]
+    fn transactional_tables_get_their_write_ids_and_the_snapshots_transactions() {
+        let rows = Rows {
+            dbs: vec![vec![s("1"), s("Sales")]],
+            tbls: vec![
+                vec![s("7"), s("1"), s("Acid"), None, None],
+                vec![s("8"), s("1"), s("plain"), None, None],
+            ],
+            params: vec![
+                vec![s("7"), s("transactional"), s("true")],
+                vec![s("8"), s("transactional"), s("false")],
+            ],
+            acid: true,
+            txns: vec![vec![s("20"), s("o")], vec![s("21"), s("a")]],
+            max_txn_id: s("25"),
+            next_txn_id: s("31"),
+            next_write_ids: vec![vec![s("sales"), s("acid"), s("6")]],
+            invalid_write_ids: vec![
+                vec![s("sales"), s("acid"), s("4"), s("o")],
+                vec![s("sales"), s("acid"), s("2"), s("a")],
+                // Allocated above the watermark read: not part of the list.
+                vec![s("sales"), s("acid"), s("9"), s("o")],
+            ],
+            ..Rows::default()
+        };
+        let snap = assemble(rows).unwrap();
+        let acid = snap.tables[0].acid.as_ref().expect("ids of the ACID table");
+        assert_eq!(acid.write_ids.high_watermark, 5);
+        assert_eq!(acid.write_ids.open.iter().copied().collect::<Vec<_>>(), [4]);
+        assert_eq!(
+            acid.write_ids.aborted.iter().copied().collect::<Vec<_>>(),
+            [2]
+        );
+        assert_eq!(acid.txns.high_watermark, 30);
+        assert!(acid.txns.open.contains(&20) && acid.txns.aborted.contains(&21));
+        assert!(snap.tables[1].acid.is_none());
     }
 
     #[test]

@@ -15,6 +15,15 @@
 //! dropped partition's directory is deleted after the commit. Tables are
 //! renamed with their directory. [`HmsWarehouse::expected`] is the oracle:
 //! every table's content at every id since creation.
+//!
+//! Transactional tables: [`HmsWarehouse::create_acid_table`] makes one
+//! with the `base_`/`delta_` directories a test names (and the oracle the
+//! test works out from Hive's rules), [`HmsWarehouse::set_txns`] fills
+//! Hive's transaction tables (`TXNS`, `TXN_TO_WRITE_ID`, `NEXT_WRITE_ID`,
+//! and `NEXT_TXN_ID` on the Hive 3 schema), and
+//! [`HmsWarehouse::commit_acid`] commits an open transaction as Hive does:
+//! its `TXN_WRITE_NOTIFICATION_LOG` row, then in one transaction the
+//! `TXNS` row removed and the `COMMIT_TXN` event.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -28,7 +37,8 @@ use stagefs::hive_writer::{HiveWriter, WAREHOUSE_URI};
 use stagefs::source::hive::model::NotificationRow;
 use stagefs::workload::{Rng, TableContent, WarehouseContent};
 
-use crate::dbserver::{Admin, DbServer, Kind};
+use crate::dbserver::{Admin, DbServer, Kind, TableCase};
+use crate::hive_writer::MetastoreWriter;
 
 /// Shape of the warehouse.
 #[derive(Debug, Clone)]
@@ -73,6 +83,8 @@ pub struct HmsWarehouse {
     current: WarehouseContent,
     history: BTreeMap<i64, WarehouseContent>,
     renames: u64,
+    /// Writes `TXN_WRITE_NOTIFICATION_LOG` rows.
+    txn_rows: MetastoreWriter,
 }
 
 /// Hive 4's definitions of the metadata tables the bootstrap reads.
@@ -107,6 +119,47 @@ pub fn metadata_schema(kind: Kind) -> Vec<String> {
     ]
 }
 
+/// Hive's transaction tables as its schema scripts define them: Hive 4
+/// on PostgreSQL (`TXN_ID` from a sequence, no `NEXT_TXN_ID`), Hive 3.1
+/// on MariaDB (`NEXT_TXN_ID`).
+pub fn acid_schema(kind: Kind) -> Vec<String> {
+    let t2w = r#"CREATE TABLE "TXN_TO_WRITE_ID" ("T2W_TXNID" bigint NOT NULL, "T2W_DATABASE" varchar(128) NOT NULL, "T2W_TABLE" varchar(256) NOT NULL, "T2W_WRITEID" bigint NOT NULL)"#;
+    let nwi = r#"CREATE TABLE "NEXT_WRITE_ID" ("NWI_DATABASE" varchar(128) NOT NULL, "NWI_TABLE" varchar(256) NOT NULL, "NWI_NEXT" bigint NOT NULL)"#;
+    let indexes = [
+        r#"CREATE UNIQUE INDEX "TBL_TO_TXN_ID_IDX" ON "TXN_TO_WRITE_ID" ("T2W_DATABASE", "T2W_TABLE", "T2W_TXNID")"#,
+        r#"CREATE UNIQUE INDEX "TBL_TO_WRITE_ID_IDX" ON "TXN_TO_WRITE_ID" ("T2W_DATABASE", "T2W_TABLE", "T2W_WRITEID")"#,
+        r#"CREATE UNIQUE INDEX "NEXT_WRITE_ID_IDX" ON "NEXT_WRITE_ID" ("NWI_DATABASE", "NWI_TABLE")"#,
+    ];
+    match kind {
+        Kind::Postgres => {
+            let mut out = vec![
+                r#"CREATE TABLE "TXNS" ("TXN_ID" bigserial PRIMARY KEY, "TXN_STATE" char(1) NOT NULL, "TXN_STARTED" bigint NOT NULL, "TXN_LAST_HEARTBEAT" bigint NOT NULL, "TXN_USER" varchar(128) NOT NULL, "TXN_HOST" varchar(128) NOT NULL, "TXN_AGENT_INFO" varchar(128), "TXN_META_INFO" varchar(128), "TXN_HEARTBEAT_COUNT" integer, "TXN_TYPE" integer)"#.to_string(),
+                t2w.to_string(),
+                nwi.to_string(),
+            ];
+            out.extend(indexes.iter().map(|s| s.to_string()));
+            out
+        }
+        Kind::MariaDb => {
+            let my = |s: &str| {
+                format!(
+                    "{} ENGINE=InnoDB DEFAULT CHARSET=latin1",
+                    s.replace('"', "")
+                )
+            };
+            let mut out = vec![
+                my("CREATE TABLE TXNS (TXN_ID bigint PRIMARY KEY, TXN_STATE char(1) NOT NULL, TXN_STARTED bigint NOT NULL, TXN_LAST_HEARTBEAT bigint NOT NULL, TXN_USER varchar(128) NOT NULL, TXN_HOST varchar(128) NOT NULL, TXN_AGENT_INFO varchar(128), TXN_META_INFO varchar(128), TXN_HEARTBEAT_COUNT int, TXN_TYPE int)"),
+                my("CREATE TABLE NEXT_TXN_ID (NTXN_NEXT bigint NOT NULL)"),
+                "INSERT INTO NEXT_TXN_ID VALUES(1)".to_string(),
+                my(t2w),
+                my(nwi),
+            ];
+            out.extend(indexes.iter().map(|s| s.replace('"', "")));
+            out
+        }
+    }
+}
+
 fn sha(bytes: &[u8]) -> BlobId {
     BlobId(Sha256::digest(bytes).into())
 }
@@ -117,7 +170,10 @@ impl HmsWarehouse {
     /// `NEXT_EVENT_ID` past the purged history.
     pub fn create(server: &DbServer, db: &str, root: &Path, shape: &Shape) -> HmsWarehouse {
         let mut admin = server.admin(db);
-        for s in metadata_schema(server.kind) {
+        for s in metadata_schema(server.kind)
+            .into_iter()
+            .chain(acid_schema(server.kind))
+        {
             admin.execute(&s);
         }
         let wh = root.join("wh");
@@ -143,6 +199,7 @@ impl HmsWarehouse {
             current: WarehouseContent::new(),
             history: BTreeMap::new(),
             renames: 0,
+            txn_rows: MetastoreWriter::new(server, db, TableCase::Upper),
         };
         w.build(shape);
         w
@@ -191,8 +248,8 @@ impl HmsWarehouse {
         )
     }
 
-    /// The notification rows the writer appended since the last call.
-    fn new_rows(&mut self) -> Vec<NotificationRow> {
+    /// The lines the writer appended since the last call.
+    fn new_lines(&mut self) -> Vec<String> {
         let mut out = Vec::new();
         let mut line = String::new();
         loop {
@@ -203,8 +260,16 @@ impl HmsWarehouse {
                 self.rows.seek(std::io::SeekFrom::Start(pos)).unwrap();
                 return out;
             }
-            out.push(serde_json::from_str(&line).expect("row JSON"));
+            out.push(line.clone());
         }
+    }
+
+    /// The notification rows the writer appended since the last call.
+    fn new_rows(&mut self) -> Vec<NotificationRow> {
+        self.new_lines()
+            .iter()
+            .map(|l| serde_json::from_str(l).expect("row JSON"))
+            .collect()
     }
 
     fn build(&mut self, shape: &Shape) {
@@ -719,6 +784,203 @@ impl HmsWarehouse {
         }
         self.next_id += 1;
         self.record_change(key, None);
+        id
+    }
+
+    /// Creates the unpartitioned transactional table `db.name` through its
+    /// CREATE_TABLE event: every path of `files` (below the table,
+    /// `delta_…/bucket_00000`) is written first, with `_orc_acid_version`
+    /// beside it in its directory (and `_metadata_acid` in `base_` ones:
+    /// neither is data). The oracle holds the files `visible` names: what
+    /// the test worked out a Hive reader reads. Returns the event id.
+    pub fn create_acid_table(
+        &mut self,
+        db: &str,
+        name: &str,
+        files: &[&str],
+        visible: &[&str],
+    ) -> i64 {
+        let (rel, uri) = Self::dir(db, name, None);
+        let mut written = BTreeMap::new();
+        for path in files {
+            let (sub, file) = path.rsplit_once('/').unwrap_or(("", path));
+            let dir = if sub.is_empty() {
+                rel.clone()
+            } else {
+                format!("{rel}/{sub}")
+            };
+            let f = self.write_file(&dir, file);
+            let acid_dir = self.root.join(&dir);
+            if !sub.is_empty() {
+                std::fs::write(acid_dir.join("_orc_acid_version"), "2").unwrap();
+            }
+            if sub.starts_with("base_") {
+                std::fs::write(
+                    acid_dir.join("_metadata_acid"),
+                    r#"{"thisFileVersion":"0","dataFormat":"compacted"}"#,
+                )
+                .unwrap();
+            }
+            written.insert(path.to_string(), f.known().unwrap().0);
+        }
+        let (tbl_id, sd_id) = (self.meta_id(), self.meta_id());
+        let db_id = self.db_ids[db];
+        let mut sql = self.table_rows(tbl_id, sd_id, db_id, name, &uri, false);
+        sql.push(format!(
+            "INSERT INTO {} ({}, {}, {}) VALUES ({tbl_id}, 'transactional', 'true')",
+            self.q("TABLE_PARAMS"),
+            self.q("TBL_ID"),
+            self.q("PARAM_KEY"),
+            self.q("PARAM_VALUE")
+        ));
+        let files: BTreeMap<String, BlobId> = visible
+            .iter()
+            .map(|v| (v.to_string(), written[*v]))
+            .collect();
+        let key = (db.to_owned(), name.to_owned());
+        self.tables.insert(
+            key.clone(),
+            Table {
+                tbl_id,
+                sd_id,
+                partitioned: false,
+                partitions: [(
+                    String::new(),
+                    Partition {
+                        part_id: 0,
+                        sd_id,
+                        files,
+                    },
+                )]
+                .into(),
+            },
+        );
+        let id = self.next_id;
+        let e = Event {
+            id: StateId(id as u64),
+            time_ms: Some(1_700_000_000_000),
+            changes: vec![Change::new(Op::CreateTable, db, name)],
+        };
+        self.writer.write_event(&e).expect("hive row");
+        let rows = self.new_rows();
+        self.run_in_transaction(&sql, rows.last());
+        self.next_id += 1;
+        self.record_change(&key, None);
+        id
+    }
+
+    /// Sets Hive's transaction tables: `txns` (id, state `o`/`a`; a
+    /// committed transaction has no row), `write_ids` (db, table, write id,
+    /// txn) and each table's next write id; the transaction sequence goes
+    /// past every id named. No event: Hive's OPEN_TXN and ALLOC_WRITE_ID
+    /// change no data.
+    pub fn set_txns(
+        &mut self,
+        txns: &[(i64, char)],
+        write_ids: &[(&str, &str, i64, i64)],
+        next_write_id: &[(&str, &str, i64)],
+    ) {
+        let q = |n: &str| self.q(n);
+        let mut sql = vec![
+            format!("DELETE FROM {}", q("TXNS")),
+            format!("DELETE FROM {}", q("TXN_TO_WRITE_ID")),
+            format!("DELETE FROM {}", q("NEXT_WRITE_ID")),
+        ];
+        for (id, state) in txns {
+            sql.push(format!(
+                "INSERT INTO {} ({}, {}, {}, {}, {}, {}) VALUES ({id}, '{state}', 0, 0, 'hive', 'localhost')",
+                q("TXNS"),
+                q("TXN_ID"),
+                q("TXN_STATE"),
+                q("TXN_STARTED"),
+                q("TXN_LAST_HEARTBEAT"),
+                q("TXN_USER"),
+                q("TXN_HOST")
+            ));
+        }
+        for (db, t, wid, txn) in write_ids {
+            sql.push(format!(
+                "INSERT INTO {} ({}, {}, {}, {}) VALUES ({txn}, '{db}', '{t}', {wid})",
+                q("TXN_TO_WRITE_ID"),
+                q("T2W_TXNID"),
+                q("T2W_DATABASE"),
+                q("T2W_TABLE"),
+                q("T2W_WRITEID")
+            ));
+        }
+        for (db, t, next) in next_write_id {
+            sql.push(format!(
+                "INSERT INTO {} ({}, {}, {}) VALUES ('{db}', '{t}', {next})",
+                q("NEXT_WRITE_ID"),
+                q("NWI_DATABASE"),
+                q("NWI_TABLE"),
+                q("NWI_NEXT")
+            ));
+        }
+        let top = txns.iter().map(|t| t.0).max().unwrap_or(0);
+        if self.kind == Kind::MariaDb {
+            sql.push(format!("UPDATE NEXT_TXN_ID SET NTXN_NEXT = {}", top + 1));
+        }
+        self.run_in_transaction(&sql, None);
+    }
+
+    /// Commits open transaction `txn`, which wrote `files` (paths below
+    /// the unpartitioned table `db.table`, already in place): its
+    /// `TXN_WRITE_NOTIFICATION_LOG` row, then in one transaction its `TXNS`
+    /// row removed and the `COMMIT_TXN` event. The oracle gains the files.
+    /// Returns the event id.
+    pub fn commit_acid(&mut self, db: &str, table: &str, txn: i64, files: &[&str]) -> i64 {
+        let (rel, _) = Self::dir(db, table, None);
+        let mut refs = Vec::new();
+        let key = (db.to_owned(), table.to_owned());
+        for path in files {
+            let bytes = std::fs::read(self.root.join(&rel).join(path)).unwrap();
+            let (sub, name) = path.rsplit_once('/').expect("an ACID subdirectory");
+            let blob = sha(&bytes);
+            refs.push((
+                FileRef::native(&format!("{rel}/{path}"), name, bytes.len() as u64, blob),
+                Some(sub.to_owned()),
+            ));
+            let p = self
+                .tables
+                .get_mut(&key)
+                .unwrap()
+                .partitions
+                .get_mut("")
+                .unwrap();
+            p.files.insert(path.to_string(), blob);
+        }
+        let id = self
+            .writer
+            .write_txn(
+                1_700_000_000,
+                &[stagefs::hive_writer::TxnFiles {
+                    db: db.to_owned(),
+                    table: table.to_owned(),
+                    partition: None,
+                    files: refs,
+                }],
+            )
+            .expect("transaction rows");
+        let mut commit = None;
+        for line in self.new_lines() {
+            let v: serde_json::Value = serde_json::from_str(&line).expect("row JSON");
+            if v.get("WNL_TXNID").is_some() {
+                let row = serde_json::from_value(v).expect("a write row");
+                self.txn_rows.append_txn_write(&row);
+            } else {
+                commit = Some(serde_json::from_value::<NotificationRow>(v).expect("a row"));
+            }
+        }
+        let sql = vec![format!(
+            "DELETE FROM {} WHERE {} = {txn}",
+            self.q("TXNS"),
+            self.q("TXN_ID")
+        )];
+        self.run_in_transaction(&sql, commit.as_ref());
+        assert_eq!(self.next_id, id);
+        self.next_id += 1;
+        self.record_change(&key, None);
         id
     }
 
