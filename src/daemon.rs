@@ -79,6 +79,10 @@ pub struct ReplicateArgs {
     pub cm_root: Option<PathBuf>,
     pub retain: usize,
     pub hive: HiveArgs,
+    /// `--checkpoint-events`: a checkpoint every N state-ids (0: by time only).
+    pub checkpoint_events: u64,
+    /// `--checkpoint-interval`: ...or after this many seconds.
+    pub checkpoint_seconds: u64,
 }
 
 /// The Hive source's flags; `rows` is None for the native source.
@@ -101,6 +105,8 @@ impl ReplicateArgs {
             cm_root: None,
             retain: 16,
             hive: HiveArgs::default(),
+            checkpoint_events: crate::checkpoint::DEFAULT_CHECKPOINT_EVENTS,
+            checkpoint_seconds: crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
         }
     }
 }
@@ -193,6 +199,10 @@ impl ReplicateArgs {
         cfg.cm_root = self.cm_root.clone();
         cfg.retain = self.retain.max(1);
         cfg.hive = hive;
+        cfg.checkpoint_events = self.checkpoint_events;
+        cfg.checkpoint_interval = Duration::from_secs(self.checkpoint_seconds.max(1));
+        // Ctrl-C or SIGTERM during recovery ends the start, changing nothing.
+        cfg.cancel = Some(stop_requested);
         Ok(cfg)
     }
 
@@ -268,7 +278,13 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     let cfg = args.config()?;
     install_signal_handlers();
     bootstrap_if_asked(&args, &cfg)?;
-    let replica = Replica::start(cfg)?;
+    let replica = match Replica::start(cfg) {
+        Err(ReplicaError::Cancelled) => {
+            info!("stopped during recovery");
+            return Ok(());
+        }
+        r => r?,
+    };
     show_bootstrap(&replica, &args.state);
     info!(state = %args.state.display(), "replicating (headless)");
     let mut tick = 0u32;
@@ -518,7 +534,14 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::Usage(e.to_string()))?;
     install_signal_handlers();
     bootstrap_if_asked(&args.replicate, &cfg)?;
-    let replica = Arc::new(Replica::start(cfg)?);
+    let replica = match Replica::start(cfg) {
+        // Nothing was mounted yet.
+        Err(ReplicaError::Cancelled) => {
+            info!("stopped during recovery; nothing was mounted");
+            return Ok(());
+        }
+        r => Arc::new(r?),
+    };
     show_bootstrap(&replica, &args.replicate.state);
     let state = args.replicate.state.clone();
     let result = serve(&args, &replica, exporter, stop_requested, |_| {});

@@ -19,6 +19,15 @@ use std::path::{Path, PathBuf};
 
 /// Replaces `path` with `bytes` atomically and durably.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, |w| w.write_all(bytes)).map(|_| ())
+}
+
+/// Like [`write_atomic`], with the content streamed by `write` (through a
+/// buffer) instead of held in memory; returns the file's size.
+pub fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<u64> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -30,17 +39,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         )
     })?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    {
-        let mut f = OpenOptions::new()
+    let size = {
+        let f = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        f.write_all(bytes)?;
+        let mut w = io::BufWriter::with_capacity(1 << 20, f);
+        write(&mut w)?;
+        let f = w.into_inner().map_err(io::IntoInnerError::into_error)?;
         f.sync_all()?;
-    }
+        f.metadata()?.len()
+    };
     fs::rename(&tmp, path)?;
-    fsync_dir(dir)
+    fsync_dir(dir)?;
+    Ok(size)
 }
 
 /// Makes a directory's entries (renames, creates, unlinks) durable.

@@ -10,6 +10,7 @@
 pub mod bootstrap;
 pub mod catalog;
 pub mod checker;
+pub mod checkpoint;
 pub mod daemon;
 pub mod demo;
 pub mod durable;

@@ -54,6 +54,13 @@ struct SourceArgs {
     /// Newest unpinned versions kept browsable under .stagefs/snapshots.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     retain: u64,
+    /// Write a catalog checkpoint (and compact the journal) once the visible
+    /// state-id moved N past the last one; 0: by time only.
+    #[arg(long = "checkpoint-events", value_name = "N", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_EVENTS)]
+    checkpoint_events: u64,
+    /// ...or once this many seconds passed with a newer visible state.
+    #[arg(long = "checkpoint-interval", value_name = "SECONDS", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_interval: u64,
 }
 
 #[derive(Subcommand)]
@@ -175,6 +182,8 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
             poll_ms: s.hive_poll_ms,
             bootstrap: s.bootstrap,
         },
+        checkpoint_events: s.checkpoint_events,
+        checkpoint_seconds: s.checkpoint_interval,
     }
 }
 

@@ -14,6 +14,11 @@
 //!   record fsynced before the new state is published).
 //! - **fetch workers** copy and verify one file each into the blob store.
 //! - **gc** deletes blobs that no retained or pending state references.
+//! - **checkpoint** writes the retained and pinned trees to
+//!   `checkpoints/` every [`ReplicaConfig::checkpoint_events`] state-ids or
+//!   [`ReplicaConfig::checkpoint_interval`], then compacts the journal
+//!   ([`crate::checkpoint`]). A restart loads the newest readable
+//!   checkpoint and replays only the journal after it.
 //!
 //! GC and the stager agree through [`GcGate`]: the stager publishes its
 //! pending trees and checks blob presence under the gate, and GC never
@@ -36,12 +41,15 @@ use tracing::{debug, error, info, info_span, warn};
 
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Resolutions, Tree};
+use crate::checkpoint::{self, CheckpointData};
 use crate::event::{BlobId, Event, FileRef, StateId};
-use crate::journal::{Journal, JournalConfig, JournalError};
+use crate::journal::{Compactor, Journal, JournalConfig, JournalError};
 use crate::source::hive::{HiveConfig, HiveSource};
 use crate::source::native::{LogPosition, NativeSource, SourceLog};
 use crate::source::Rejection;
-use crate::source::{Accepted, DecodeError, Position, Source, SourceError, Validator, Verdict};
+use crate::source::{
+    Accepted, DecodeError, DupWindow, Position, Source, SourceError, Validator, Verdict,
+};
 use crate::stage::{backoff, BlobStore, FetchOutcome, Fetched, StageError, Unsynced};
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
 
@@ -54,8 +62,20 @@ pub struct ReplicaConfig {
     pub cm_root: Option<PathBuf>,
     /// Newest unpinned versions kept browsable.
     pub retain: usize,
-    /// Journal records kept in memory for the stager.
+    /// Journal records kept in memory for the stager...
     pub ring_capacity: usize,
+    /// ...and the bound on their payload bytes.
+    pub ring_bytes: usize,
+    /// Size after which the journal starts a new segment file.
+    pub segment_bytes: u64,
+    /// A checkpoint once the visible state-id moved this far past the last
+    /// one (0: never by count)...
+    pub checkpoint_events: u64,
+    /// ...or once this long has passed with a newer visible state.
+    pub checkpoint_interval: Duration,
+    /// Asked during recovery: `true` stops [`Replica::start`] with
+    /// [`ReplicaError::Cancelled`] (Ctrl-C during a long start).
+    pub cancel: Option<fn() -> bool>,
     pub fetch_threads: usize,
     /// Most states kept one by one ahead of the visible one; past it, the
     /// newest pending state absorbs each further event
@@ -77,6 +97,11 @@ impl ReplicaConfig {
             cm_root: None,
             retain: 16,
             ring_capacity: crate::journal::DEFAULT_RING_CAPACITY,
+            ring_bytes: crate::journal::DEFAULT_RING_BYTES,
+            segment_bytes: crate::journal::DEFAULT_SEGMENT_BYTES,
+            checkpoint_events: checkpoint::DEFAULT_CHECKPOINT_EVENTS,
+            checkpoint_interval: checkpoint::DEFAULT_CHECKPOINT_INTERVAL,
+            cancel: None,
             fetch_threads: 4,
             max_pending: 200_000,
             gc_interval: Duration::from_secs(2),
@@ -106,6 +131,11 @@ pub enum ReplicaError {
     WrongSource(&'static str),
     #[error("{0}")]
     Source(String),
+    #[error("the journal was compacted through state {floor} but no readable checkpoint at or after it was found ({detail}); restore the checkpoints folder or remove the state folder to replicate from the start")]
+    CompactedWithoutCheckpoint { floor: StateId, detail: String },
+    /// Recovery was asked to stop (`ReplicaConfig::cancel`).
+    #[error("recovery was interrupted")]
+    Cancelled,
 }
 
 /// One journal record's payload: the accepted event and where the source
@@ -163,21 +193,44 @@ pub fn state_in_use(dir: &Path) -> bool {
 /// entry is not here (read from files, or dropped at the capacity bound).
 #[derive(Default)]
 struct Handoff {
-    queue: Mutex<VecDeque<Accepted>>,
+    queue: Mutex<HandoffQueue>,
 }
 
-/// Entries kept for the stager (like the journal ring, a bound on memory).
+/// Entries with their journal payload size, the measure of their memory.
+#[derive(Default)]
+struct HandoffQueue {
+    entries: VecDeque<(Accepted, usize)>,
+    bytes: usize,
+}
+
+/// Entries kept for the stager (like the journal ring, a bound on memory):
+/// at most this many...
 const HANDOFF_CAPACITY: usize = 65_536;
+/// ...and at most this many bytes of their events' journal payloads.
+const HANDOFF_BYTES: usize = 64 << 20;
+
+impl HandoffQueue {
+    fn pop_front(&mut self) -> Option<Accepted> {
+        let (a, bytes) = self.entries.pop_front()?;
+        self.bytes -= bytes;
+        Some(a)
+    }
+}
 
 impl Handoff {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Accepted>> {
+    fn lock(&self) -> MutexGuard<'_, HandoffQueue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push(&self, batch: Vec<Accepted>) {
+    /// Adds a batch of (accepted event, its journal payload bytes); the
+    /// oldest entries go past the bounds (the stager decodes those).
+    fn push(&self, batch: Vec<(Accepted, usize)>) {
         let mut q = self.lock();
-        q.extend(batch);
-        while q.len() > HANDOFF_CAPACITY {
+        for (a, bytes) in batch {
+            q.bytes += bytes;
+            q.entries.push_back((a, bytes));
+        }
+        while q.entries.len() > HANDOFF_CAPACITY || q.bytes > HANDOFF_BYTES {
             q.pop_front();
         }
     }
@@ -185,10 +238,10 @@ impl Handoff {
     /// The entry for `id`, dropping older ones the stager went past.
     fn take(&self, id: StateId) -> Option<Accepted> {
         let mut q = self.lock();
-        while q.front().is_some_and(|a| a.event.id < id) {
+        while q.entries.front().is_some_and(|(a, _)| a.event.id < id) {
             q.pop_front();
         }
-        if q.front().is_some_and(|a| a.event.id == id) {
+        if q.entries.front().is_some_and(|(a, _)| a.event.id == id) {
             q.pop_front()
         } else {
             None
@@ -229,6 +282,7 @@ pub struct Replica {
     progress: Arc<Progress>,
     journal: Arc<Mutex<Journal>>,
     journal_stats: Arc<crate::journal::JournalStats>,
+    compactor: Compactor,
     gate: Arc<GcGate>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -245,17 +299,54 @@ impl Replica {
         let lock = lock_state(&cfg.state_dir)?;
         let blobs = Arc::new(BlobStore::open(&cfg.state_dir)?);
         let (record, mut pins) = load_durable(&cfg.state_dir)?;
-        let mut jcfg = JournalConfig::new(cfg.state_dir.join("journal"));
+        let cancelled = || cfg.cancel.is_some_and(|c| c());
+        let journal_dir = cfg.state_dir.join("journal");
+        // The newest readable checkpoint at or below the committed state;
+        // unreadable ones are set aside and reported.
+        let found = checkpoint::load_newest(&cfg.state_dir, record.visible).map_err(|e| {
+            ReplicaError::Io(
+                format!(
+                    "reading checkpoints in {}",
+                    checkpoint::dir(&cfg.state_dir).display()
+                ),
+                e,
+            )
+        })?;
+        let restored = found.loaded;
+        let base = restored.as_ref().map_or(StateId(0), |l| l.data.state);
+        if let Some(floor) = crate::journal::compacted_through(&journal_dir)? {
+            if base < floor {
+                return Err(ReplicaError::CompactedWithoutCheckpoint {
+                    floor,
+                    detail: if found.skipped.is_empty() {
+                        "no checkpoint files".to_owned()
+                    } else {
+                        found.skipped.join("; ")
+                    },
+                });
+            }
+        }
+        if cancelled() {
+            return Err(ReplicaError::Cancelled);
+        }
+        let mut jcfg = JournalConfig::new(journal_dir);
         jcfg.ring_capacity = cfg.ring_capacity;
+        jcfg.ring_bytes = cfg.ring_bytes;
+        jcfg.segment_bytes = cfg.segment_bytes;
+        jcfg.cancel = cfg.cancel;
         // Every committed state must survive recovery: it may cut a torn
         // tail only above the commit record's visible state.
         jcfg.durable_through = record.visible;
-        let (journal, report) = Journal::open(jcfg)?;
+        let (journal, report) = match Journal::open(jcfg) {
+            Err(JournalError::Cancelled) => return Err(ReplicaError::Cancelled),
+            r => r?,
+        };
         if let Some(reason) = &report.reason {
             warn!(truncated_bytes = report.truncated_bytes, %reason, "journal tail was cut");
         }
 
-        // Replay the journal: rebuild the newest accepted state (for
+        // Start from the checkpoint (or the empty tree), then replay the
+        // journal after it: rebuild the newest accepted state (for
         // validation), the visible state and every retained one.
         let keep: HashSet<StateId> = record
             .retained
@@ -267,13 +358,37 @@ impl Replica {
         let mut tree = Arc::new(Tree::empty());
         let mut validator =
             Validator::new(Arc::clone(&tree)).with_resolutions(Arc::clone(&resolutions));
-        let mut visible = (record.visible == StateId(0)).then(|| Arc::clone(&tree));
         let mut versions = std::collections::BTreeMap::new();
         let mut resume: Option<Position> = None;
-        let mut follower = journal.follower(StateId(0));
+        let (ckpt_id, ckpt_size, ckpt_written) = match &restored {
+            Some(l) => (Some(l.data.state), l.size, l.data.created_ms),
+            None => (None, 0, UNKNOWN_TIME),
+        };
+        if let Some(l) = restored {
+            let CheckpointData {
+                state,
+                resume: at,
+                window,
+                versions: saved,
+                ..
+            } = l.data;
+            info!(checkpoint = %state, path = %l.path.display(), versions = saved.len(), "restoring from checkpoint");
+            tree = Arc::clone(&saved[&state]);
+            validator.restored(Arc::clone(&tree), &window);
+            resume = at;
+            versions = saved
+                .into_iter()
+                .filter(|(s, _)| keep.contains(s) || *s == record.visible)
+                .collect();
+        }
+        let mut visible = (record.visible == tree.state_id).then(|| Arc::clone(&tree));
+        let mut follower = journal.follower(base);
         let started = Instant::now();
         let mut replayed = 0u64;
         while let Some(rec) = follower.try_next()? {
+            if replayed % 4096 == 4095 && cancelled() {
+                return Err(ReplicaError::Cancelled);
+            }
             let entry = decode(rec.id, &rec.payload)?;
             let (next, added) = tree
                 .apply(&entry.event)
@@ -293,12 +408,14 @@ impl Replica {
             resume = Some(entry.next);
             replayed += 1;
         }
+        drop(follower);
         let visible = visible.ok_or(ReplicaError::JournalBehindCommit {
             journal: tree.state_id,
             visible: record.visible,
         })?;
         info!(
             replayed,
+            checkpoint = base.0,
             visible = %visible.state_id,
             latest = %tree.state_id,
             ms = started.elapsed().as_millis() as u64,
@@ -329,6 +446,17 @@ impl Replica {
             cfg.retain,
         ));
         let progress = Arc::new(Progress::default());
+        progress.set_checkpoint(|c| {
+            c.last_id = ckpt_id;
+            c.size_bytes = ckpt_size;
+            c.restored_from = ckpt_id;
+            c.replayed_records = replayed;
+            c.problems = found.skipped.clone();
+        });
+        progress
+            .checkpoint_written_ms
+            .store(ckpt_written, Ordering::Relaxed);
+        let window = validator.window();
         progress
             .unverified_files
             .store(resolutions.unverified_files(), Ordering::Relaxed);
@@ -337,6 +465,7 @@ impl Replica {
             .latest_time_ms
             .store(tree.time_ms, Ordering::Relaxed);
         let journal_stats = journal.stats();
+        let compactor = journal.compactor();
         let stager_follower = journal.follower(visible.state_id);
         let journal = Arc::new(Mutex::new(journal));
         let stop = Arc::new(AtomicBool::new(false));
@@ -443,6 +572,18 @@ impl Replica {
                 Box::new(move || run_gc(&cfg, &catalog, &blobs, &progress, &gate, &stop)),
             )?);
         }
+        {
+            let checkpointer = Checkpointer {
+                cfg: Arc::clone(&cfg),
+                catalog: Arc::clone(&catalog),
+                compactor: compactor.clone(),
+                window,
+                progress: Arc::clone(&progress),
+                stop: Arc::clone(&stop),
+                last: base,
+            };
+            threads.push(spawn("checkpoint", Box::new(move || checkpointer.run()))?);
+        }
 
         Ok(Replica {
             catalog,
@@ -450,6 +591,7 @@ impl Replica {
             progress,
             journal,
             journal_stats,
+            compactor,
             gate,
             stop,
             threads,
@@ -479,6 +621,7 @@ impl Replica {
     /// The status of SPEC §7.
     pub fn status(&self) -> StatusReport {
         let s = &self.journal_stats;
+        let size = self.compactor.size();
         StatusReport::live(
             &self.progress,
             &self.catalog.snapshot(),
@@ -487,6 +630,8 @@ impl Replica {
                 records: s.appended.load(Ordering::Relaxed),
                 ring_reads: s.ring_reads.load(Ordering::Relaxed),
                 file_reads: s.file_reads.load(Ordering::Relaxed),
+                segments: size.segments,
+                bytes: size.bytes,
             },
         )
     }
@@ -667,11 +812,12 @@ fn run_ingest<S: Source>(
                         });
                         break;
                     }
+                    let bytes = payload.len();
                     appended.push((id, payload));
                     if let Some(t) = acc.event.time_ms {
                         last_time = t;
                     }
-                    batch.push(*acc);
+                    batch.push((*acc, bytes));
                     accepted += 1;
                 }
                 Ok(Verdict::Duplicate) => {
@@ -1243,6 +1389,122 @@ impl Stager {
             })
         };
         self.progress.set_stage_stall(stall);
+    }
+}
+
+/// The checkpoint thread: writes a checkpoint of the visible state when it
+/// moved `checkpoint_events` state-ids past the last one or
+/// `checkpoint_interval` passed, then prunes old checkpoints and compacts
+/// the journal through the oldest one kept. Works on an immutable catalog
+/// snapshot, so commits never wait for it. A failure is logged, shown in
+/// status and retried at the next trigger; nothing is compacted then.
+struct Checkpointer {
+    cfg: Arc<ReplicaConfig>,
+    catalog: Arc<Catalog>,
+    compactor: Compactor,
+    window: Arc<DupWindow>,
+    progress: Arc<Progress>,
+    stop: Arc<AtomicBool>,
+    /// State of the newest checkpoint (0: none).
+    last: StateId,
+}
+
+impl Checkpointer {
+    fn run(mut self) {
+        // Since the last checkpoint (or the start).
+        let mut since = Instant::now();
+        while !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            let visible = self.catalog.snapshot().visible.state_id;
+            if visible <= self.last {
+                continue;
+            }
+            let by_count = self.cfg.checkpoint_events > 0
+                && visible.0 - self.last.0 >= self.cfg.checkpoint_events;
+            if !by_count && since.elapsed() < self.cfg.checkpoint_interval {
+                continue;
+            }
+            since = Instant::now();
+            match self.checkpoint() {
+                Ok(()) => {}
+                Err(e) if self.stop.load(Ordering::Relaxed) => {
+                    debug!(error = %e, "checkpoint abandoned at shutdown");
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot write a checkpoint; will retry");
+                    self.progress.set_checkpoint(|c| {
+                        c.problems.retain(|p| !p.starts_with("last write failed"));
+                        c.problems.push(format!("last write failed: {e}"));
+                    });
+                }
+            }
+        }
+    }
+
+    /// One checkpoint of the current snapshot, then pruning and compaction.
+    fn checkpoint(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        let snapshot = self.catalog.snapshot();
+        let state = snapshot.visible.state_id;
+        let resume = self.position_after(state)?;
+        let data = CheckpointData {
+            state,
+            created_ms: crate::status::now_ms(),
+            resume,
+            window: self.window.through(state),
+            versions: snapshot.versions.clone(),
+        };
+        drop(snapshot);
+        let (path, size) = checkpoint::write(&self.cfg.state_dir, &data, Some(&self.stop))
+            .map_err(|e| format!("writing the checkpoint of state {state}: {e}"))?;
+        let wrote_ms = started.elapsed().as_millis() as u64;
+        self.last = state;
+        self.progress
+            .checkpoint_written_ms
+            .store(data.created_ms, Ordering::Relaxed);
+        self.progress.set_checkpoint(|c| {
+            c.last_id = Some(state);
+            c.size_bytes = size;
+            c.written += 1;
+            c.problems.retain(|p| !p.starts_with("last write failed"));
+        });
+        drop(data);
+        // Only once the new checkpoint is durable: drop the oldest, then
+        // the journal that no kept checkpoint needs.
+        let oldest = checkpoint::prune(&self.cfg.state_dir)
+            .map_err(|e| format!("removing old checkpoints: {e}"))?;
+        let removed = match oldest {
+            Some(through) => self
+                .compactor
+                .remove_through(through)
+                .map_err(|e| format!("compacting the journal: {e}"))?,
+            None => 0,
+        };
+        info!(
+            state = %state,
+            bytes = size,
+            ms = wrote_ms,
+            path = %path.display(),
+            segments_removed = removed,
+            "checkpoint written"
+        );
+        Ok(())
+    }
+
+    /// The source position journaled with event `state` (where reading
+    /// continues after it), for a restart with no journal record after it.
+    fn position_after(&self, state: StateId) -> Result<Option<Position>, String> {
+        if state == StateId(0) {
+            return Ok(None);
+        }
+        let mut f = self.compactor.follower(StateId(state.0 - 1));
+        match f.try_next() {
+            Ok(Some(rec)) if rec.id == state => decode(rec.id, &rec.payload)
+                .map(|e| Some(e.next))
+                .map_err(|e| e.to_string()),
+            Ok(_) => Err(format!("journal record {state} is not in the journal")),
+            Err(e) => Err(format!("reading journal record {state}: {e}")),
+        }
     }
 }
 

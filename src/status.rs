@@ -78,6 +78,10 @@ pub struct Progress {
     /// Replication stopped for good (a pipeline thread panicked): shown
     /// before any other stall, never cleared until restart.
     pub failure: Mutex<Option<Stall>>,
+    /// Checkpoints: the newest one, what the start restored, problems.
+    pub checkpoint: Mutex<CheckpointReport>,
+    /// When the newest checkpoint was written (Unix epoch ms), for its age.
+    pub checkpoint_written_ms: AtomicI64,
 }
 
 impl Default for Progress {
@@ -106,6 +110,8 @@ impl Default for Progress {
             source: Mutex::new(SourceReport::default()),
             bootstrap: Mutex::new(None),
             failure: Mutex::new(None),
+            checkpoint: Mutex::new(CheckpointReport::default()),
+            checkpoint_written_ms: AtomicI64::new(UNKNOWN_TIME),
         }
     }
 }
@@ -151,6 +157,19 @@ impl Progress {
         lock(&self.failure).get_or_insert(stall);
     }
 
+    /// The checkpoint report with its age as of now.
+    pub fn checkpoint(&self) -> CheckpointReport {
+        let mut c = lock(&self.checkpoint).clone();
+        let written = self.checkpoint_written_ms.load(Ordering::Relaxed);
+        c.age_seconds = (written != UNKNOWN_TIME && c.last_id.is_some())
+            .then(|| ((now_ms() - written).max(0)) as f64 / 1000.0);
+        c
+    }
+
+    pub fn set_checkpoint(&self, f: impl FnOnce(&mut CheckpointReport)) {
+        f(&mut lock(&self.checkpoint));
+    }
+
     pub fn stalled(&self) -> Option<Stall> {
         lock(&self.failure)
             .clone()
@@ -165,6 +184,34 @@ pub struct JournalReport {
     pub records: u64,
     pub ring_reads: u64,
     pub file_reads: u64,
+    /// Segment files on disk (compaction removes old ones).
+    #[serde(default)]
+    pub segments: u64,
+    /// Durable bytes in them.
+    #[serde(default)]
+    pub bytes: u64,
+}
+
+/// Checkpoints (docs/OPERATIONS.md "Checkpoints") shown in status.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    /// State-id of the newest checkpoint (written by this run or loaded at
+    /// start); null when there is none.
+    pub last_id: Option<StateId>,
+    /// Seconds since it was written; null when there is none.
+    pub age_seconds: Option<f64>,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// Checkpoints written by this run.
+    pub written: u64,
+    /// The checkpoint the start restored from (null: replayed the whole
+    /// journal) and the journal records it replayed after it.
+    pub restored_from: Option<StateId>,
+    pub replayed_records: u64,
+    /// Checkpoints the start could not use and why, and the last failed
+    /// write (cleared by the next good one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// Staging counters shown in status.
@@ -212,6 +259,8 @@ pub struct StatusReport {
     pub events_duplicate: u64,
     pub commits: u64,
     pub journal: JournalReport,
+    #[serde(default)]
+    pub checkpoint: CheckpointReport,
     pub staging: StagingReport,
     pub gc: GcReport,
     /// Readers' views (SPEC §3.8); filled in by the mount's view layer,
@@ -297,6 +346,7 @@ impl StatusReport {
             events_duplicate: 0,
             commits: 0,
             journal: JournalReport::default(),
+            checkpoint: CheckpointReport::default(),
             staging: StagingReport::default(),
             gc: GcReport::default(),
             readers: None,
@@ -355,6 +405,7 @@ impl StatusReport {
             events_duplicate: progress.events_duplicate.load(Ordering::Relaxed),
             commits: progress.commits.load(Ordering::Relaxed),
             journal,
+            checkpoint: progress.checkpoint(),
             staging: StagingReport {
                 files_fetched: progress.files_fetched.load(Ordering::Relaxed),
                 bytes_fetched: progress.bytes_fetched.load(Ordering::Relaxed),

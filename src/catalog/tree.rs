@@ -63,6 +63,16 @@ pub struct Meta {
 }
 
 impl Meta {
+    /// Meta of a node rebuilt from a checkpoint: a fresh id (ids are not
+    /// persisted; see `crate::checkpoint`) and the recorded state and time.
+    pub fn restored(state_id: StateId, time_ms: i64) -> Meta {
+        Meta {
+            id: next_node_id(),
+            state_id,
+            time_ms,
+        }
+    }
+
     fn new(state_id: StateId, time_ms: Option<i64>) -> Meta {
         Meta {
             id: next_node_id(),
@@ -150,6 +160,42 @@ impl Resolution {
 }
 
 impl FileNode {
+    /// A resolved file node rebuilt from a checkpoint. `key` is the
+    /// reference key of a file that was not known by content when accepted
+    /// (it keeps that identity for the commit rule), `None` for a native one.
+    pub fn restored(
+        meta: Meta,
+        blob: BlobId,
+        size: u64,
+        key: Option<BlobId>,
+        source: Box<str>,
+        verified: &'static str,
+    ) -> FileNode {
+        let content = match key {
+            None => FileContent::Known { blob, size },
+            Some(key) => {
+                let cell = Resolution::new(key);
+                cell.set(blob, size);
+                FileContent::Resolved(Arc::new(cell))
+            }
+        };
+        FileNode {
+            meta,
+            content,
+            source,
+            verified,
+        }
+    }
+
+    /// The reference key of a file resolved after acceptance (Hive), `None`
+    /// for a file known by content from its event.
+    pub fn resolved_key(&self) -> Option<BlobId> {
+        match &self.content {
+            FileContent::Known { .. } => None,
+            FileContent::Resolved(r) => Some(r.key),
+        }
+    }
+
     /// The node for `file` created at `meta`.
     fn new(meta: Meta, file: &FileRef) -> (FileNode, Option<Arc<Resolution>>) {
         let (content, cell) = match file.known() {

@@ -49,6 +49,11 @@ pub use segment::MAX_PAYLOAD;
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 /// Default number of recent records kept in memory for followers.
 pub const DEFAULT_RING_CAPACITY: usize = 65_536;
+/// Default bound on the payload bytes of the records kept in memory.
+pub const DEFAULT_RING_BYTES: usize = 64 << 20;
+/// File in the journal directory naming the newest id whose records
+/// compaction may have deleted (see [`Compactor`]).
+const FLOOR_FILE: &str = "compacted-through";
 
 /// Where the journal lives and how it is shaped.
 #[derive(Debug, Clone)]
@@ -59,9 +64,16 @@ pub struct JournalConfig {
     pub segment_bytes: u64,
     /// Durable records kept in memory; 0 makes every follower read files.
     pub ring_capacity: usize,
+    /// Bound on the payload bytes of the records kept in memory (the ring
+    /// holds fewer than `ring_capacity` records when they are large).
+    pub ring_bytes: usize,
     /// The newest id known to be committed (the commit record's visible
     /// state): recovery refuses to cut any record at or below it.
     pub durable_through: StateId,
+    /// Asked between segments (and every 65,536 records) while recovery
+    /// scans: `true` stops it with [`JournalError::Cancelled`], changing
+    /// nothing (Ctrl-C during a long start).
+    pub cancel: Option<fn() -> bool>,
 }
 
 impl JournalConfig {
@@ -71,7 +83,9 @@ impl JournalConfig {
             dir: dir.into(),
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             ring_capacity: DEFAULT_RING_CAPACITY,
+            ring_bytes: DEFAULT_RING_BYTES,
             durable_through: StateId(0),
+            cancel: None,
         }
     }
 }
@@ -155,6 +169,9 @@ pub enum JournalError {
         last_intact: StateId,
         durable: StateId,
     },
+    /// Recovery was asked to stop (`JournalConfig::cancel`); nothing changed.
+    #[error("journal recovery was interrupted")]
+    Cancelled,
     /// An earlier write or fsync failed; reopen the journal to recover.
     #[error("the journal refuses writes after an earlier failure: {0}")]
     Failed(String),
@@ -199,6 +216,8 @@ struct Shared {
 
 struct State {
     ring: VecDeque<Arc<Record>>,
+    /// Payload bytes of the records in `ring`.
+    ring_bytes: usize,
     /// Every durable record with an id above this is in `ring`.
     ring_base: StateId,
     /// Durable segments, ordered by first id.
@@ -249,6 +268,7 @@ pub struct Journal {
     shared: Arc<Shared>,
     segment_bytes: u64,
     ring_capacity: usize,
+    ring_bytes: usize,
     active: Option<ActiveSegment>,
     /// Framed bytes of `pending`, written with one `write` per segment.
     buf: Vec<u8>,
@@ -265,7 +285,7 @@ impl Journal {
     /// Opens (creating if needed) the journal in `config.dir`, recovering it
     /// first: a torn or corrupt tail is truncated and reported.
     pub fn open(config: JournalConfig) -> Result<(Journal, RecoveryReport), JournalError> {
-        let recovered = recovery::recover(&config.dir, config.durable_through)?;
+        let recovered = recovery::recover(&config.dir, config.durable_through, config.cancel)?;
         let report = recovered.report;
         let active = match recovered.segments.last() {
             Some(last) => {
@@ -294,6 +314,7 @@ impl Journal {
             dir: config.dir,
             state: Mutex::new(State {
                 ring: VecDeque::with_capacity(config.ring_capacity.min(DEFAULT_RING_CAPACITY)),
+                ring_bytes: 0,
                 ring_base: base,
                 segments: recovered.segments,
                 closed: false,
@@ -307,6 +328,7 @@ impl Journal {
             shared,
             segment_bytes: config.segment_bytes.max(1),
             ring_capacity: config.ring_capacity,
+            ring_bytes: config.ring_bytes,
             active,
             buf: Vec::new(),
             pending: Vec::new(),
@@ -538,14 +560,25 @@ impl Journal {
         let keep_from = self.pending.len().saturating_sub(self.ring_capacity);
         if keep_from > 0 {
             st.ring.clear();
+            st.ring_bytes = 0;
             st.ring_base = self.pending[keep_from - 1].record.id;
         }
         for p in self.pending.drain(keep_from..) {
-            if st.ring.len() >= self.ring_capacity {
+            let bytes = p.record.payload.len();
+            while !st.ring.is_empty()
+                && (st.ring.len() >= self.ring_capacity || st.ring_bytes + bytes > self.ring_bytes)
+            {
                 if let Some(evicted) = st.ring.pop_front() {
+                    st.ring_bytes -= evicted.payload.len();
                     st.ring_base = evicted.id;
                 }
             }
+            if self.ring_capacity == 0 || bytes > self.ring_bytes {
+                // Never kept in memory: followers read it from the file.
+                st.ring_base = p.record.id;
+                continue;
+            }
+            st.ring_bytes += bytes;
             st.ring.push_back(p.record);
         }
         self.pending.clear();
@@ -591,5 +624,126 @@ impl Journal {
     /// The journal directory.
     pub fn dir(&self) -> &Path {
         &self.shared.dir
+    }
+
+    /// A handle that removes old segments and reports the journal's size;
+    /// usable from another thread than the writer's.
+    pub fn compactor(&self) -> Compactor {
+        Compactor {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Segments on disk and their durable bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalSize {
+    pub segments: u64,
+    pub bytes: u64,
+    /// The first record id the journal can still hold (the first segment's).
+    pub first_id: Option<StateId>,
+}
+
+/// Removes segments that restart no longer needs (journal compaction) and
+/// reports the journal's size. Never touches the last segment, which the
+/// writer appends to.
+///
+/// Before anything is removed, the id through which records may be gone
+/// is written durably to the journal directory ([`compacted_through`]), so
+/// a restart that would need them fails with a clear error instead of
+/// silently replaying a journal with a hole.
+#[derive(Clone)]
+pub struct Compactor {
+    shared: Arc<Shared>,
+}
+
+impl Compactor {
+    /// Deletes every segment all of whose records are at or below
+    /// `through`: a segment goes when the next one starts at or before
+    /// `through + 1` (so with gaps in the ids a segment may stay one round
+    /// longer). Returns the number of segments removed. Followers that
+    /// already read a removed segment keep their open descriptor.
+    pub fn remove_through(&self, through: StateId) -> Result<usize, JournalError> {
+        let doomed: Vec<StateId> = {
+            let st = self.shared.lock();
+            st.segments
+                .windows(2)
+                .take_while(|w| w[1].first_id.0 <= through.0.saturating_add(1))
+                .map(|w| w[0].first_id)
+                .collect()
+        };
+        if doomed.is_empty() {
+            return Ok(0);
+        }
+        let dir = &self.shared.dir;
+        let floor = dir.join(FLOOR_FILE);
+        let previous = compacted_through(dir)?;
+        if previous.is_none_or(|p| p < through) {
+            crate::durable::write_atomic(&floor, format!("{}\n", through.0).as_bytes())
+                .map_err(|e| JournalError::io("record journal compaction", &floor, e))?;
+        }
+        {
+            // Out of the index first: a follower never opens a segment
+            // that is about to disappear.
+            let mut st = self.shared.lock();
+            st.segments.retain(|s| !doomed.contains(&s.first_id));
+        }
+        for first in &doomed {
+            let path = segment::segment_path(dir, *first);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(JournalError::io(
+                        "remove compacted journal segment",
+                        &path,
+                        e,
+                    ))
+                }
+            }
+        }
+        fsync_dir(dir).map_err(|e| JournalError::io("fsync journal directory", dir, e))?;
+        tracing::info!(
+            segments = doomed.len(),
+            through = through.0,
+            "journal compacted"
+        );
+        Ok(doomed.len())
+    }
+
+    /// A reader of every durable record with id > `after` (like
+    /// [`Journal::follower`], without the writer's lock).
+    pub fn follower(&self, after: StateId) -> Follower {
+        Follower::new(Arc::clone(&self.shared), after)
+    }
+
+    /// Segments and durable bytes now.
+    pub fn size(&self) -> JournalSize {
+        let st = self.shared.lock();
+        JournalSize {
+            segments: st.segments.len() as u64,
+            bytes: st.segments.iter().map(|s| s.len).sum(),
+            first_id: st.segments.first().map(|s| s.first_id),
+        }
+    }
+}
+
+/// The newest id whose records compaction may have removed from the journal
+/// in `dir`, or `None` when it was never compacted.
+pub fn compacted_through(dir: &Path) -> Result<Option<StateId>, JournalError> {
+    let path = dir.join(FLOOR_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            text.trim()
+                .parse()
+                .map(|n| Some(StateId(n)))
+                .map_err(|_| JournalError::Corrupt {
+                    path: path.clone(),
+                    offset: 0,
+                    reason: format!("not a state-id: {:?}", text.trim()),
+                })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(JournalError::io("read", &path, e)),
     }
 }

@@ -56,7 +56,11 @@ struct Scan {
 /// Recovers the journal in `dir`. `durable_through` is the newest id the
 /// caller knows to be committed (the commit record's visible state): no
 /// record at or below it may be cut.
-pub(super) fn recover(dir: &Path, durable_through: StateId) -> Result<Recovered, JournalError> {
+pub(super) fn recover(
+    dir: &Path,
+    durable_through: StateId,
+    cancel: Option<fn() -> bool>,
+) -> Result<Recovered, JournalError> {
     if !dir.is_dir() {
         fs::create_dir_all(dir)
             .map_err(|e| JournalError::io("create journal directory", dir, e))?;
@@ -76,7 +80,7 @@ pub(super) fn recover(dir: &Path, durable_through: StateId) -> Result<Recovered,
 
     for (i, (first_id, path)) in found.iter().enumerate() {
         let is_last = i + 1 == found.len();
-        let scan = scan_segment(path, *first_id, &mut report)?;
+        let scan = scan_segment(path, *first_id, &mut report, cancel)?;
         match scan.end {
             ScanEnd::Clean if scan.valid_len > HEADER_LEN => segments.push(SegmentInfo {
                 first_id: *first_id,
@@ -190,7 +194,11 @@ fn scan_segment(
     path: &Path,
     first_id: StateId,
     report: &mut RecoveryReport,
+    cancel: Option<fn() -> bool>,
 ) -> Result<Scan, JournalError> {
+    if cancel.is_some_and(|c| c()) {
+        return Err(JournalError::Cancelled);
+    }
     let file = File::open(path).map_err(|e| JournalError::io("open journal segment", path, e))?;
     let file_len = file
         .metadata()
@@ -217,6 +225,9 @@ fn scan_segment(
     let mut payload = Vec::new();
     let mut first_in_segment = true;
     while pos < file_len {
+        if report.records % 65_536 == 65_535 && cancel.is_some_and(|c| c()) {
+            return Err(JournalError::Cancelled);
+        }
         if file_len - pos < RECORD_HEADER_LEN as u64 {
             return Ok(bad(pos, "torn record header".to_string()));
         }

@@ -27,7 +27,9 @@ fn config(dir: &Path, segment_bytes: u64, ring_capacity: usize) -> JournalConfig
         dir: dir.to_path_buf(),
         segment_bytes,
         ring_capacity,
+        ring_bytes: super::DEFAULT_RING_BYTES,
         durable_through: StateId(0),
+        cancel: None,
     }
 }
 
@@ -845,4 +847,56 @@ proptest! {
             prop_assert_eq!(seen, expected_after(&durable, start));
         }
     }
+}
+
+#[test]
+fn ring_is_bounded_by_payload_bytes_and_followers_still_read_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), 1 << 20, 1000);
+    c.ring_bytes = 3 * payload(1).len();
+    let (mut j, _) = Journal::open(c).unwrap();
+    write_ids(&mut j, 1..=50);
+    {
+        let st = j.shared.lock();
+        assert!(st.ring.len() <= 3, "ring holds {} records", st.ring.len());
+        assert!(st.ring_bytes <= 3 * payload(1).len());
+        assert_eq!(st.ring.front().map(|r| r.id.0 - 1), Some(st.ring_base.0));
+    }
+    let mut f = j.follower(StateId(0));
+    for id in 1..=50 {
+        assert_eq!(f.try_next().unwrap().unwrap().id, StateId(id));
+    }
+    assert!(f.try_next().unwrap().is_none());
+}
+
+#[test]
+fn compaction_removes_only_segments_wholly_at_or_below_the_id_and_never_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    // One record per segment.
+    let seg = 1;
+    let (mut j, _) = Journal::open(config(dir.path(), seg, 16)).unwrap();
+    for id in 1..=10 {
+        write_ids(&mut j, [id]);
+    }
+    let compactor = j.compactor();
+    assert_eq!(compactor.size().segments, 10);
+    assert_eq!(super::compacted_through(dir.path()).unwrap(), None);
+    assert_eq!(compactor.remove_through(StateId(5)).unwrap(), 5);
+    assert_eq!(compactor.size().first_id, Some(StateId(6)));
+    assert_eq!(
+        super::compacted_through(dir.path()).unwrap(),
+        Some(StateId(5))
+    );
+    assert_eq!(compactor.remove_through(StateId(100)).unwrap(), 4);
+    let size = compactor.size();
+    assert_eq!((size.segments, size.first_id), (1, Some(StateId(10))));
+    // The survivors still read back, and a reopened journal agrees.
+    let mut f = j.follower(StateId(9));
+    assert_eq!(f.try_next().unwrap().unwrap().id, StateId(10));
+    drop(f);
+    drop(j);
+    let (j, report) = Journal::open(config(dir.path(), seg, 16)).unwrap();
+    assert_eq!((report.records, report.last_id), (1, Some(StateId(10))));
+    let mut f = j.follower(StateId(0));
+    assert_eq!(f.try_next().unwrap().unwrap().id, StateId(10));
 }

@@ -20,7 +20,7 @@ use crate::catalog::Tree;
 use crate::event::{Event, StateId};
 use crate::status::Stall;
 
-pub use validate::{Accepted, Validator, Verdict};
+pub use validate::{Accepted, DupWindow, Validator, Verdict, DUPLICATE_WINDOW};
 
 /// Where a source continues after an event; journaled with it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,12 +5,20 @@
 //! [`Event::check_bounds`] (partition keys, subdirectory depth). Only accepted events reach the journal,
 //! so a corrected source replaces a rejected event after a restart.
 //!
+//! Duplicate detection is bounded ([`DupWindow`]): the (id, content hash)
+//! of at least the last [`DUPLICATE_WINDOW`] accepted events are kept (and
+//! carried across a restart by the checkpoint). A re-delivered id inside
+//! the window is ignored when identical and rejected when different; an id
+//! older than the window is rejected, because it can no longer be told
+//! from a conflicting event.
+//!
 //! Called by the ingest thread for every event, and by recovery to replay
 //! the journal.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::Rejection;
 use crate::catalog::{AddedFile, Resolutions, Tree};
@@ -33,12 +41,101 @@ pub struct Accepted {
     pub added: Vec<AddedFile>,
 }
 
+/// Accepted events whose re-delivery is recognised (see the module docs).
+pub const DUPLICATE_WINDOW: usize = 100_000;
+
+/// (id, content hash) of the most recent accepted events, in id order.
+/// Shared between the validator (the writer) and the checkpoint writer,
+/// which saves the part at or below the checkpoint's state.
+#[derive(Debug)]
+pub struct DupWindow {
+    entries: Mutex<Entries>,
+    capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    q: VecDeque<(StateId, u64)>,
+    /// Ids at or below this may have been forgotten (0: none was).
+    forgot_through: StateId,
+}
+
+impl DupWindow {
+    pub fn new(capacity: usize) -> DupWindow {
+        DupWindow {
+            entries: Mutex::new(Entries::default()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Entries> {
+        // Plain pushes and pops: a poisoned lock still guards whole data.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an accepted event (ids must increase), forgetting the oldest
+    /// past the capacity.
+    pub fn push(&self, id: StateId, hash: u64) {
+        let mut e = self.lock();
+        e.q.push_back((id, hash));
+        while e.q.len() > self.capacity {
+            if let Some((gone, _)) = e.q.pop_front() {
+                e.forgot_through = gone;
+            }
+        }
+    }
+
+    /// Puts back entries saved by a checkpoint (older than anything pushed).
+    pub fn restore(&self, saved: &[(StateId, u64)]) {
+        let mut e = self.lock();
+        let before = e.q.front().map_or(StateId(u64::MAX), |e| e.0);
+        for s in saved.iter().rev().filter(|s| s.0 < before) {
+            if e.q.len() >= self.capacity {
+                break;
+            }
+            e.q.push_front(*s);
+        }
+        // What the checkpoint's window no longer held is forgotten.
+        if let Some(oldest) = e.q.front().map(|s| s.0) {
+            e.forgot_through = e.forgot_through.max(StateId(oldest.0.saturating_sub(1)));
+        }
+    }
+
+    /// The hash of the accepted event `id`, and the newest id that may
+    /// have been forgotten (None: nothing was).
+    fn lookup(&self, id: StateId) -> (Option<u64>, Option<StateId>) {
+        let e = self.lock();
+        let hash =
+            e.q.binary_search_by_key(&id, |(i, _)| *i)
+                .ok()
+                .map(|i| e.q[i].1);
+        (
+            hash,
+            (e.forgot_through > StateId(0)).then_some(e.forgot_through),
+        )
+    }
+
+    /// The entries at or below `id` (what a checkpoint at `id` saves).
+    pub fn through(&self, id: StateId) -> Vec<(StateId, u64)> {
+        let e = self.lock();
+        let end = e.q.partition_point(|s| s.0 <= id);
+        e.q.range(..end).copied().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().q.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().q.is_empty()
+    }
+}
+
 /// Accepts or rejects events against the newest accepted state.
 pub struct Validator {
     latest: Arc<Tree>,
-    /// (id, content hash) of every accepted event, in id order, to
-    /// recognise identical re-deliveries.
-    seen: Vec<(StateId, u64)>,
+    /// Recent accepted events, to recognise identical re-deliveries.
+    seen: Arc<DupWindow>,
     /// Fills the content of files resolved already (after a restart).
     resolutions: Option<Arc<Resolutions>>,
 }
@@ -54,7 +151,7 @@ impl Validator {
     pub fn new(latest: Arc<Tree>) -> Validator {
         Validator {
             latest,
-            seen: Vec::new(),
+            seen: Arc::new(DupWindow::new(DUPLICATE_WINDOW)),
             resolutions: None,
         }
     }
@@ -68,8 +165,20 @@ impl Validator {
 
     /// Records an event already accepted before (journal replay at start).
     pub fn replayed(&mut self, event: &Event, tree_after: Arc<Tree>) {
-        self.seen.push((event.id, content_hash(event)));
+        self.seen.push(event.id, content_hash(event));
         self.latest = tree_after;
+    }
+
+    /// Starts from a checkpoint: `latest` is its newest state and `seen`
+    /// the duplicate window it saved.
+    pub fn restored(&mut self, latest: Arc<Tree>, seen: &[(StateId, u64)]) {
+        self.seen.restore(seen);
+        self.latest = latest;
+    }
+
+    /// The duplicate window, for the checkpoint writer.
+    pub fn window(&self) -> Arc<DupWindow> {
+        Arc::clone(&self.seen)
     }
 
     pub fn latest(&self) -> &Arc<Tree> {
@@ -96,16 +205,16 @@ impl Validator {
         let last = self.latest.state_id;
         if event.id <= last {
             let hash = content_hash(&event);
-            let known = self
-                .seen
-                .binary_search_by_key(&event.id, |(id, _)| *id)
-                .ok()
-                .map(|i| self.seen[i].1);
+            let (known, forgot) = self.seen.lookup(event.id);
             return match known {
                 Some(h) if h == hash => Ok(Verdict::Duplicate),
                 Some(_) => Err(reject(format!(
                     "id {} was already used by a different event",
                     event.id
+                ))),
+                None if forgot.is_some_and(|f| event.id <= f) => Err(reject(format!(
+                    "id {} is older than the duplicate-detection window (the last {} accepted events): it cannot be told from a conflicting event",
+                    event.id, DUPLICATE_WINDOW
                 ))),
                 None => Err(reject(format!(
                     "id {} does not increase past {last}",
@@ -123,7 +232,7 @@ impl Validator {
         if let Some(r) = &self.resolutions {
             r.attach(&added);
         }
-        self.seen.push((event.id, content_hash(&event)));
+        self.seen.push(event.id, content_hash(&event));
         self.latest = Arc::new(tree);
         Ok(Verdict::Accepted(Box::new(Accepted {
             event,
@@ -181,5 +290,63 @@ mod tests {
             "event 6 at log.jsonl:5: database `d` already exists"
         );
         assert_eq!(v.last_id(), StateId(5));
+    }
+
+    #[test]
+    fn duplicate_window_forgets_the_oldest_and_rejects_ids_before_it() {
+        let w = DupWindow::new(3);
+        for i in 1..=5 {
+            w.push(StateId(i), i * 10);
+        }
+        assert_eq!(w.len(), 3);
+        assert_eq!(w.lookup(StateId(4)), (Some(40), Some(StateId(2))));
+        assert_eq!(w.lookup(StateId(2)).0, None);
+        assert_eq!(
+            w.through(StateId(4)),
+            vec![(StateId(3), 30), (StateId(4), 40)]
+        );
+        // A restore only fills in older entries, up to the capacity.
+        let r = DupWindow::new(3);
+        r.push(StateId(6), 60);
+        r.restore(&[(StateId(4), 40), (StateId(5), 50), (StateId(6), 0)]);
+        assert_eq!(
+            r.through(StateId(9)),
+            vec![(StateId(4), 40), (StateId(5), 50), (StateId(6), 60)]
+        );
+    }
+
+    #[test]
+    fn validator_rejects_a_redelivery_older_than_its_window() {
+        let mut v = Validator::new(Arc::new(Tree::empty()));
+        v.seen = Arc::new(DupWindow::new(2));
+        for (n, db) in ["a", "b", "c"].iter().enumerate() {
+            let line = format!(
+                r#"{{"id": {}, "op": "create_database", "db": "{db}"}}"#,
+                n + 1
+            );
+            assert!(matches!(
+                check(&mut v, &line, n as u64),
+                Ok(Verdict::Accepted(_))
+            ));
+        }
+        assert!(matches!(
+            check(
+                &mut v,
+                r#"{"id": 2, "op": "create_database", "db": "b"}"#,
+                9
+            ),
+            Ok(Verdict::Duplicate)
+        ));
+        let r = check(
+            &mut v,
+            r#"{"id": 1, "op": "create_database", "db": "a"}"#,
+            10,
+        )
+        .unwrap_err();
+        assert!(
+            r.reason
+                .contains("older than the duplicate-detection window"),
+            "{r}"
+        );
     }
 }
