@@ -7,10 +7,10 @@
 //! - `commit`  time to commit a one-file insert vs catalog size
 //! - `memory`  resident bytes per file entry of a catalog tree
 //! - `stage`   staging throughput vs `cp -r` (+ `sync`)
-//! - `checkpoint`  time and bytes of a checkpoint of a 1,000,000-file
-//!   catalog, its load time, resident memory after the load
-//! - `restart` restart time and journal bytes after N events, with
-//!   checkpoints and without (main's full replay), in one run
+//! - `checkpoint`, `restart`, `lag`: checkpoint cost, restart after many
+//!   events, commit lag while checkpoints are written and memory per
+//!   million files (module [`checkpoints`], docs/BENCHMARKS.md
+//!   "Checkpoints and restart")
 //! - `hive-ingest`, `hive-stage`  the Hive source's figures (issue 11; see
 //!   `bench_core/hive.rs`)
 //!
@@ -40,6 +40,8 @@ use stagefs::stage::BlobStore;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use stagefs::workload::Rng;
 
+#[path = "bench_core/checkpoints.rs"]
+mod checkpoints;
 #[path = "bench_core/hive.rs"]
 mod hive;
 
@@ -56,8 +58,12 @@ fn main() {
         "commit" => bench_commit(&opts),
         "memory" => bench_memory(&opts),
         "stage" => bench_stage(&opts),
-        "checkpoint" => bench_checkpoint(&opts),
-        "restart" => bench_restart(&opts),
+        "checkpoint" => checkpoints::bench_checkpoint(&opts),
+        "restart" => checkpoints::bench_restart(&opts),
+        "lag" => checkpoints::bench_lag(&opts),
+        // Child processes of `checkpoint` and `lag`.
+        "load-child" => checkpoints::load_child(&opts),
+        "lag-child" => checkpoints::lag_child(&opts),
         "hive-ingest" => hive::bench_ingest(&opts),
         "hive-stage" => hive::bench_stage(&opts),
         _ => usage(),
@@ -70,9 +76,10 @@ fn main() {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart|hive-ingest|hive-stage) \
+        "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart|lag|hive-ingest|hive-stage) \
          [--work DIR] [--events N] [--inserts N] [--shape PxF] [--files N] [--mib N] [--threads N] \
-         [--reps N] [--bytes N] [--small N] [--small-bytes N] [--large N] [--large-mib N]"
+         [--reps N] [--seconds N] [--rate N] [--every N] [--bytes N] [--small N] [--small-bytes N] \
+         [--large N] [--large-mib N]"
     );
     std::process::exit(2)
 }
@@ -1158,167 +1165,5 @@ fn bench_stage(o: &Opts) -> Res<()> {
          CPU-s/GiB = user+system CPU of the process (and of `cp`/`sync`) per GiB copied, excluding kernel flusher threads",
         work.path().display()
     ));
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------
-// 5. checkpoints: cost for a large catalog, restart after many events
-
-fn bench_checkpoint(o: &Opts) -> Res<()> {
-    use stagefs::checkpoint::{self, CheckpointData};
-    let files = o.num("files", 1_000_000);
-    let work = o.work("checkpoint")?;
-    let parts = (files / 1000).max(1);
-    trim();
-    let rss0 = rss_bytes();
-    let tree = Arc::new(build_tree(parts, files / parts));
-    trim();
-    let rss_built = rss_bytes().saturating_sub(rss0);
-    let data = CheckpointData {
-        state: tree.state_id,
-        created_ms: 0,
-        resume: None,
-        window: Vec::new(),
-        versions: BTreeMap::from([(tree.state_id, Arc::clone(&tree))]),
-    };
-    let t = Instant::now();
-    let (path, size) = checkpoint::write(work.path(), &data, None)?;
-    let write_s = t.elapsed().as_secs_f64();
-    drop(data);
-    drop(tree);
-    trim();
-    let rss1 = rss_bytes();
-    let t = Instant::now();
-    let loaded = checkpoint::load_newest(work.path(), StateId(u64::MAX))?;
-    let load_s = t.elapsed().as_secs_f64();
-    let loaded = loaded.loaded.ok_or("checkpoint not readable")?;
-    trim();
-    let rss_loaded = rss_bytes().saturating_sub(rss1);
-    let n = loaded.data.versions.values().next().map_or(0, |t| {
-        let mut n = 0u64;
-        t.for_each_file(&mut |_| n += 1);
-        n
-    });
-    if n != files {
-        return Err(format!("restored {n} files, wrote {files}").into());
-    }
-    let per_m = |b: u64| b as f64 * 1e6 / files as f64 / f64::from(1 << 20);
-    row(
-        "5. Checkpoint of a catalog of files (write: stream + fsync + rename)",
-        &format!(
-            "{} files: {:.2} s, {} MiB ({:.0} B/file); load {:.2} s",
-            grouped(files),
-            write_s,
-            size >> 20,
-            size as f64 / files as f64,
-            load_s
-        ),
-        "—",
-        None,
-    );
-    row(
-        "5. ↳ resident memory per 1,000,000 files in the catalog",
-        &format!(
-            "{:.0} MiB built by events, {:.0} MiB restored from the checkpoint",
-            per_m(rss_built),
-            per_m(rss_loaded)
-        ),
-        "—",
-        None,
-    );
-    note(&format!(
-        "checkpoint: one table of {parts} partitions x {} files, native files (sha256 + size + source path); file {}",
-        files / parts,
-        path.display()
-    ));
-    Ok(())
-}
-
-fn dir_bytes(dir: &Path) -> u64 {
-    fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.metadata().ok())
-                .filter(|m| m.is_file())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
-fn bench_restart(o: &Opts) -> Res<()> {
-    let n = o.num("events", 10_000_000);
-    let work = o.work("restart")?;
-    let events = work.path().join("events");
-    let source = work.path().join("source");
-    fs::create_dir_all(&events)?;
-    fs::create_dir_all(&source)?;
-    let last = write_metadata_log(&events, n, o.num("seed", 7))?;
-    Command::new("sync").status()?;
-    let mut figures = Vec::new();
-    for (label, checkpoints) in [
-        ("checkpoints (defaults)", true),
-        ("no checkpoints (main: full replay)", false),
-    ] {
-        let state = work.path().join(if checkpoints { "ckpt" } else { "full" });
-        let mut cfg = ReplicaConfig::new(&state, &source, &events);
-        if !checkpoints {
-            cfg.checkpoint_events = 0;
-            cfg.checkpoint_interval = Duration::from_secs(u64::MAX / 4);
-        }
-        let started = Instant::now();
-        let replica = Replica::start(cfg.clone())?;
-        wait_visible(&replica, StateId(last), Duration::from_secs(3600))?;
-        let ingest_s = started.elapsed().as_secs_f64();
-        if checkpoints {
-            // The checkpoint of the last count trigger, then compaction.
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while replica
-                .status()
-                .checkpoint
-                .last_id
-                .is_none_or(|c| c.0 + cfg.checkpoint_events < last)
-            {
-                if Instant::now() > deadline {
-                    return Err("no checkpoint after ingest".into());
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        replica.stop();
-        let journal = dir_bytes(&state.join("journal"));
-        let ckpt = dir_bytes(&state.join("checkpoints"));
-        Command::new("sync").status()?;
-        let t = Instant::now();
-        let replica = Replica::start(cfg)?;
-        let restart_s = t.elapsed().as_secs_f64();
-        let st = replica.status();
-        replica.stop();
-        eprintln!(
-            "restart {label}: ingest {ingest_s:.1} s, restart {restart_s:.2} s, replayed {}",
-            st.checkpoint.replayed_records
-        );
-        figures.push((
-            label,
-            restart_s,
-            journal,
-            ckpt,
-            st.checkpoint.replayed_records,
-        ));
-    }
-    for (label, restart_s, journal, ckpt, replayed) in figures {
-        row(
-            &format!("6. Restart after {} metadata events, {label}", grouped(last)),
-            &format!(
-                "{restart_s:.2} s ({} journal records replayed); journal {} MiB, checkpoints {} MiB",
-                grouped(replayed),
-                journal >> 20,
-                ckpt >> 20
-            ),
-            "≤ 2 s + catalog load",
-            (ckpt > 0).then_some(restart_s <= 2.5),
-        );
-    }
-    note("restart: the same log replicated into two state folders in one run; restart = Replica::start until it returns (journal scan, checkpoint load, replay of the tail), page cache warm");
     Ok(())
 }

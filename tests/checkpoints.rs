@@ -8,19 +8,19 @@
 //! - SIGKILL at random moments while checkpoints are written and the
 //!   journal compacted (≥ 20 cuts) never loses a record restart needs.
 //!
-//! `STAGEFS_LONG_TESTS=1` runs 1,000,000 events instead of 200,000 and 100
-//! kills instead of 24.
+//! `STAGEFS_LONG_TESTS=1` runs 3,000,000 events instead of 1,000,000 and
+//! 100 kills instead of 24.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/metadata_log.rs"]
+mod metadata_log;
 #[path = "common/oracle.rs"]
 mod oracle;
 
+use metadata_log::{write_metadata_log, Oracle};
 use oracle::{check_tree, crash_config};
 use stagefs::catalog::{PinScope, Tree};
 use stagefs::event::StateId;
@@ -29,62 +29,6 @@ use stagefs::workload::{Rng, Workload, WorkloadConfig};
 
 fn long() -> bool {
     std::env::var("STAGEFS_LONG_TESTS").is_ok_and(|v| v == "1")
-}
-
-/// Each table's partitions.
-type Oracle = BTreeMap<String, BTreeSet<String>>;
-
-/// A metadata-only log: 2 databases × 4 tables, then `n` events adding and
-/// dropping partitions (and no-ops). Returns the oracle after each of the
-/// `marks` event counts, and the last id.
-fn write_metadata_log(dir: &Path, first_id: u64, n: u64, rng: &mut Rng, o: &mut Oracle) -> u64 {
-    let mut out =
-        BufWriter::new(File::create(dir.join(format!("log-{first_id:012}.jsonl"))).unwrap());
-    let mut id = first_id;
-    let emit = |out: &mut BufWriter<File>, id: &mut u64, body: String| {
-        writeln!(out, "{{\"id\":{id},{body}}}").unwrap();
-        *id += 1;
-    };
-    if o.is_empty() {
-        for d in 0..2 {
-            emit(
-                &mut out,
-                &mut id,
-                format!("\"op\":\"create_database\",\"db\":\"d{d}\""),
-            );
-            for t in 0..4 {
-                emit(
-                    &mut out,
-                    &mut id,
-                    format!("\"op\":\"create_table\",\"db\":\"d{d}\",\"table\":\"t{t}\",\"partition_keys\":[\"p\"]"),
-                );
-                o.insert(format!("d{d}.t{t}"), BTreeSet::new());
-            }
-        }
-    }
-    let tables: Vec<String> = o.keys().cloned().collect();
-    let end = id + n;
-    while id < end {
-        let key = &tables[rng.below(tables.len())];
-        let (db, table) = key.split_once('.').unwrap();
-        let parts = o.get_mut(key).unwrap();
-        let r = rng.below(10);
-        let body = if r < 5 {
-            let p = format!("v{id}");
-            parts.insert(format!("p={p}"));
-            format!("\"op\":\"add_partition\",\"db\":\"{db}\",\"table\":\"{table}\",\"partition\":{{\"p\":\"{p}\"}}")
-        } else if r < 8 && !parts.is_empty() {
-            let victim = parts.iter().nth(rng.below(parts.len())).unwrap().clone();
-            parts.remove(&victim);
-            let p = victim.strip_prefix("p=").unwrap();
-            format!("\"op\":\"drop_partition\",\"db\":\"{db}\",\"table\":\"{table}\",\"partition\":{{\"p\":\"{p}\"}}")
-        } else {
-            "\"op\":\"noop\"".to_owned()
-        };
-        emit(&mut out, &mut id, body);
-    }
-    out.flush().unwrap();
-    id - 1
 }
 
 fn tree_partitions(tree: &Tree) -> Oracle {
@@ -140,7 +84,7 @@ fn metadata_config(state: &Path, src: &Path, every: u64) -> ReplicaConfig {
 
 #[test]
 fn restart_after_many_events_replays_only_the_journal_after_the_checkpoint() {
-    let n: u64 = if long() { 1_000_000 } else { 200_000 };
+    let n: u64 = if long() { 3_000_000 } else { 1_000_000 };
     let every = n / 4;
     let src = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();

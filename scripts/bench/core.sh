@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Core replication benchmarks (docs/BENCHMARKS.md, "Core replication").
+# Core replication benchmarks (docs/BENCHMARKS.md, "Core replication"), or
+# with the argument `checkpoints` those of "Checkpoints and restart".
 #
 # Builds examples/bench_core.rs in release, runs each benchmark in its own
 # process, prints the figure table and rewrites the section between the
-# `core:begin` / `core:end` markers of docs/BENCHMARKS.md with it.
+# `core:begin` / `core:end` (or `checkpoints:begin` / `checkpoints:end`)
+# markers of docs/BENCHMARKS.md with it.
 #
 #   scripts/bench/core.sh                 # everything (~2-3 minutes after the build)
+#   scripts/bench/core.sh checkpoints     # checkpoint cost, restart after 10M events, lag, memory (~4-5 min quiet)
 #   STAGEFS_BENCH_WORK=/path scripts/bench/core.sh   # scratch folder (default $TMPDIR or /tmp)
 #   STAGEFS_BENCH_QUICK=1 scripts/bench/core.sh      # small sizes, for checking the script; does not touch the doc
+#
+# The checkpoint set needs ~2.5 GiB of scratch space (a 10M-event log and
+# its full journal), removed when it ends.
 set -euo pipefail
+set_name="${1:-core}"
+case "$set_name" in
+    core | checkpoints) ;;
+    *) echo "usage: $0 [checkpoints]" >&2; exit 2 ;;
+esac
 
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -17,7 +28,7 @@ work="${STAGEFS_BENCH_WORK:-${TMPDIR:-/tmp}}"
 quick="${STAGEFS_BENCH_QUICK:-0}"
 
 echo "building (release)..." >&2
-cargo build --release --examples --quiet
+cargo build --release --example bench_core --quiet
 bin="$root/target/release/examples/bench_core"
 
 out=$(mktemp)
@@ -30,7 +41,15 @@ run() {
     echo "== bench_core $*" >&2
     "$bin" "$@" --work "$work" >>"$out"
 }
-if [[ "$quick" == 1 ]]; then
+if [[ "$set_name" == checkpoints && "$quick" == 1 ]]; then
+    run checkpoint --files 200000
+    run lag --files 200000 --seconds 5
+    run restart --events 1000000
+elif [[ "$set_name" == checkpoints ]]; then
+    run checkpoint --files 1000000
+    run lag --files 1000000 --seconds 20
+    run restart --events 10000000
+elif [[ "$quick" == 1 ]]; then
     run ingest --events 100000
     run commit --inserts 200
     run memory --shape 100x1000 --sizes 1
@@ -84,13 +103,15 @@ if [[ "$quick" == 1 ]]; then
     echo "(quick run: $doc not updated)" >&2
     exit 0
 fi
-if ! grep -q '<!-- core:begin -->' "$doc" || ! grep -q '<!-- core:end -->' "$doc"; then
-    echo "$doc lacks the core:begin/core:end markers; not updated" >&2
+begin="<!-- $set_name:begin -->"
+end="<!-- $set_name:end -->"
+if ! grep -q "$begin" "$doc" || ! grep -q "$end" "$doc"; then
+    echo "$doc lacks the $set_name:begin/$set_name:end markers; not updated" >&2
     exit 1
 fi
-awk -v section="$section" '
-    /<!-- core:begin -->/ { print; while ((getline line < section) > 0) print line; skip = 1; next }
-    /<!-- core:end -->/ { skip = 0 }
+awk -v section="$section" -v begin="$begin" -v end="$end" '
+    $0 == begin { print; while ((getline line < section) > 0) print line; skip = 1; next }
+    $0 == end { skip = 0 }
     !skip { print }
 ' "$doc" >"$doc.tmp"
 mv "$doc.tmp" "$doc"
