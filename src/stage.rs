@@ -15,8 +15,10 @@
 //!   renames it into place (never replacing an existing blob) and fsyncs the
 //!   fan-out directory, or [`BlobStore::fetch_unsynced`] leaves it in `tmp/`
 //!   for [`BlobStore::publish`] to make a whole group durable at once:
-//!   `fdatasync` of every temp through its own descriptor (in parallel),
-//!   the renames, one fsync per touched fan-out directory. So a blob present
+//!   `fdatasync` of every temp through its own descriptor (in parallel;
+//!   a copy the caller already synced with [`Unsynced::sync_data`] is not
+//!   synced twice), the renames, one fsync per touched fan-out directory
+//!   (in parallel too). So a blob present
 //!   after a crash is complete, and a blob at its path is durable
 //!   (durability order, step 1).
 //! - Same content is stored once, whatever file names reference it.
@@ -282,6 +284,7 @@ impl BlobStore {
                 temp: copy.temp,
                 id: blob,
                 size,
+                synced: false,
             }),
         })
     }
@@ -325,9 +328,10 @@ impl BlobStore {
     /// Makes a group of unsynced copies durable and puts them in place, in
     /// the durability order: each temp file is fdatasynced through its own
     /// descriptor (spread over up to [`PUBLISH_SYNC_THREADS`] threads, so the
-    /// filesystem can commit many in one journal transaction), then the
+    /// filesystem can commit many in one journal transaction; copies
+    /// already synced through [`Unsynced::sync_data`] are skipped), then the
     /// synced ones are renamed into place, then each touched fan-out
-    /// directory is fsynced once. A blob is never at its path before its
+    /// directory is fsynced once (on as many threads, for the same reason). A blob is never at its path before its
     /// bytes are durable, and `Ok` means every blob of the group is durably
     /// at its path. On error, returns the blobs that are not durably in place
     /// (their temps are removed): fetch them again.
@@ -378,18 +382,25 @@ impl BlobStore {
                 }
             }
         }
-        for dir in &touched {
-            if let Err(e) = fsync_dir(dir) {
-                // The renames may not survive a crash: take them out again so
-                // nothing whose name is not durable is trusted as present.
-                for (id, size) in &placed {
-                    if fs::remove_file(self.path(id)).is_ok() {
-                        self.subtract_staged(*size);
-                    }
+        // In parallel: the filesystem commits concurrent directory syncs
+        // together (one after another, 1,024 small blobs touch ~250).
+        let dir_errors: Vec<(PathBuf, io::Error)> =
+            in_parallel(touched.into_iter().collect(), |dir| {
+                fsync_dir(&dir).err().map(|e| (dir, e))
+            })
+            .into_iter()
+            .flatten()
+            .collect();
+        if let Some((dir, e)) = dir_errors.into_iter().next() {
+            // The renames may not survive a crash: take them out again so
+            // nothing whose name is not durable is trusted as present.
+            for (id, size) in &placed {
+                if fs::remove_file(self.path(id)).is_ok() {
+                    self.subtract_staged(*size);
                 }
-                failed.extend(placed.iter().map(|(id, _)| *id));
-                return Err((store_error("syncing directory", dir, e), failed));
             }
+            failed.extend(placed.iter().map(|(id, _)| *id));
+            return Err((store_error("syncing directory", &dir, e), failed));
         }
         match first_error {
             Some(e) => Err((e, failed)),
@@ -976,11 +987,25 @@ pub struct Unsynced {
     temp: TempBlob,
     id: BlobId,
     size: u64,
+    /// Already fdatasynced by [`Unsynced::sync_data`]: publish skips it.
+    synced: bool,
 }
 
 impl Unsynced {
     pub fn id(&self) -> BlobId {
         self.id
+    }
+
+    /// `fdatasync`s the copy now, so that [`BlobStore::publish`] only
+    /// renames it: a caller with many copies syncs each as it is made,
+    /// overlapping the wait with the copies still running. On error the
+    /// copy is not durable; dropping it removes the temp.
+    pub fn sync_data(&mut self) -> Result<(), StageError> {
+        if !self.synced {
+            self.temp.sync_data()?;
+            self.synced = true;
+        }
+        Ok(())
     }
 }
 
@@ -995,43 +1020,41 @@ impl std::fmt::Debug for Unsynced {
 /// filesystem commits concurrent syncs together.
 pub const PUBLISH_SYNC_THREADS: usize = 8;
 
-/// `fdatasync`s every copy through its own descriptor, on up to
-/// [`PUBLISH_SYNC_THREADS`] threads; each copy with its own result.
+/// `fdatasync`s every copy not yet synced through its own descriptor, on
+/// up to [`PUBLISH_SYNC_THREADS`] threads; each copy with its own result.
 fn sync_all_data(batch: Vec<Unsynced>) -> Vec<(Unsynced, Result<(), StageError>)> {
-    let threads = batch.len().min(PUBLISH_SYNC_THREADS);
+    let (done, todo): (Vec<Unsynced>, Vec<Unsynced>) = batch.into_iter().partition(|u| u.synced);
+    let mut out: Vec<(Unsynced, Result<(), StageError>)> =
+        done.into_iter().map(|u| (u, Ok(()))).collect();
+    out.extend(in_parallel(todo, |mut u| {
+        let r = u.sync_data();
+        (u, r)
+    }));
+    out
+}
+
+/// `f` of every item, on up to [`PUBLISH_SYNC_THREADS`] threads (the
+/// work mostly waits on the disk); results in no particular order.
+fn in_parallel<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let threads = items.len().min(PUBLISH_SYNC_THREADS);
     if threads <= 1 {
-        return batch
-            .into_iter()
-            .map(|u| {
-                let r = u.temp.sync_data();
-                (u, r)
-            })
-            .collect();
+        return items.into_iter().map(f).collect();
     }
-    let mut shares: Vec<Vec<Unsynced>> = (0..threads).map(|_| Vec::new()).collect();
-    for (i, u) in batch.into_iter().enumerate() {
-        shares[i % threads].push(u);
+    let mut shares: Vec<Vec<T>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, item) in items.into_iter().enumerate() {
+        shares[i % threads].push(item);
     }
+    let f = &f;
     thread::scope(|scope| {
         let workers: Vec<_> = shares
             .into_iter()
-            .map(|share| {
-                scope.spawn(move || {
-                    share
-                        .into_iter()
-                        .map(|u| {
-                            let r = u.temp.sync_data();
-                            (u, r)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|share| scope.spawn(move || share.into_iter().map(f).collect::<Vec<_>>()))
             .collect();
         workers
             .into_iter()
             .flat_map(|w| match w.join() {
                 Ok(results) => results,
-                // sync_data does not panic; if it did, the panic is the bug.
+                // The syncs do not panic; if one did, the panic is the bug.
                 Err(panic) => std::panic::resume_unwind(panic),
             })
             .collect()

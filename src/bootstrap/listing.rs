@@ -7,8 +7,12 @@
 //! for Hive. Symbolic links and other special files are skipped.
 //!
 //! Staging copies each file into the content-addressed blob store
-//! (`stage::BlobStore`: temp file, sha256 while copying, then published in
-//! groups: fdatasync, rename, directory fsync). A file that changed while
+//! (`stage::BlobStore`: temp file, sha256 while copying), fdatasyncs each
+//! copy on a sync thread as soon as it is made (so the disk waits overlap
+//! the copies still running), then publishes them in groups (renames, one
+//! fsync per touched fan-out directory): every blob is durable at its path
+//! before the group's `staged.log` lines are written, and before the
+//! driver writes any journal record naming it. A file that changed while
 //! it was copied (size or mtime differ after the copy) or vanished is not
 //! staged: its table is listed again in a later round.
 //!
@@ -20,7 +24,8 @@
 //! (The trust is Hive's: warehouse files are written once; a rewrite gets a
 //! new mtime.)
 //!
-//! Called by the bootstrap driver; the copies run on a few threads.
+//! Called by the bootstrap driver; the copies run on a few threads (the
+//! driver's `copy_threads`), the syncs on [`SYNC_THREADS`] more.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -126,6 +131,9 @@ const STAGED_LOG: &str = "staged.log";
 /// per fan-out directory it touches (up to 256), so groups are large; each
 /// copy holds a descriptor until it is published.
 const PUBLISH_GROUP: usize = 1024;
+/// Threads that fdatasync copies as they are made: the syncs wait on the
+/// disk, and the filesystem commits concurrent ones together.
+const SYNC_THREADS: usize = 8;
 
 /// Copies listed files into the blob store; see the module docs.
 pub struct FileStager {
@@ -191,15 +199,41 @@ impl FileStager {
             }
         }
         let next = AtomicUsize::new(0);
-        let (tx, rx) = mpsc::channel::<(usize, Result<(BlobId, u64, Unsynced), String>)>();
+        type Copied = (usize, Result<(BlobId, u64, Unsynced), String>);
+        // Copies go from the copy threads through the sync threads (which
+        // fdatasync each, overlapping the wait with the copies still
+        // running) to this thread, which publishes them in groups.
+        let (tx, rx) = mpsc::channel::<Copied>();
+        let (copied_tx, copied_rx) = mpsc::channel::<Copied>();
+        let copied_rx = Mutex::new(copied_rx);
         std::thread::scope(|scope| {
             for _ in 0..self.threads.min(to_copy.len()) {
-                let tx = tx.clone();
+                let copied_tx = copied_tx.clone();
                 let (next, to_copy) = (&next, &to_copy);
                 scope.spawn(move || loop {
                     let n = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&i) = to_copy.get(n) else { return };
-                    if tx.send((i, self.copy(&files[i]))).is_err() {
+                    if copied_tx.send((i, self.copy(&files[i]))).is_err() {
+                        return;
+                    }
+                });
+            }
+            drop(copied_tx);
+            for _ in 0..SYNC_THREADS.min(to_copy.len()) {
+                let tx = tx.clone();
+                let copied_rx = &copied_rx;
+                scope.spawn(move || loop {
+                    let next = copied_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok((i, result)) = next else { return };
+                    let synced = result.and_then(|(blob, size, mut copy)| {
+                        copy.sync_data().map(|()| (blob, size, copy)).map_err(|e| {
+                            format!(
+                                "{}: the copy could not be made durable: {e}",
+                                files[i].path.display()
+                            )
+                        })
+                    });
+                    if tx.send((i, synced)).is_err() {
                         return;
                     }
                 });

@@ -160,6 +160,9 @@ pub fn acid_schema(kind: Kind) -> Vec<String> {
     }
 }
 
+/// Bytes of random filler per file; larger files repeat them.
+const FILLER_BLOCK: usize = 64 << 10;
+
 fn sha(bytes: &[u8]) -> BlobId {
     BlobId(Sha256::digest(bytes).into())
 }
@@ -232,8 +235,14 @@ impl HmsWarehouse {
         std::fs::create_dir_all(&dir).unwrap();
         self.next_file += 1;
         let mut bytes = format!("file {} of {rel_dir} ", self.next_file).into_bytes();
-        while bytes.len() < self.file_bytes {
+        // Random letters; past 64 KiB (the benchmark's large files) the
+        // first 64 KiB repeat, which keeps writing GiBs fast.
+        while bytes.len() < self.file_bytes.min(FILLER_BLOCK) {
             bytes.push(b'a' + (self.rng.below(26) as u8));
+        }
+        while bytes.len() < self.file_bytes {
+            let n = (self.file_bytes - bytes.len()).min(bytes.len());
+            bytes.extend_from_within(..n);
         }
         // New bytes go in under a hidden name and are renamed over the
         // old name (Hive moves finished files into place).
