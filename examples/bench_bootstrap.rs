@@ -67,6 +67,8 @@ struct Run {
 /// it waited for). stderr goes to `log`; a failure panics with the log.
 fn measured(mut cmd: Command, log: &Path) -> Run {
     let started = Instant::now();
+    // Reaped by the wait4 below (for its rusage), not by Child::wait.
+    #[allow(clippy::zombie_processes)]
     let child = cmd
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).expect("log file"))

@@ -532,10 +532,12 @@ impl Replica {
                             source,
                             validator,
                             start,
-                            &journal,
-                            &handoff,
-                            &progress,
-                            &stop,
+                            IngestTo {
+                                journal: &journal,
+                                handoff: &handoff,
+                                progress: &progress,
+                                stop: &stop,
+                            },
                             &mut |_, _| None,
                         )
                     })
@@ -587,10 +589,12 @@ impl Replica {
                             source,
                             validator,
                             start,
-                            &journal,
-                            &handoff,
-                            &progress,
-                            &stop,
+                            IngestTo {
+                                journal: &journal,
+                                handoff: &handoff,
+                                progress: &progress,
+                                stop: &stop,
+                            },
                             &mut on_fatal,
                         )
                     })
@@ -785,6 +789,15 @@ const INGEST_BATCH: usize = 4096;
 /// Longest wait between attempts to read a source that is unavailable.
 const SOURCE_BACKOFF_CAP: Duration = Duration::from_secs(10);
 
+/// Where ingest writes what it accepts, and its shared flags.
+#[derive(Clone, Copy)]
+struct IngestTo<'a> {
+    journal: &'a Mutex<Journal>,
+    handoff: &'a Handoff,
+    progress: &'a Progress,
+    stop: &'a AtomicBool,
+}
+
 /// Follows `source` into the journal. `start` is where the source was
 /// opened (after the last journaled event). `on_fatal` gets a source that
 /// cannot go on: `Some(position)` when it made the source able to go on
@@ -794,12 +807,15 @@ fn run_ingest<S: Source>(
     mut source: S,
     mut validator: Validator,
     start: Position,
-    journal: &Mutex<Journal>,
-    handoff: &Handoff,
-    progress: &Progress,
-    stop: &AtomicBool,
+    to: IngestTo<'_>,
     on_fatal: &mut dyn FnMut(&mut S, &mut Validator) -> Option<Position>,
 ) {
+    let IngestTo {
+        journal,
+        handoff,
+        progress,
+        stop,
+    } = to;
     // Records read but not journaled yet: kept across a retry of the first.
     let mut backlog: VecDeque<S::Record> = VecDeque::new();
     let mut hold = RejectionHold {
@@ -1029,6 +1045,7 @@ fn journal_rebootstrap(
         next: &next,
     })
     .map_err(|e| format!("encoding the bootstrap record: {e}"))?;
+    let bytes = payload.len();
     let mut j = match journal.lock() {
         Ok(j) => j,
         Err(p) => p.into_inner(),
@@ -1043,7 +1060,7 @@ fn journal_rebootstrap(
     if let Some(t) = acc.event.time_ms {
         progress.latest_time_ms.store(t, Ordering::Relaxed);
     }
-    handoff.push(vec![*acc]);
+    handoff.push(vec![(*acc, bytes)]);
     progress.events_accepted.fetch_add(1, Ordering::Relaxed);
     progress.latest.store(y.0, Ordering::Relaxed);
     Ok(y)
