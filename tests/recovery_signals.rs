@@ -6,7 +6,7 @@
 //! is sent once the process has installed its handlers (`SigCgt` in
 //! /proc/PID/status) and before it mounted. Each interrupted start must
 //! say it stopped during recovery, exit 0, leave the mountpoint as it was
-//! (not mounted, its own file still there) and change no file of the state
+//! (not mounted, still an empty directory) and change no file of the state
 //! folder; a later start recovers the same content, checked through the
 //! mount against the oracle.
 
@@ -142,8 +142,6 @@ fn sigint_and_sigterm_during_recovery_exit_0_mount_nothing_and_change_nothing() 
         }
         replica.stop();
     }
-    let marker = args.mnt.join("not-a-mount");
-    fs::write(&marker, b"the mountpoint's own file").unwrap();
     let before = state_files(&args.state);
     let mounts_before = mounts_under(&root);
     assert!(stagefs::checkpoint::list(&args.state).unwrap().is_empty());
@@ -202,10 +200,11 @@ fn sigint_and_sigterm_during_recovery_exit_0_mount_nothing_and_change_nothing() 
                 "{what}: exit {status} after the signal\n{stderr}"
             );
             assert!(!mounted(&args.mnt), "{what}: left a mount\n{stderr}");
+            // (stagefs mounts only on an empty directory.)
             assert_eq!(
-                fs::read(&marker).unwrap(),
-                b"the mountpoint's own file",
-                "{what}"
+                fs::read_dir(&args.mnt).unwrap().count(),
+                0,
+                "{what}: the mountpoint changed"
             );
             if stderr.contains("stopped during recovery") {
                 assert!(!was_mounted, "{what}: mounted before recovery ended");

@@ -29,7 +29,7 @@ quick="${STAGEFS_BENCH_QUICK:-0}"
 
 echo "building (release)..." >&2
 cargo build --release --example bench_core --quiet
-bin="$root/target/release/examples/bench_core"
+bin="${CARGO_TARGET_DIR:-$root/target}/release/examples/bench_core"
 
 out=$(mktemp)
 section=$(mktemp)
