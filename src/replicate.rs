@@ -1687,6 +1687,15 @@ struct Checkpointer {
 
 impl Checkpointer {
     fn run(mut self) {
+        // Checkpoints are background work: when the CPUs are busy, ingest
+        // and the stager (whose commits readers wait for) go first. A
+        // failure only leaves the thread at normal priority.
+        // SAFETY: plain syscalls on the calling thread.
+        let niced =
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        if niced != 0 {
+            debug!(error = %std::io::Error::last_os_error(), "checkpoint thread keeps its priority");
+        }
         // Since the last checkpoint (or the start).
         let mut since = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
