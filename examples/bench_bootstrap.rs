@@ -24,6 +24,9 @@
 //!         [--tables N] [--partitions N] [--bytes B] [--dir DIR] [--reps N]
 //!         [--snapshot-reps N] [--wrap "PROFILER ARGS"]
 
+#[path = "bench_common/mod.rs"]
+#[allow(dead_code)] // uses only the argument helper
+mod bench_common;
 #[path = "../tests/common/dbserver.rs"]
 mod dbserver;
 #[path = "../tests/common/hive_writer.rs"]
@@ -36,15 +39,12 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Instant;
 
+use bench_common::arg;
 use dbserver::{DbServer, Kind, TableCase, PASSWORD};
 use hms_warehouse::{HmsWarehouse, Shape};
 
 fn opt(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
+    arg(args, name).unwrap_or(default).to_string()
 }
 
 fn num(args: &[String], name: &str, default: &str) -> usize {

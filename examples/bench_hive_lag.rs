@@ -21,7 +21,7 @@ mod hive_writer;
 #[path = "bench_common/mod.rs"]
 mod bench_common;
 
-use bench_common::{percentile, visible};
+use bench_common::{arg, percentile, visible};
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -40,11 +40,7 @@ use dbserver::{DbServer, Kind, TableCase, PASSWORD};
 use hive_writer::MetastoreWriter;
 
 fn opt(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
+    arg(args, name).unwrap_or(default).to_string()
 }
 
 /// Native event lines → Hive rows (as `stagefs::hive_writer` writes them).

@@ -25,7 +25,7 @@
 #[path = "bench_common/mod.rs"]
 mod bench_common;
 
-use bench_common::{percentile, visible};
+use bench_common::{arg, percentile, visible};
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -46,19 +46,13 @@ fn usage() -> ! {
 
 /// `--name value` options after the positional arguments.
 fn opt(args: &[String], name: &str, default: u64) -> u64 {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
+    arg(args, name)
         .map(|v| v.parse().unwrap_or_else(|_| usage()))
         .unwrap_or(default)
 }
 
 fn opt_str(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
+    arg(args, name).unwrap_or(default).to_string()
 }
 
 fn hex(d: &[u8]) -> String {

@@ -25,6 +25,11 @@
 //! Prints `ROW|name|value|unit` lines (the figures) on stdout and progress
 //! on stderr.
 
+#[path = "bench_common/mod.rs"]
+#[allow(dead_code)] // uses only the argument helper
+mod bench_common;
+
+use bench_common::arg;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -46,9 +51,7 @@ fn usage() -> ! {
 }
 
 fn opt(args: &[String], name: &str, default: u64) -> u64 {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
+    arg(args, name)
         .map(|v| v.parse().unwrap_or_else(|_| usage()))
         .unwrap_or(default)
 }

@@ -1,8 +1,17 @@
-//! Measurement helpers shared by the mount benchmarks
-//! (`bench_mount`, `bench_hive_lag`): reading the mount's visible state and
-//! percentiles of latency samples. Not an example of its own (no main.rs).
+//! Helpers shared by the benchmarks (`bench_mount`, `bench_hive_lag`,
+//! `bench_readers`, `bench_bootstrap`): their `--name value` arguments,
+//! reading the mount's visible state and percentiles of latency samples.
+//! Not an example of its own (no main.rs).
 
 use std::ffi::CString;
+
+/// The value after `name` in `args` (`--name value`), if given.
+pub fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+}
 
 /// `user.stagefs.visible` of the mount root, or 0 when unreadable.
 pub fn visible(mnt: &CString, name: &CString) -> u64 {
