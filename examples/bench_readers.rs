@@ -177,18 +177,7 @@ fn memory(n: usize) {
 }
 
 fn workload_config() -> WorkloadConfig {
-    WorkloadConfig {
-        seed: 21,
-        databases: 2,
-        tables_per_db: 3,
-        partitions: 6,
-        max_files_per_insert: 3,
-        min_file_bytes: 64,
-        max_file_bytes: 4096,
-        events_per_log_file: 500,
-        table_churn: true,
-        start_id: 0,
-    }
+    WorkloadConfig::for_readers(21)
 }
 
 /// A reader process: for `secs`, lists every table's files (`glob`), then

@@ -48,6 +48,27 @@ pub struct WorkloadConfig {
     pub start_id: u64,
 }
 
+impl WorkloadConfig {
+    /// The warehouse the consistency checks read while it changes (the
+    /// checker's tests over native and Hive-fed mounts, the mixed-readers
+    /// benchmark): 2 databases × 3 tables × 6 partitions, files of
+    /// 64 B–4 KiB, tables created and dropped.
+    pub fn for_readers(seed: u64) -> WorkloadConfig {
+        WorkloadConfig {
+            seed,
+            databases: 2,
+            tables_per_db: 3,
+            partitions: 6,
+            max_files_per_insert: 3,
+            min_file_bytes: 64,
+            max_file_bytes: 4096,
+            events_per_log_file: 500,
+            table_churn: true,
+            start_id: 0,
+        }
+    }
+}
+
 impl Default for WorkloadConfig {
     fn default() -> Self {
         WorkloadConfig {

@@ -28,18 +28,7 @@ fn long() -> bool {
 }
 
 fn workload_config(seed: u64) -> WorkloadConfig {
-    WorkloadConfig {
-        seed,
-        databases: 2,
-        tables_per_db: 3,
-        partitions: 6,
-        max_files_per_insert: 3,
-        min_file_bytes: 64,
-        max_file_bytes: 4096,
-        events_per_log_file: 500,
-        table_churn: true,
-        start_id: 0,
-    }
+    WorkloadConfig::for_readers(seed)
 }
 
 /// The source, committing one event every `every` until stopped; records

@@ -170,22 +170,7 @@ struct Source {
 impl Source {
     fn new(dir: &Path, seed: u64) -> Source {
         let root = dir.join("src");
-        let workload = Workload::new(
-            &root,
-            WorkloadConfig {
-                seed,
-                databases: 2,
-                tables_per_db: 3,
-                partitions: 6,
-                max_files_per_insert: 3,
-                min_file_bytes: 64,
-                max_file_bytes: 4096,
-                events_per_log_file: 500,
-                table_churn: true,
-                start_id: 0,
-            },
-        )
-        .unwrap();
+        let workload = Workload::new(&root, WorkloadConfig::for_readers(seed)).unwrap();
         let converter = LogConverter::new(&root.join("events"), writer(&root));
         Source {
             workload,
