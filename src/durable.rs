@@ -45,7 +45,11 @@ pub fn write_atomic_with(
             .create(true)
             .truncate(true)
             .open(&tmp)?;
-        let mut w = io::BufWriter::with_capacity(1 << 20, Writeback::new(f));
+        let file = WritebackFile {
+            file: f,
+            writeback: Writeback::every(WRITEBACK_EVERY),
+        };
+        let mut w = io::BufWriter::with_capacity(1 << 20, file);
         write(&mut w)?;
         let f = w.into_inner().map_err(io::IntoInnerError::into_error)?.file;
         f.sync_all()?;
@@ -56,49 +60,69 @@ pub fn write_atomic_with(
     Ok(size)
 }
 
-/// A file written front to back whose pages are handed to the disk every
-/// [`WRITEBACK_EVERY`] bytes (`sync_file_range(SYNC_FILE_RANGE_WRITE)`,
-/// which starts writeback without waiting), so the final `fsync` of a
-/// large file (a checkpoint) has little left to flush and does not hold
-/// the disk for long while commits wait for their own flush.
-struct Writeback {
-    file: File,
+/// Writeback of a file written front to back, started every `every`
+/// bytes (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, which queues the pages
+/// without waiting), so the final flush of a large file (a blob, a
+/// checkpoint) has little left to do and does not hold the disk for long
+/// while commits wait for their own flush. Only a hint: the file's
+/// `fsync`/`fdatasync` is what makes it durable.
+pub(crate) struct Writeback {
+    every: u64,
     written: u64,
-    started: u64,
+    /// Offset up to which writeback has been started.
+    from: u64,
 }
-
-/// Bytes between two writeback starts.
-const WRITEBACK_EVERY: u64 = 8 << 20;
 
 impl Writeback {
-    fn new(file: File) -> Writeback {
+    pub(crate) fn every(every: u64) -> Writeback {
         Writeback {
-            file,
+            every,
             written: 0,
-            started: 0,
+            from: 0,
         }
     }
-}
 
-impl Write for Writeback {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.file.write(buf)?;
-        self.written += n as u64;
-        if self.written - self.started >= WRITEBACK_EVERY {
+    /// `n` more bytes were written to `file` at its end; starts writeback
+    /// of what waits once that is `every` bytes or more.
+    pub(crate) fn wrote(&mut self, file: &File, n: u64) {
+        self.written += n;
+        #[cfg(target_os = "linux")]
+        if self.written - self.from >= self.every {
             use std::os::fd::AsRawFd;
-            // SAFETY: a plain syscall on our open file. Only a hint: the
-            // fsync at the end is what makes the file durable, so an error
-            // here changes nothing.
+            // SAFETY: a valid open fd and an in-range byte span; the call
+            // only queues writeback, and failure is harmless (the final
+            // sync still writes everything), so its result is ignored.
             unsafe {
                 libc::sync_file_range(
-                    self.file.as_raw_fd(),
-                    self.started as libc::off64_t,
-                    (self.written - self.started) as libc::off64_t,
+                    file.as_raw_fd(),
+                    self.from as libc::off64_t,
+                    (self.written - self.from) as libc::off64_t,
                     libc::SYNC_FILE_RANGE_WRITE,
                 );
             }
-            self.started = self.written;
+            self.from = self.written;
         }
+    }
+
+    /// The file was written up to `n` by other means (`copy_file_range`).
+    pub(crate) fn set_written(&mut self, n: u64) {
+        self.written = n;
+    }
+}
+
+/// Bytes between two writeback starts of [`write_atomic_with`]'s file.
+const WRITEBACK_EVERY: u64 = 8 << 20;
+
+/// A file whose writes go through a [`Writeback`].
+struct WritebackFile {
+    file: File,
+    writeback: Writeback,
+}
+
+impl Write for WritebackFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.writeback.wrote(&self.file, n as u64);
         Ok(n)
     }
 

@@ -58,7 +58,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::durable::fsync_dir;
+use crate::durable::{fsync_dir, Writeback};
 use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
 use crate::replicate::fetch::heartbeat;
 use crate::source_open::open_beneath;
@@ -583,8 +583,7 @@ impl BlobStore {
         Ok(TempBlob {
             path,
             file,
-            written: 0,
-            writeback_from: 0,
+            writeback: Writeback::every(WRITEBACK_CHUNK_BYTES),
             keep: false,
         })
     }
@@ -789,7 +788,7 @@ fn copy_in_kernel(
         heartbeat();
         copied += n as u64;
     }
-    temp.written = copied;
+    temp.writeback.set_written(copied);
     if let Some(problem) = check_length(copied, expected, true) {
         return Ok(Ok(Err(problem)));
     }
@@ -1065,10 +1064,7 @@ fn in_parallel<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Ve
 struct TempBlob {
     path: PathBuf,
     file: File,
-    written: u64,
-    /// Offset up to which writeback has been started.
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-    writeback_from: u64,
+    writeback: Writeback,
     keep: bool,
 }
 
@@ -1085,23 +1081,7 @@ impl TempBlob {
         self.file
             .write_all(bytes)
             .map_err(|e| store_error("writing", &self.path, e))?;
-        self.written += bytes.len() as u64;
-        #[cfg(target_os = "linux")]
-        if self.written - self.writeback_from >= WRITEBACK_CHUNK_BYTES {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a valid open fd and an in-range byte span; the call only
-            // queues writeback. Failure is harmless (`sync_data` still
-            // writes everything), so its result is ignored.
-            unsafe {
-                libc::sync_file_range(
-                    self.file.as_raw_fd(),
-                    self.writeback_from as libc::off64_t,
-                    (self.written - self.writeback_from) as libc::off64_t,
-                    libc::SYNC_FILE_RANGE_WRITE,
-                );
-            }
-            self.writeback_from = self.written;
-        }
+        self.writeback.wrote(&self.file, bytes.len() as u64);
         Ok(())
     }
 
