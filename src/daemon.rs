@@ -85,6 +85,8 @@ pub struct ReplicateArgs {
     pub checkpoint_events: u64,
     /// `--checkpoint-interval`: ...or after this many seconds.
     pub checkpoint_seconds: u64,
+    /// `--checkpoint-rate`: MiB/s a checkpoint is written at (0: full speed).
+    pub checkpoint_rate_mib: u64,
 }
 
 /// The Hive source's flags; `rows` is None for the native source.
@@ -110,6 +112,7 @@ impl ReplicateArgs {
             hive: HiveArgs::default(),
             checkpoint_events: crate::checkpoint::DEFAULT_CHECKPOINT_EVENTS,
             checkpoint_seconds: crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
+            checkpoint_rate_mib: crate::checkpoint::DEFAULT_CHECKPOINT_RATE_MIB,
         }
     }
 }
@@ -206,6 +209,7 @@ impl ReplicateArgs {
         cfg.hive = hive;
         cfg.checkpoint_events = self.checkpoint_events;
         cfg.checkpoint_interval = Duration::from_secs(self.checkpoint_seconds.max(1));
+        cfg.checkpoint_rate = self.checkpoint_rate_mib.saturating_mul(1 << 20);
         // Ctrl-C or SIGTERM during recovery ends the start, changing nothing.
         cfg.cancel = Some(stop_requested);
         Ok(cfg)

@@ -65,6 +65,10 @@ struct SourceArgs {
     /// ...or once this many seconds passed with a newer visible state.
     #[arg(long = "checkpoint-interval", value_name = "SECONDS", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_interval: u64,
+    /// MiB per second a checkpoint is written at, so its bytes never queue
+    /// ahead of the commits' flushes; 0: as fast as the disk takes them.
+    #[arg(long = "checkpoint-rate", value_name = "MIB_PER_S", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_RATE_MIB)]
+    checkpoint_rate: u64,
 }
 
 #[derive(Subcommand)]
@@ -189,6 +193,7 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
         },
         checkpoint_events: s.checkpoint_events,
         checkpoint_seconds: s.checkpoint_interval,
+        checkpoint_rate_mib: s.checkpoint_rate,
     }
 }
 

@@ -82,6 +82,8 @@ pub struct ReplicaConfig {
     pub checkpoint_events: u64,
     /// ...or once this long has passed with a newer visible state.
     pub checkpoint_interval: Duration,
+    /// The rate checkpoints are written at, bytes/s (0: full speed).
+    pub checkpoint_rate: u64,
     /// Asked during recovery: `true` stops [`Replica::start`] with
     /// [`ReplicaError::Cancelled`] (Ctrl-C during a long start).
     pub cancel: Option<fn() -> bool>,
@@ -117,6 +119,7 @@ impl ReplicaConfig {
             segment_bytes: crate::journal::DEFAULT_SEGMENT_BYTES,
             checkpoint_events: checkpoint::DEFAULT_CHECKPOINT_EVENTS,
             checkpoint_interval: checkpoint::DEFAULT_CHECKPOINT_INTERVAL,
+            checkpoint_rate: checkpoint::DEFAULT_CHECKPOINT_RATE_MIB << 20,
             cancel: None,
             fetch_threads: 4,
             fetch_timeout: DEFAULT_FETCH_TIMEOUT,
@@ -1740,7 +1743,8 @@ impl Checkpointer {
             versions: snapshot.versions.clone(),
         };
         drop(snapshot);
-        let (path, size) = checkpoint::write(&self.cfg.state_dir, &data, Some(&self.stop))
+        let rate = Some(self.cfg.checkpoint_rate).filter(|&r| r > 0);
+        let (path, size) = checkpoint::write(&self.cfg.state_dir, &data, Some(&self.stop), rate)
             .map_err(|e| format!("writing the checkpoint of state {state}: {e}"))?;
         let wrote_ms = started.elapsed().as_millis() as u64;
         self.last = state;
@@ -1756,7 +1760,7 @@ impl Checkpointer {
         drop(data);
         // Only once the new checkpoint is durable: drop the oldest, then
         // the journal that no kept checkpoint needs.
-        let oldest = checkpoint::prune(&self.cfg.state_dir)
+        let oldest = checkpoint::prune(&self.cfg.state_dir, Some(&self.stop))
             .map_err(|e| format!("removing old checkpoints: {e}"))?;
         let removed = match oldest {
             Some(through) => self

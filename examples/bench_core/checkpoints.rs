@@ -134,8 +134,12 @@ pub fn bench_checkpoint(o: &Opts) -> Res<()> {
     };
     let load_before = load1();
     let t = Instant::now();
-    let (path, size) = checkpoint::write(work.path(), &data, None)?;
+    let (path, size) = checkpoint::write(work.path(), &data, None, None)?;
     let write_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let rate = checkpoint::DEFAULT_CHECKPOINT_RATE_MIB;
+    checkpoint::write(work.path(), &data, None, Some(rate << 20))?;
+    let paced_s = t.elapsed().as_secs_f64();
     drop(data);
     drop(tree);
     let loaded = child(&[
@@ -153,7 +157,7 @@ pub fn bench_checkpoint(o: &Opts) -> Res<()> {
             grouped(files)
         ),
         &format!(
-            "{write_s:.2} s, {} ({:.0} B/file)",
+            "{write_s:.2} s at full speed, {paced_s:.2} s at the default {rate} MiB/s; {} ({:.0} B/file)",
             mib(size),
             size as f64 / files as f64
         ),
@@ -443,38 +447,53 @@ pub fn bench_lag(o: &Opts) -> Res<()> {
     let setup = write_catalog_log(&events, &source, files)?;
     Command::new("sync").status()?;
     let dir = |p: &Path| p.to_string_lossy().into_owned();
-    let run = |label: &str, every: u64, from: u64| -> Res<BTreeMap<String, String>> {
-        eprintln!("lag: {label}");
-        child(&[
-            "lag-child",
-            "--state",
-            &dir(&state),
-            "--source",
-            &dir(&source),
-            "--events",
-            &dir(&events),
-            "--setup",
-            &setup.to_string(),
-            "--first",
-            &from.to_string(),
-            "--seconds",
-            &seconds.to_string(),
-            "--rate",
-            &rate.to_string(),
-            "--every",
-            &every.to_string(),
-        ])
-    };
+    let run_at =
+        |label: &str, every: u64, from: u64, rate_mib: u64| -> Res<BTreeMap<String, String>> {
+            eprintln!("lag: {label}");
+            child(&[
+                "lag-child",
+                "--state",
+                &dir(&state),
+                "--source",
+                &dir(&source),
+                "--events",
+                &dir(&events),
+                "--setup",
+                &setup.to_string(),
+                "--first",
+                &from.to_string(),
+                "--seconds",
+                &seconds.to_string(),
+                "--rate",
+                &rate.to_string(),
+                "--every",
+                &every.to_string(),
+                "--ckpt-rate-mib",
+                &rate_mib.to_string(),
+            ])
+        };
+    let default_rate = checkpoint::DEFAULT_CHECKPOINT_RATE_MIB;
+    let run = |label: &str, every: u64, from: u64| run_at(label, every, from, default_rate);
     let load_before = load1();
     let n = seconds * rate;
-    // Off, then on, then off again: the two variants in the same minutes.
-    let off = run("checkpoint writing off", 0, setup + 1)?;
+    // The first child builds the catalog by events (its memory is C3's
+    // "built by events"); its lag is not compared: it includes the
+    // writeback of that whole build. Then off, on, off again: the two
+    // variants in the same minutes, each on the catalog already built.
+    let built = run("building the catalog (lag not compared)", 0, setup + 1)?;
+    let off = run("checkpoint writing off", 0, setup + 1 + n)?;
     let on = run(
         &format!("a checkpoint every {every} ids"),
         every,
-        setup + 1 + n,
+        setup + 1 + 2 * n,
     )?;
-    let off2 = run("checkpoint writing off, again", 0, setup + 1 + 2 * n)?;
+    let off2 = run("checkpoint writing off, again", 0, setup + 1 + 3 * n)?;
+    let on_full = run_at(
+        &format!("a checkpoint every {every} ids, written at full speed"),
+        every,
+        setup + 1 + 4 * n,
+        0,
+    )?;
     let load_after = load1();
     // A fresh start restored from the newest checkpoint (no timed events).
     let restored = run("restart from the checkpoint", 0, 0)?;
@@ -496,7 +515,12 @@ pub fn bench_lag(o: &Opts) -> Res<()> {
             grouped(rate),
             grouped(files)
         ),
-        &format!("{} (again after: {})", lag(&off)?, lag(&off2)?),
+        &format!(
+            "{} (again after: {}; the run that built the catalog: {})",
+            lag(&off)?,
+            lag(&off2)?,
+            lag(&built)?
+        ),
         "—",
         None,
     );
@@ -506,19 +530,31 @@ pub fn bench_lag(o: &Opts) -> Res<()> {
             grouped(every),
             kv(&on, "written")?
         ),
-        &lag(&on)?,
+        &format!(
+            "{}, checkpoints written at the default {default_rate} MiB/s",
+            lag(&on)?
+        ),
         "p99 does not grow",
         Some(!grew),
     );
+    row(
+        &format!(
+            "C2c. ↳ the same with checkpoints written at full speed (`--checkpoint-rate 0`, {:.0} written)",
+            kv(&on_full, "written")?
+        ),
+        &lag(&on_full)?,
+        "—",
+        None,
+    );
     let per_m = |b: f64| b * 1e6 / files as f64 / f64::from(1 << 20);
-    let built = kv(&off, "rss_delta")?;
+    let built_rss = kv(&built, "rss_delta")?;
     let back = kv(&restored, "rss_delta")?;
     row(
         "C3. Daemon resident memory per 1,000,000 files in the catalog",
         &format!(
             "{:.0} MiB built by events (process VmRSS {}), {:.0} MiB restored from a checkpoint (VmRSS {})",
-            per_m(built),
-            mib(kv(&off, "rss")? as u64),
+            per_m(built_rss),
+            mib(kv(&built, "rss")? as u64),
             per_m(back),
             mib(kv(&restored, "rss")? as u64)
         ),
@@ -542,7 +578,7 @@ pub fn bench_lag(o: &Opts) -> Res<()> {
         "lag: table `db.t` of {} files (1,000 per partition, one blob), then {} `add_partition` events per run on \
          `db.lag`, appended one line at a time at {} events/s; lag = append → visible (seen by polling the \
          catalog every 200 µs; ingest polls the log every 5 ms); each run a fresh child process on the same state \
-         folder (off, on, off); checkpoint sizes {}; resident memory = VmRSS after the catalog is visible minus \
+         folder (one that builds the catalog, then off, on, off); checkpoint sizes {}; resident memory = VmRSS after the catalog is visible minus \
          VmRSS before `Replica::start` (journal ring and hand-off included, each bounded to 64 MiB); load (1 min) \
          {load_before} → {load_after}",
         grouped(files),
@@ -567,6 +603,7 @@ pub fn lag_child(o: &Opts) -> Res<()> {
     if every > 0 {
         cfg.checkpoint_events = every;
     }
+    cfg.checkpoint_rate = o.num("ckpt-rate-mib", checkpoint::DEFAULT_CHECKPOINT_RATE_MIB) << 20;
     let rss0 = rss_bytes();
     let t = Instant::now();
     let replica = Replica::start(cfg)?;
