@@ -1890,16 +1890,18 @@ mod tests {
         result.unwrap_err().to_string()
     }
 
+    fn append_to(path: &Path) {
+        let mut file = OpenOptions::new().append(true).open(path).unwrap();
+        file.write_all(b"appended").unwrap();
+    }
+
     #[test]
     fn multi_piece_source_growing_mid_copy_is_unusable() {
         let fx = fixture();
         let content = multi_piece_content(3, 7);
         let f = file_ref("db/t/grows", &content);
         put(&fx.src, &f.path, &content);
-        let err = fetch_while_changing(&fx, &f, |path| {
-            let mut file = OpenOptions::new().append(true).open(path).unwrap();
-            file.write_all(b"appended").unwrap();
-        });
+        let err = fetch_while_changing(&fx, &f, append_to);
         assert!(err.contains("grew while reading"), "{err}");
     }
 
@@ -1925,10 +1927,7 @@ mod tests {
         put(&fx.src, "t/000000_0", &content);
         let checksum = hdfs_hex(&content, CrcType::Crc32c);
         let f = hive_ref(&fx.src, "t/000000_0", Verify::Hdfs { checksum });
-        let err = fetch_while_changing(&fx, &f, |path| {
-            let mut file = OpenOptions::new().append(true).open(path).unwrap();
-            file.write_all(b"appended").unwrap();
-        });
+        let err = fetch_while_changing(&fx, &f, append_to);
         assert!(err.contains("grew while reading"), "{err}");
     }
 
