@@ -110,7 +110,8 @@ impl Writeback {
         }
     }
 
-    /// `n` more bytes were written to `file` at its end; starts writeback
+    /// `n` more bytes were written to `file` at its end (by `write` or
+    /// `copy_file_range`); starts writeback
     /// of what waits once that is `every` bytes or more.
     pub(crate) fn wrote(&mut self, file: &File, n: u64) {
         self.written += n;
@@ -137,11 +138,6 @@ impl Writeback {
     fn wrote_unstarted(&mut self, n: u64) -> u64 {
         self.written += n;
         self.written
-    }
-
-    /// The file was written up to `n` by other means (`copy_file_range`).
-    pub(crate) fn set_written(&mut self, n: u64) {
-        self.written = n;
     }
 }
 

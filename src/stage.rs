@@ -70,11 +70,15 @@ const COPY_BUFFER_BYTES: usize = 1 << 20;
 /// `sync_data` waits for the tail only, and the disk works while we hash.
 #[cfg(target_os = "linux")]
 const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
-/// Most bytes one `copy_file_range` call is asked for: each call is a sign
+/// Bytes [`copy_in_kernel`] copies with `copy_file_range` before hashing
+/// them back: small enough that the hash follows the copy closely (the
+/// piece is still in the page cache, and an 8 MiB file has two pieces to
+/// overlap), large enough that the calls cost nothing. Each call is a sign
 /// of progress for the fetch timeout.
-const KERNEL_COPY_CHUNK_BYTES: u64 = 64 << 20;
-/// Files at least this large hash on a second thread ([`copy_pipelined`]);
-/// below it, starting a thread costs more than the overlap saves.
+const KERNEL_COPY_PIECE_BYTES: u64 = 4 << 20;
+/// Files at least this large hash on a second thread while the copy goes
+/// on ([`copy_in_kernel`], [`copy_pipelined`]); below it, starting a thread
+/// costs more than the overlap saves.
 const PIPELINE_MIN_BYTES: u64 = 8 << 20;
 /// Buffers circulating in the pipeline: enough to keep both threads busy.
 const PIPELINE_BUFFERS: usize = 4;
@@ -556,7 +560,7 @@ impl BlobStore {
             }
         }
         if let Some(check) = check {
-            if let Err(problem) = check.verify() {
+            if let Err(problem) = verify_stored(check, &temp, expected)? {
                 return Ok(Err(problem));
             }
         }
@@ -740,8 +744,24 @@ fn read_chunk(src: &mut File, buf: &mut [u8], copied: u64) -> Result<usize, Stri
 }
 
 /// Copies `src` into `temp` inside the kernel (`copy_file_range`: no copy
-/// through userspace), then hashes what the temp file holds — so the bytes
+/// through userspace) and hashes what the temp file holds — so the bytes
 /// verified are exactly the bytes stored, read back from the page cache.
+///
+/// The copy goes in pieces of [`KERNEL_COPY_PIECE_BYTES`], and writeback of
+/// the temp is started every [`WRITEBACK_CHUNK_BYTES`] (`TempBlob`'s
+/// [`Writeback`]), so the disk writes the early pieces while the later ones
+/// are copied and hashed, and the final `sync_data` waits for the tail
+/// only. Each piece is read back and hashed as soon as it is copied, while
+/// it is still in the page cache. For a file of at least
+/// [`PIPELINE_MIN_BYTES`], sha256 runs on a second thread over the
+/// buffers read back ([`BufferRing`]), beside the copy of the next pieces
+/// and the file's own checksum on this thread, so one large file keeps
+/// two cores busy; below that size both hashes run on this thread.
+///
+/// The length is checked as the other paths do: a source shorter than
+/// `expected` ends the copy early, a longer one (it grew after it was
+/// opened) is caught by an `fstat` after the copy.
+///
 /// `Ok(Err(hashing))` when the kernel cannot copy between these files
 /// (other filesystem, not supported): the caller copies through userspace.
 /// The outer `Err` is a store failure, the inner one a source problem.
@@ -751,68 +771,262 @@ fn copy_in_kernel(
     expected: u64,
     mut hashing: Hashing,
 ) -> Result<Result<Result<Digests, String>, Hashing>, StageError> {
+    let TempBlob {
+        file,
+        path,
+        writeback,
+        ..
+    } = temp;
+    let (file, path): (&File, &Path) = (file, path);
+    // The first piece alone decides whether the kernel can copy these files
+    // at all; the hashing is handed on only once it could.
+    let first = match copy_piece(src, file, path, 0, expected.min(KERNEL_COPY_PIECE_BYTES)) {
+        Ok(n) => n,
+        Err(PieceError::Unsupported) => return Ok(Err(hashing)),
+        Err(PieceError::Source(problem)) => return Ok(Ok(Err(problem))),
+        Err(PieceError::Store(e)) => return Err(e),
+    };
+    writeback.wrote(file, first);
+    let copied = if expected < PIPELINE_MIN_BYTES {
+        let mut buf = vec![0u8; COPY_BUFFER_BYTES.min(expected as usize).max(1)];
+        read_back(file, path, &mut buf, 0, first, |b| hashing.update(b))?;
+        copy_rest(src, file, path, writeback, first, expected, |from, to| {
+            read_back(file, path, &mut buf, from, to, |b| hashing.update(b))
+        })?
+    } else {
+        let Hashing { sha, mut check } = hashing;
+        // Capacity for every buffer, so neither side ever blocks on a send.
+        let (to_hasher, filled) = mpsc::sync_channel::<(Vec<u8>, usize)>(PIPELINE_BUFFERS);
+        let (to_copier, free) = mpsc::sync_channel::<Vec<u8>>(PIPELINE_BUFFERS);
+        let (copied, sha) = thread::scope(|scope| {
+            let hasher = scope.spawn(move || {
+                let mut sha = sha;
+                for (buf, n) in filled {
+                    sha.update(&buf[..n]);
+                    // The copier may have stopped early; the buffer is then dropped.
+                    let _ = to_copier.send(buf);
+                }
+                sha
+            });
+            let mut ring = BufferRing {
+                to_hasher,
+                free,
+                allocated: 0,
+            };
+            let copied = ring
+                .hash_back(file, path, 0, first, &mut check)
+                .and_then(|()| {
+                    copy_rest(src, file, path, writeback, first, expected, |from, to| {
+                        ring.hash_back(file, path, from, to, &mut check)
+                    })
+                });
+            // Closing the channel lets the hasher finish.
+            drop(ring);
+            match hasher.join() {
+                Ok(sha) => (copied, sha),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        });
+        hashing = Hashing { sha, check };
+        copied?
+    };
+    let copied = match copied {
+        Ok(copied) => copied,
+        Err(problem) => return Ok(Ok(Err(problem))),
+    };
+    if let Some(problem) = check_length(copied, expected, true) {
+        return Ok(Ok(Err(problem)));
+    }
+    // copy_file_range never reads past `expected`; growth shows in the size.
+    match src.metadata() {
+        Ok(m) if m.len() > expected => {
+            return Ok(Ok(Err(format!(
+                "size {} expected {expected} (grew while reading)",
+                m.len()
+            ))))
+        }
+        Ok(_) => {}
+        Err(e) => return Ok(Ok(Err(format!("cannot stat after the copy: {e}")))),
+    }
+    Ok(Ok(Ok(hashing.finish())))
+}
+
+/// The read-back side of [`copy_in_kernel`] for a large file: reads each
+/// copied piece back into one of [`PIPELINE_BUFFERS`] buffers, feeds it to
+/// the file's own checksum on this thread and hands it to the sha256
+/// thread, which gives it back. So the bytes are read back once, sha256
+/// (the slowest step) runs beside the copy, the checksum and the read-back,
+/// and memory stays bounded.
+struct BufferRing {
+    to_hasher: mpsc::SyncSender<(Vec<u8>, usize)>,
+    free: mpsc::Receiver<Vec<u8>>,
+    allocated: usize,
+}
+
+impl BufferRing {
+    /// Reads bytes `from..to` of `file` back, feeding `check` and the
+    /// sha256 thread. Returns early, without error, only when the sha256
+    /// thread is gone: its join reports why.
+    fn hash_back(
+        &mut self,
+        file: &File,
+        path: &Path,
+        from: u64,
+        to: u64,
+        check: &mut Option<Box<dyn StreamCheck>>,
+    ) -> Result<(), StageError> {
+        use std::os::unix::fs::FileExt;
+        let mut at = from;
+        while at < to {
+            let mut buf = if self.allocated < PIPELINE_BUFFERS {
+                self.allocated += 1;
+                vec![0u8; COPY_BUFFER_BYTES]
+            } else {
+                match self.free.recv() {
+                    Ok(buf) => buf,
+                    Err(_) => return Ok(()),
+                }
+            };
+            let n = buf.len().min((to - at) as usize);
+            file.read_exact_at(&mut buf[..n], at)
+                .map_err(|e| store_error("reading back", path, e))?;
+            if let Some(check) = check.as_mut() {
+                check.update(&buf[..n]);
+            }
+            heartbeat();
+            if self.to_hasher.send((buf, n)).is_err() {
+                return Ok(());
+            }
+            at += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Why [`copy_piece`] stopped.
+enum PieceError {
+    /// The kernel cannot copy between these files (only before any byte).
+    Unsupported,
+    /// Reading the source failed.
+    Source(String),
+    /// Writing the store failed (full disk).
+    Store(StageError),
+}
+
+/// Copies up to `len` bytes from `src` to `dst` at both files' positions
+/// with `copy_file_range`, `at` bytes having been copied before. Returns
+/// the bytes copied: fewer than `len` only at the source's end.
+fn copy_piece(
+    src: &File,
+    dst: &File,
+    dst_path: &Path,
+    at: u64,
+    len: u64,
+) -> Result<u64, PieceError> {
     use std::os::fd::AsRawFd;
-    use std::os::unix::fs::FileExt;
-    let mut copied = 0u64;
-    while copied < expected {
-        // Bounded so that a slow but steady copy shows progress often.
-        let want = (expected - copied).min(KERNEL_COPY_CHUNK_BYTES) as usize;
+    let mut done = 0u64;
+    while done < len {
         // SAFETY: two valid open descriptors; null offsets use and advance
         // the files' own positions.
         let n = unsafe {
             libc::copy_file_range(
                 src.as_raw_fd(),
                 std::ptr::null_mut(),
-                temp.file.as_raw_fd(),
+                dst.as_raw_fd(),
                 std::ptr::null_mut(),
-                want,
+                (len - done) as usize,
                 0,
             )
         };
         if n < 0 {
             let e = io::Error::last_os_error();
+            let copied = at + done;
             return match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL)
                     if copied == 0 =>
                 {
-                    Ok(Err(hashing))
+                    Err(PieceError::Unsupported)
                 }
-                Some(libc::ENOSPC | libc::EDQUOT) => Err(store_error("writing", &temp.path, e)),
-                _ => Ok(Ok(Err(format!("copy error after {copied} bytes: {e}")))),
+                Some(libc::ENOSPC | libc::EDQUOT) => {
+                    Err(PieceError::Store(store_error("writing", dst_path, e)))
+                }
+                _ => Err(PieceError::Source(format!(
+                    "copy error after {copied} bytes: {e}"
+                ))),
             };
         }
         if n == 0 {
             break; // the source is shorter than it said
         }
         heartbeat();
-        copied += n as u64;
+        done += n as u64;
     }
-    temp.writeback.set_written(copied);
-    if let Some(problem) = check_length(copied, expected, true) {
-        return Ok(Ok(Err(problem)));
-    }
-    let mut buf = vec![0u8; COPY_BUFFER_BYTES.min(expected as usize).max(1)];
-    let mut at = 0u64;
-    while at < copied {
-        let n = match temp.file.read_at(&mut buf, at) {
-            Ok(0) => break,
+    Ok(done)
+}
+
+/// Copies pieces after the first `copied` bytes until `expected` or the
+/// source's end, starting writeback as it goes and handing each piece's
+/// range to `piece` (which hashes it, or has it hashed). Returns the bytes
+/// copied in all; the inner `Err` is a source problem.
+fn copy_rest(
+    src: &File,
+    dst: &File,
+    dst_path: &Path,
+    writeback: &mut Writeback,
+    mut copied: u64,
+    expected: u64,
+    mut piece: impl FnMut(u64, u64) -> Result<(), StageError>,
+) -> Result<Result<u64, String>, StageError> {
+    while copied < expected {
+        let want = (expected - copied).min(KERNEL_COPY_PIECE_BYTES);
+        let n = match copy_piece(src, dst, dst_path, copied, want) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(store_error("reading back", &temp.path, e)),
+            Err(PieceError::Store(e)) => return Err(e),
+            Err(PieceError::Source(problem)) => return Ok(Err(problem)),
+            // Only before the first byte, which the caller copied.
+            Err(PieceError::Unsupported) => {
+                return Ok(Err(format!("copy error after {copied} bytes")))
+            }
         };
-        hashing.update(&buf[..n]);
+        if n == 0 {
+            break;
+        }
+        writeback.wrote(dst, n);
+        piece(copied, copied + n)?;
+        copied += n;
+        #[cfg(test)]
+        test_hooks::piece_copied();
+        if n < want {
+            break;
+        }
+    }
+    Ok(Ok(copied))
+}
+
+/// Reads bytes `from..to` of the temp file `file` back (from the page
+/// cache) through `buf`, handing every chunk to `f`. They are bytes this
+/// process wrote, so a short read is a store failure.
+fn read_back(
+    file: &File,
+    path: &Path,
+    buf: &mut [u8],
+    from: u64,
+    to: u64,
+    mut f: impl FnMut(&[u8]),
+) -> Result<(), StageError> {
+    use std::os::unix::fs::FileExt;
+    let mut at = from;
+    while at < to {
+        let n = buf.len().min((to - at) as usize);
+        let chunk = &mut buf[..n];
+        file.read_exact_at(chunk, at)
+            .map_err(|e| store_error("reading back", path, e))?;
+        f(chunk);
         heartbeat();
         at += n as u64;
     }
-    if at != copied {
-        let e = io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("{at} of {copied} bytes"),
-        );
-        return Err(store_error("reading back", &temp.path, e));
-    }
-    Ok(Ok(Ok(hashing.finish())))
+    Ok(())
 }
 
 /// Copies `src` into `temp`, returning the digests of what was written. The
@@ -915,8 +1129,52 @@ fn copy_pipelined(
 /// bytes in the same pass (Hive's HDFS file checksum).
 pub trait StreamCheck: Send {
     fn update(&mut self, bytes: &[u8]);
-    /// `Ok` when the bytes fed match; else what was found.
-    fn verify(self: Box<Self>) -> Result<(), String>;
+    /// `Ok` when the bytes fed match; else what was found, and maybe
+    /// another check to feed the same bytes before giving up.
+    fn verify(self: Box<Self>) -> Result<(), CheckFailed>;
+}
+
+/// A [`StreamCheck`] that did not match.
+pub struct CheckFailed {
+    /// What was found (the whole story when `again` is `None`).
+    pub problem: String,
+    /// A further check of the same bytes that may still match (the HDFS
+    /// checksum's other CRC type, needed only for old clusters): the stager
+    /// feeds it the stored copy, never the source, which may have changed.
+    pub again: Option<Box<dyn StreamCheck>>,
+}
+
+/// Verifies `check`, fed the whole copy; while it offers a further check,
+/// feeds that the `size` bytes stored in `temp` and verifies it, so what is
+/// verified is always the blob to be. The inner `Err` says why the copy is
+/// unusable.
+fn verify_stored(
+    mut check: Box<dyn StreamCheck>,
+    temp: &TempBlob,
+    size: u64,
+) -> Result<Result<(), String>, StageError> {
+    let mut buf = Vec::new();
+    loop {
+        match check.verify() {
+            Ok(()) => return Ok(Ok(())),
+            Err(CheckFailed {
+                problem,
+                again: None,
+            }) => return Ok(Err(problem)),
+            Err(CheckFailed {
+                again: Some(mut again),
+                ..
+            }) => {
+                if buf.is_empty() {
+                    buf = vec![0u8; COPY_BUFFER_BYTES.min(size as usize).max(1)];
+                }
+                read_back(&temp.file, &temp.path, &mut buf, 0, size, |b| {
+                    again.update(b)
+                })?;
+                check = again;
+            }
+        }
+    }
 }
 
 /// The hashes computed while copying: sha256 always (the blob's name),
@@ -1279,7 +1537,7 @@ fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 mod test_hooks {
-    use std::cell::Cell;
+    use std::cell::{Cell, RefCell};
     use std::path::Path;
     use std::sync::Mutex;
 
@@ -1287,6 +1545,21 @@ mod test_hooks {
 
     thread_local! {
         static WRITE_ERRNO: Cell<Option<i32>> = const { Cell::new(None) };
+        static AFTER_PIECE: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `f` on this thread after every piece `copy_in_kernel` copies
+    /// past the first (None: no longer).
+    pub fn after_each_piece(f: Option<Box<dyn FnMut()>>) {
+        AFTER_PIECE.with(|c| *c.borrow_mut() = f);
+    }
+
+    pub fn piece_copied() {
+        AFTER_PIECE.with(|c| {
+            if let Some(f) = c.borrow_mut().as_mut() {
+                f();
+            }
+        });
     }
 
     /// Makes every temp-file write on this thread fail with `errno`.
@@ -1588,6 +1861,147 @@ mod tests {
         assert_eq!(temp_count(&fx.state), 0);
     }
 
+    /// A file of `pieces` kernel-copy pieces and a bit, on the pipelined path.
+    fn multi_piece_content(pieces: u64, seed: usize) -> Vec<u8> {
+        let len = (KERNEL_COPY_PIECE_BYTES * pieces) as usize + 4321;
+        assert!(len as u64 >= PIPELINE_MIN_BYTES);
+        (0..len).map(|i| (i * seed % 251) as u8).collect()
+    }
+
+    /// Fetches `f` (the only copy is at the source) while `change` runs on
+    /// the source file after the second piece was copied; the error text.
+    fn fetch_while_changing(
+        fx: &Fixture,
+        f: &FileRef,
+        change: impl FnOnce(&Path) + 'static,
+    ) -> String {
+        let store = BlobStore::open(&fx.state).unwrap();
+        let path = fx.src.join(&f.path);
+        let mut change = Some(change);
+        test_hooks::after_each_piece(Some(Box::new(move || {
+            if let Some(change) = change.take() {
+                change(&path);
+            }
+        })));
+        let result = store.fetch(f, &fx.src, None);
+        test_hooks::after_each_piece(None);
+        assert_eq!(temp_count(&fx.state), 0);
+        assert!(store.list().unwrap().is_empty());
+        result.unwrap_err().to_string()
+    }
+
+    fn append_to(path: &Path) {
+        let mut file = OpenOptions::new().append(true).open(path).unwrap();
+        file.write_all(b"appended").unwrap();
+    }
+
+    #[test]
+    fn multi_piece_source_growing_mid_copy_is_unusable() {
+        let fx = fixture();
+        let content = multi_piece_content(3, 7);
+        let f = file_ref("db/t/grows", &content);
+        put(&fx.src, &f.path, &content);
+        let err = fetch_while_changing(&fx, &f, append_to);
+        assert!(err.contains("grew while reading"), "{err}");
+    }
+
+    #[test]
+    fn multi_piece_source_shrinking_mid_copy_is_unusable() {
+        let fx = fixture();
+        let content = multi_piece_content(3, 11);
+        let f = file_ref("db/t/shrinks", &content);
+        put(&fx.src, &f.path, &content);
+        let keep = KERNEL_COPY_PIECE_BYTES * 2 + 10;
+        let err = fetch_while_changing(&fx, &f, move |path| {
+            let file = OpenOptions::new().write(true).open(path).unwrap();
+            file.set_len(keep).unwrap();
+        });
+        assert!(err.contains("shrank while reading"), "{err}");
+    }
+
+    #[test]
+    fn hive_file_known_by_checksum_only_growing_mid_copy_is_unusable() {
+        use crate::source::hive::checksum::CrcType;
+        let fx = fixture();
+        let content = multi_piece_content(2, 13);
+        put(&fx.src, "t/000000_0", &content);
+        let checksum = hdfs_hex(&content, CrcType::Crc32c);
+        let f = hive_ref(&fx.src, "t/000000_0", Verify::Hdfs { checksum });
+        let err = fetch_while_changing(&fx, &f, append_to);
+        assert!(err.contains("grew while reading"), "{err}");
+    }
+
+    /// The HDFS checksum (hex) of `bytes` as a cluster using `ty` reports
+    /// it: 512 bytes per CRC, 1 MiB blocks.
+    fn hdfs_hex(bytes: &[u8], ty: crate::source::hive::checksum::CrcType) -> String {
+        use crate::source::hive::checksum::{HdfsChecksum, HdfsChecksummer};
+        let shape = HdfsChecksum::Md5Md5Crc {
+            bytes_per_crc: 512,
+            crc_per_block: 2048,
+            md5: [0; 16],
+        };
+        let mut summer = HdfsChecksummer::new(&shape, &[ty]);
+        summer.update(bytes);
+        summer.finish()[0].1.to_hex()
+    }
+
+    #[test]
+    fn hdfs_checksum_of_either_crc_type_verifies_small_and_large_files() {
+        use crate::source::hive::checksum::CrcType;
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let large = KERNEL_COPY_PIECE_BYTES as usize * 2 + 777;
+        for (i, size) in [1000, large].into_iter().enumerate() {
+            for (j, ty) in [CrcType::Crc32c, CrcType::Crc32].into_iter().enumerate() {
+                let seed = i * 2 + j + 1;
+                let content: Vec<u8> = (0..size).map(|k| (k * seed % 253) as u8).collect();
+                let rel = format!("t/{seed:06}_0");
+                put(&fx.src, &rel, &content);
+                let checksum = hdfs_hex(&content, ty);
+                let f = hive_ref(&fx.src, &rel, Verify::Hdfs { checksum });
+                let outcome = store.fetch(&f, Path::new(""), None);
+                assert_eq!(outcome.unwrap(), FetchOutcome::FromSource, "{size} {ty:?}");
+                assert!(fs::read(store.path(&sha(&content))).unwrap() == content);
+            }
+        }
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn large_hive_file_with_a_wrong_checksum_is_taken_from_cm_and_a_mismatch_names_both_crc_types()
+    {
+        use crate::source::hive::checksum::CrcType;
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let good = multi_piece_content(2, 7);
+        let mut corrupt = good.clone();
+        corrupt[KERNEL_COPY_PIECE_BYTES as usize + 5] ^= 1;
+        put(&fx.src, "t/000000_0", &corrupt);
+        put(&fx.cm, "000000_0_x", &good);
+        // An old cluster's CRC32 checksum: the good copy passes on the
+        // second pass, the corrupt one on neither.
+        let checksum = hdfs_hex(&good, CrcType::Crc32);
+        let mut f = hive_ref(&fx.src, "t/000000_0", Verify::Hdfs { checksum });
+        f.cm_path = Some(fx.cm.join("000000_0_x").display().to_string());
+        f.cm_dir = Some(fx.cm.display().to_string());
+        assert_eq!(
+            store.fetch(&f, Path::new(""), None).unwrap(),
+            FetchOutcome::FromChangeManagement
+        );
+        assert!(fs::read(store.path(&sha(&good))).unwrap() == good);
+
+        // Wrong at both places: the error names what both CRC types gave.
+        put(&fx.cm, "000000_0_x", &corrupt);
+        fs::remove_file(store.path(&sha(&good))).unwrap();
+        let err = store
+            .fetch(&f, Path::new(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("HDFS checksum mismatch"), "{err}");
+        assert!(err.contains("(CRC32C)") && err.contains("(CRC32)"), "{err}");
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
     #[test]
     fn missing_source_falls_back_to_cm() {
         let fx = fixture();
@@ -1642,7 +2056,7 @@ mod tests {
         assert_eq!(err.kind_label(), "unavailable");
         assert!(err.is_retryable());
 
-        assert!(!store.contains(&f.key()));
+        assert!(store.list().unwrap().is_empty());
         assert!(store.list().unwrap().is_empty());
         assert_eq!(store.staged_bytes(), 0);
         assert_eq!(temp_count(&fx.state), 0);
@@ -1661,7 +2075,7 @@ mod tests {
         };
         assert!(detail.contains("size 3 expected 5"), "{detail}");
         assert!(detail.contains("no change-management root"), "{detail}");
-        assert!(!store.contains(&f.key()));
+        assert!(store.list().unwrap().is_empty());
         assert_eq!(temp_count(&fx.state), 0);
     }
 
@@ -1675,7 +2089,7 @@ mod tests {
 
         let err = store.fetch(&f, &fx.src, None).unwrap_err();
         assert!(matches!(err, StageError::Unavailable { .. }), "{err:?}");
-        assert!(!store.contains(&f.key()));
+        assert!(store.list().unwrap().is_empty());
     }
 
     #[test]
@@ -1808,7 +2222,7 @@ mod tests {
             assert!(matches!(err, StageError::NoSpace { .. }), "{size}: {err:?}");
             assert_eq!(err.kind_label(), "disk full");
             assert!(err.is_retryable());
-            assert!(!store.contains(&f.key()));
+            assert!(store.list().unwrap().is_empty());
             assert_eq!(temp_count(&state), 0);
             assert_eq!(store.staged_bytes(), 0);
         }

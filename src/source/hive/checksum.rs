@@ -22,7 +22,10 @@
 //! `getBytes()` does not say which CRC the cluster used (CRC32C by default,
 //! CRC32 — the gzip polynomial — on older clusters), so a checksummer made
 //! by [`HdfsChecksummer::for_expected`] computes both in the same pass and
-//! [`ChecksumVerifier`] accepts the one that matches. Tests check this
+//! [`ChecksumVerifier`] accepts the one that matches;
+//! [`ChecksumVerifier::with_types`] computes only the types asked for (the
+//! stager asks for CRC32C, and for CRC32 in a second pass over the stored
+//! copy only when CRC32C did not match: `crate::source::hive::checksum_check`). Tests check this
 //! against values published by independent implementations
 //! (tests/hive_decode.rs, scripts/hdfs_checksum_vectors.py).
 //!
@@ -410,8 +413,13 @@ impl ChecksumVerifier {
 
     /// Tries both CRC types.
     pub fn new(expected: HdfsChecksum) -> ChecksumVerifier {
+        ChecksumVerifier::with_types(expected, &CrcType::BOTH)
+    }
+
+    /// Tries the given CRC types only (each costs a CRC of every byte).
+    pub fn with_types(expected: HdfsChecksum, types: &[CrcType]) -> ChecksumVerifier {
         ChecksumVerifier {
-            summer: HdfsChecksummer::for_expected(&expected),
+            summer: HdfsChecksummer::new(&expected, types),
             expected,
         }
     }
