@@ -79,7 +79,7 @@ fn usage() -> ! {
         "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart|lag|hive-ingest|hive-stage) \
          [--work DIR] [--events N] [--inserts N] [--shape PxF] [--files N] [--mib N] [--threads N] \
          [--reps N] [--seconds N] [--rate N] [--every N] [--bytes N] [--small N] [--small-bytes N] \
-         [--large N] [--large-mib N]"
+         [--large N] [--large-mib N] [--decode-threads N]"
     );
     std::process::exit(2)
 }

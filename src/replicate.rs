@@ -181,6 +181,20 @@ struct JournalEntryRef<'a> {
     next: &'a Position,
 }
 
+/// The bytes of [`JournalEntryRef`] for an event already serialised
+/// (`serde_json::to_vec(event)`): the same bytes `serde_json::to_vec`
+/// gives for the entry, without serialising the event again.
+pub fn journal_payload(event: &[u8], next: &Position) -> serde_json::Result<Vec<u8>> {
+    let next = serde_json::to_vec(next)?;
+    let mut out = Vec::with_capacity(event.len() + next.len() + 20);
+    out.extend_from_slice(br#"{"event":"#);
+    out.extend_from_slice(event);
+    out.extend_from_slice(br#","next":"#);
+    out.extend_from_slice(&next);
+    out.push(b'}');
+    Ok(out)
+}
+
 fn decode(id: StateId, payload: &[u8]) -> Result<JournalEntry, ReplicaError> {
     serde_json::from_slice(payload).map_err(|e| ReplicaError::BadRecord {
         id,
@@ -911,15 +925,18 @@ fn run_ingest<S: Source>(
                 }
             };
             let (file, line) = source.locate(record);
-            match validator.check(event, file, line) {
+            // Serialised once: the validator hashes these bytes and the
+            // journal record embeds them.
+            let canonical = serde_json::to_vec(&event);
+            let verdict = match &canonical {
+                Ok(bytes) => validator.check_canonical(event, bytes, file, line),
+                Err(_) => validator.check(event, file, line),
+            };
+            match verdict {
                 Ok(Verdict::Accepted(acc)) => {
                     let next = source.position_after(record);
-                    let entry = JournalEntryRef {
-                        event: &acc.event,
-                        next: &next,
-                    };
                     let id = acc.event.id;
-                    let payload = match serde_json::to_vec(&entry) {
+                    let payload = match canonical.and_then(|event| journal_payload(&event, &next)) {
                         Ok(p) => p,
                         Err(e) => {
                             let (file, line) = source.locate(record);
@@ -1957,6 +1974,38 @@ fn mark(dir: &catalog::DirNode, live: &mut HashSet<BlobId>, seen: &mut HashSet<c
             catalog::Node::Dir(d) => mark(d, live, seen),
             catalog::Node::File(f) => {
                 live.insert(f.blob());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_payload_from_the_serialised_event_equals_the_entry_serialised_whole() {
+        let lines = [
+            r#"{"id":7,"op":"create_database","db":"d"}"#,
+            r#"{"id":9,"time_ms":1700000000000,"op":"add_files","db":"d","table":"t","partition":{"ds":"2024-01-01","r":"e\"u"},"files":[{"path":"d/t/x","size":3,"sha256":"0000000000000000000000000000000000000000000000000000000000000000"}]}"#,
+        ];
+        let positions = [
+            Position::Hive { hive_event_id: 42 },
+            Position::Log(Default::default()),
+        ];
+        for line in lines {
+            let event = Event::parse_line(line.as_bytes()).unwrap();
+            for next in &positions {
+                let whole = serde_json::to_vec(&JournalEntryRef {
+                    event: &event,
+                    next,
+                })
+                .unwrap();
+                let once = journal_payload(&serde_json::to_vec(&event).unwrap(), next).unwrap();
+                assert_eq!(
+                    String::from_utf8(once).unwrap(),
+                    String::from_utf8(whole).unwrap()
+                );
             }
         }
     }

@@ -140,10 +140,20 @@ pub struct Validator {
     resolutions: Option<Arc<Resolutions>>,
 }
 
+/// The content hash of `event` (kept in the duplicate window and saved by
+/// checkpoints, so its definition must not change): SipHash
+/// (`DefaultHasher`) of the event's canonical form, its compact
+/// `serde_json` serialisation, so key order and spacing don't matter.
 fn content_hash(event: &Event) -> u64 {
+    hash_canonical(&serde_json::to_vec(event).unwrap_or_default())
+}
+
+/// [`content_hash`] from the canonical form already serialised
+/// (`serde_json::to_vec(event)`, which the journal record embeds).
+fn hash_canonical(canonical: &[u8]) -> u64 {
     let mut h = DefaultHasher::new();
-    // Canonical form: re-serialised, so key order and spacing don't matter.
-    serde_json::to_vec(event).unwrap_or_default().hash(&mut h);
+    // `[u8]` hashes as the `Vec<u8>` the hash was first defined over.
+    canonical.hash(&mut h);
     h.finish()
 }
 
@@ -196,6 +206,30 @@ impl Validator {
         file: Option<String>,
         line: Option<u64>,
     ) -> Result<Verdict, Rejection> {
+        self.check_hashed(event, None, file, line)
+    }
+
+    /// [`Validator::check`] for an event whose canonical form
+    /// (`serde_json::to_vec(&event)`) the caller has serialised already
+    /// (for the journal): hashed instead of serialising the event again.
+    pub fn check_canonical(
+        &mut self,
+        event: Event,
+        canonical: &[u8],
+        file: Option<String>,
+        line: Option<u64>,
+    ) -> Result<Verdict, Rejection> {
+        self.check_hashed(event, Some(hash_canonical(canonical)), file, line)
+    }
+
+    fn check_hashed(
+        &mut self,
+        event: Event,
+        hash: Option<u64>,
+        file: Option<String>,
+        line: Option<u64>,
+    ) -> Result<Verdict, Rejection> {
+        let hash = || hash.unwrap_or_else(|| content_hash(&event));
         let reject = |reason: String| Rejection {
             state_id: Some(event.id),
             file: file.clone(),
@@ -204,7 +238,7 @@ impl Validator {
         };
         let last = self.latest.state_id;
         if event.id <= last {
-            let hash = content_hash(&event);
+            let hash = hash();
             let (known, forgot) = self.seen.lookup(event.id);
             return match known {
                 Some(h) if h == hash => Ok(Verdict::Duplicate),
@@ -232,7 +266,7 @@ impl Validator {
         if let Some(r) = &self.resolutions {
             r.attach(&added);
         }
-        self.seen.push(event.id, content_hash(&event));
+        self.seen.push(event.id, hash());
         self.latest = Arc::new(tree);
         Ok(Verdict::Accepted(Box::new(Accepted {
             event,
@@ -290,6 +324,20 @@ mod tests {
             "event 6 at log.jsonl:5: database `d` already exists"
         );
         assert_eq!(v.last_id(), StateId(5));
+    }
+
+    #[test]
+    fn the_content_hash_of_a_serialised_event_is_the_hash_of_the_event() {
+        let event = Event::parse_line(
+            br#"{"id": 3, "op": "add_files", "db": "d", "table": "t", "files": [{"path": "x", "size": 1, "sha256": "0000000000000000000000000000000000000000000000000000000000000000"}]}"#,
+        )
+        .unwrap();
+        let canonical = serde_json::to_vec(&event).unwrap();
+        assert_eq!(hash_canonical(&canonical), content_hash(&event));
+        // The definition checkpoints saved: SipHash of the Vec<u8>.
+        let mut h = DefaultHasher::new();
+        canonical.hash(&mut h);
+        assert_eq!(content_hash(&event), h.finish());
     }
 
     #[test]

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use super::ahead::DecodeAhead;
 use super::map::SourceMap;
 use super::model::{
     FileUri, HiveMessage, HivePartition, HiveTable, NotificationRow, RowSource, RowSourceError,
@@ -58,8 +59,11 @@ pub struct HiveConfig {
     pub source_map: SourceMap,
     /// `--hive-poll-ms`.
     pub poll_interval: Duration,
-    /// Most rows asked for per poll.
+    /// Most rows asked for per poll (also the most decoded ahead).
     pub batch: usize,
+    /// Threads decoding messages ahead of the ingest thread (`ahead`);
+    /// 0 decodes on the ingest thread.
+    pub decode_threads: usize,
 }
 
 impl HiveConfig {
@@ -69,6 +73,7 @@ impl HiveConfig {
             source_map,
             poll_interval: Duration::from_millis(500),
             batch: 1000,
+            decode_threads: super::ahead::default_threads(),
         }
     }
 }
@@ -94,6 +99,8 @@ pub struct HiveSource {
     gap: Option<(i64, i64)>,
     /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG`, once asked.
     txn_log: Option<bool>,
+    /// Decodes the polled rows' messages on other threads.
+    ahead: DecodeAhead,
 }
 
 impl HiveSource {
@@ -122,6 +129,7 @@ impl HiveSource {
             broken: None,
             gap: None,
             txn_log: None,
+            ahead: DecodeAhead::new(cfg.decode_threads),
         }
     }
 
@@ -235,14 +243,19 @@ impl Source for HiveSource {
         }
         match (&self.broken, good.is_empty()) {
             (Some(r), true) => Err(SourceError::Fatal(r.clone())),
-            _ => Ok(good),
+            _ => {
+                self.ahead.submit(&good);
+                Ok(good)
+            }
         }
     }
 
     fn decode(&mut self, row: &NotificationRow, latest: &Tree) -> Result<Event, DecodeError> {
         let id = StateId(row.event_id as u64);
         let reject = |reason: String| DecodeError::Rejected(Rejection::of_event(id, reason));
-        let message = super::message::decode_message(row)
+        let message = self
+            .ahead
+            .take(row)
             .map_err(|e| reject(format!("cannot decode the {} message: {e}", row.event_type)))?;
         let txn_log = match &message {
             HiveMessage::CreateTable { .. }
@@ -343,6 +356,7 @@ impl Source for HiveSource {
         }
         self.last_read = hive_event_id;
         self.broken = None;
+        self.ahead.discard();
         true
     }
 }
@@ -1277,5 +1291,90 @@ mod tests {
             (e.id, e.time_ms, e.changes.len()),
             (StateId(3), Some(1000), 0)
         );
+    }
+
+    /// Every row's outcome as the ingest loop meets them: decoded in
+    /// order (against the tree the events before it built) until the
+    /// first rejection, then re-read from just before it (as after a
+    /// hold), the rejected row decoded again, and every row after it.
+    fn outcomes(
+        rows: &[NotificationRow],
+        threads: usize,
+    ) -> Vec<(i64, Result<Event, DecodeError>)> {
+        let mut cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
+        cfg.decode_threads = threads;
+        cfg.batch = 64;
+        let flaky = Flaky {
+            rows: rows.to_vec(),
+            failures: 0,
+            txn_log: true,
+        };
+        let mut src = HiveSource::new(Box::new(flaky), &cfg, 0);
+        let mut v = Validator::new(Arc::new(Tree::empty()));
+        let mut out = Vec::new();
+        let mut reread = false;
+        'poll: loop {
+            let got = src.poll(1000).unwrap();
+            if got.is_empty() {
+                return out;
+            }
+            for r in &got {
+                let decoded = src.decode(r, v.latest());
+                out.push((r.event_id, decoded.clone()));
+                match decoded {
+                    Ok(e) => {
+                        v.check(e, None, None).unwrap();
+                    }
+                    Err(_) if !reread => {
+                        // Results of the rows after it were decoded ahead
+                        // and are not taken: the re-read must not see them.
+                        reread = true;
+                        let at = Position::Hive {
+                            hive_event_id: r.event_id - 1,
+                        };
+                        assert!(src.reread_from(&at));
+                        continue 'poll;
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decoding_ahead_keeps_id_order_and_stops_at_the_same_bad_row_as_decoding_inline() {
+        let mut rows: Vec<NotificationRow> = (1..=300)
+            .map(|id| NotificationRow {
+                event_type: "CREATE_DATABASE".into(),
+                message: Some(format!(r#"{{"db": "d{id}"}}"#)),
+                ..row(id)
+            })
+            .collect();
+        // A bad row in the middle of a batch (ids 129..=192).
+        rows[149].message = Some("{not json".into());
+        let inline = outcomes(&rows, 0);
+        let ids: Vec<i64> = inline.iter().map(|(id, _)| *id).collect();
+        let expected: Vec<i64> = (1..=150).chain(150..=300).collect();
+        assert_eq!(ids, expected);
+        let DecodeError::Rejected(r) = inline[149].1.clone().unwrap_err() else {
+            panic!("{:?}", inline[149]);
+        };
+        assert_eq!(r.state_id, Some(StateId(150)));
+        assert!(
+            r.reason
+                .contains("cannot decode the CREATE_DATABASE message: bad JSON"),
+            "{r}"
+        );
+        match &inline[200].1 {
+            Ok(e) => assert_eq!(e.changes[0].db, "d200"),
+            other => panic!("{other:?}"),
+        }
+        for threads in [1, 3] {
+            assert_eq!(
+                outcomes(&rows, threads),
+                inline,
+                "{threads} decoding threads"
+            );
+        }
     }
 }

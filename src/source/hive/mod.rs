@@ -9,9 +9,11 @@
 //!
 //! Following: [`files`] reads rows from `--hive-events` exports,
 //! [`metastore`] from the metastore database; [`map`] is `--source-map`;
-//! [`adapter`] turns rows into stagefs events (the [`crate::source::Source`]).
+//! [`adapter`] turns rows into stagefs events (the [`crate::source::Source`]),
+//! with [`ahead`] decoding the polled rows' messages on worker threads.
 
 pub mod adapter;
+pub mod ahead;
 pub mod checksum;
 pub mod files;
 pub mod map;

@@ -1,0 +1,171 @@
+//! Decoding ahead: the messages of polled rows decoded on worker threads
+//! while the ingest thread validates, applies and journals the rows before
+//! them.
+//!
+//! [`message::decode_message`] (base64, gunzip, JSON, Thrift-JSON) is a
+//! pure function of the row, and the most expensive step of a Hive event,
+//! so the adapter hands every polled row to [`DecodeAhead::submit`] and
+//! takes each row's result with [`DecodeAhead::take`] when the ingest loop
+//! reaches it. Only the message decoding moves: everything that depends on
+//! the replica's state (the mapping against the newest tree, the
+//! transaction-log lookups, validation) stays on the ingest thread.
+//!
+//! Invariants:
+//! - results are taken in id order: row *i* of a submission goes to worker
+//!   *i mod n*, each worker decodes its rows in order and answers in order,
+//!   so the next answer of that worker is row *i*'s;
+//! - a result is exactly what `decode_message` gives for the row, errors
+//!   included: the ingest loop sees the same outcome at the same row as
+//!   when it decoded the row itself, so a bad row after good ones stops
+//!   replication at the same event, after the good ones are journaled;
+//! - bounded: at most one submission (one poll, at most the adapter's batch
+//!   of rows) is in flight; a new submission first discards what was not
+//!   taken (rows read past a rejection, re-read after a rewind);
+//! - a row that was not submitted, or whose worker is gone, is decoded on
+//!   the calling thread.
+//!
+//! Owned by [`super::adapter::HiveSource`]; its threads end when it is dropped.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+
+use super::message::{decode_message, DecodeError};
+use super::model::{HiveMessage, NotificationRow};
+
+/// What decoding one row's message gave.
+pub type Decoded = Result<HiveMessage, DecodeError>;
+
+/// The default number of decoding threads: one per core, at most 4 (the
+/// ingest thread's own work bounds what more threads could give).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4))
+}
+
+struct Worker {
+    jobs: Option<Sender<NotificationRow>>,
+    results: Receiver<(i64, Decoded)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// See the module docs.
+pub struct DecodeAhead {
+    workers: Vec<Worker>,
+    /// Submitted rows not taken yet, in submission (id) order: (event id, worker).
+    pending: VecDeque<(i64, usize)>,
+}
+
+impl DecodeAhead {
+    /// `threads` decoding threads; 0 decodes every row on the caller's thread.
+    pub fn new(threads: usize) -> DecodeAhead {
+        let mut workers = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let (jobs, job_rx) = mpsc::channel::<NotificationRow>();
+            let (result_tx, results) = mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name(format!("stagefs-hive-decode-{i}"))
+                .spawn(move || {
+                    for row in job_rx {
+                        let decoded = decode_message(&row);
+                        if result_tx.send((row.event_id, decoded)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            match spawned {
+                Ok(thread) => workers.push(Worker {
+                    jobs: Some(jobs),
+                    results,
+                    thread: Some(thread),
+                }),
+                Err(e) => {
+                    // Fewer threads (or none: decoding on the caller's) work the same, slower.
+                    tracing::warn!(error = %e, "cannot start a Hive decoding thread");
+                    break;
+                }
+            }
+        }
+        DecodeAhead {
+            workers,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// Starts decoding `rows` (in id order), after discarding the results
+    /// of an earlier submission that were not taken.
+    pub fn submit(&mut self, rows: &[NotificationRow]) {
+        self.discard();
+        if self.workers.is_empty() {
+            return;
+        }
+        for (i, row) in rows.iter().enumerate() {
+            let w = i % self.workers.len();
+            let sent = self.workers[w]
+                .jobs
+                .as_ref()
+                .is_some_and(|jobs| jobs.send(row.clone()).is_ok());
+            if !sent {
+                // The worker is gone: this row and the ones after it are
+                // decoded by the caller (pending must stay in order).
+                return;
+            }
+            self.pending.push_back((row.event_id, w));
+        }
+    }
+
+    /// The decoded message of `row`: the workers' result when `row` is the
+    /// next submitted row not taken yet, else decoded here.
+    pub fn take(&mut self, row: &NotificationRow) -> Decoded {
+        while let Some(&(id, w)) = self.pending.front() {
+            if id > row.event_id {
+                break;
+            }
+            self.pending.pop_front();
+            let answer = self.workers[w].results.recv();
+            if id == row.event_id {
+                match answer {
+                    Ok((got, decoded)) if got == id => return decoded,
+                    _ => {
+                        self.give_up();
+                        break;
+                    }
+                }
+            } else if answer.is_err() {
+                self.give_up();
+                break;
+            }
+        }
+        decode_message(row)
+    }
+
+    /// Waits for and drops every result not taken.
+    pub fn discard(&mut self) {
+        while let Some((_, w)) = self.pending.pop_front() {
+            if self.workers[w].results.recv().is_err() {
+                self.give_up();
+            }
+        }
+    }
+
+    /// A worker died (a panic in decoding): from now on every row is
+    /// decoded on the caller's thread, which meets the same failure itself.
+    fn give_up(&mut self) {
+        self.pending.clear();
+        // Dropping the senders ends the other workers; their answers go
+        // with the receivers.
+        self.workers.clear();
+    }
+}
+
+impl Drop for DecodeAhead {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            w.jobs = None;
+        }
+        for w in &mut self.workers {
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
