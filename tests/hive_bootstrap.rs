@@ -326,8 +326,7 @@ fn report(state: &Path) -> Value {
     serde_json::from_str(&text).expect("report JSON")
 }
 
-#[test]
-fn kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
+fn kill9_during_bootstrap_resumes_and_copies_nothing_staged_again(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path());
     let root = args.mnt.parent().unwrap().to_owned();
@@ -339,7 +338,8 @@ fn kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
         file_bytes: 16 << 10,
         seed: 5,
     };
-    let (server, wh) = setup(Kind::MariaDb, &root, &shape);
+    let t0 = Instant::now();
+    let (server, wh) = setup(kind, &root, &shape);
     let files = wh.file_count();
     let state = args.state.clone();
     let url = server.url("hive");
@@ -404,10 +404,20 @@ fn kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
     let s = d.wait_visible(y as u64);
     assert_eq!(s["bootstrap"]["state_id"], y, "{s}");
     check_at(d.mnt(), &wh, y);
+    eprintln!("{kind:?}: {:?} in all", t0.elapsed());
 }
 
 #[test]
-fn a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_shown() {
+fn postgres_kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
+    kill9_during_bootstrap_resumes_and_copies_nothing_staged_again(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
+    kill9_during_bootstrap_resumes_and_copies_nothing_staged_again(Kind::MariaDb);
+}
+
+fn a_table_changing_faster_than_it_can_be_listed_is_reported(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path());
     let root = args.mnt.parent().unwrap().to_owned();
@@ -419,7 +429,8 @@ fn a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_show
         file_bytes: 64,
         seed: 9,
     };
-    let (server, wh) = setup(Kind::Postgres, &root, &shape);
+    let t0 = Instant::now();
+    let (server, wh) = setup(kind, &root, &shape);
     let map = wh.source_map();
     let (stop, writer) = busy_writer(wh, Duration::from_millis(10), |wh| {
         wh.insert_into("db0", "t3");
@@ -451,6 +462,17 @@ fn a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_show
         let len = std::fs::metadata(&seg).map(|m| m.len()).unwrap_or(0);
         assert!(len <= 16, "{} holds records", seg.display());
     }
+    eprintln!("{kind:?}: {:?} in all", t0.elapsed());
+}
+
+#[test]
+fn postgres_a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_shown() {
+    a_table_changing_faster_than_it_can_be_listed_is_reported(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_shown() {
+    a_table_changing_faster_than_it_can_be_listed_is_reported(Kind::MariaDb);
 }
 
 /// The stall reason in a status, or "".
@@ -466,8 +488,7 @@ fn bootstrapping_again(s: &Value) -> bool {
             .is_some_and(|p| p != "done")
 }
 
-#[test]
-fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served() {
+fn gap_stall_on_a_live_mount_bootstraps_again(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path());
     let root = args.mnt.parent().unwrap().to_owned();
@@ -480,7 +501,7 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
         seed: 41,
     };
     let t0 = Instant::now();
-    let (server, mut wh) = setup(Kind::Postgres, &root, &shape);
+    let (server, mut wh) = setup(kind, &root, &shape);
     let args = args
         .hive_metastore(HiveMetastoreArgs {
             url: server.url("hive"),
@@ -623,11 +644,21 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
     assert_eq!(visible(&s), last as u64, "{s}");
     check_at(d.mnt(), &wh, last);
     eprintln!(
-        "gap {gap_from}..{gap_to}, re-bootstrap at {y}, {during} reads of the old state during it, \
+        "{kind:?}: gap {gap_from}..{gap_to}, re-bootstrap at {y}, {during} reads of the old state during it, \
          killed: {killed}, {checked} states checked, {:?} in all",
         t0.elapsed()
     );
     drop(server);
+}
+
+#[test]
+fn postgres_a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served() {
+    gap_stall_on_a_live_mount_bootstraps_again(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served() {
+    gap_stall_on_a_live_mount_bootstraps_again(Kind::MariaDb);
 }
 
 /// A transactional table's directories at the snapshot, and what a Hive
