@@ -7,6 +7,9 @@
 //! tables unless STAGEFS_LONG_TESTS is set, to keep the suite short). Then: `kill -9`
 //! during a bootstrap (the rerun copies nothing already staged), and a
 //! table that changes faster than it can be listed (reported, never shown).
+//! A replica stalled at an id gap: bootstrapped again by the live mount
+//! (the old state served meanwhile) and by `stagefs bootstrap` on the
+//! stopped folder (which leaves a healthy folder alone).
 //! Transactional tables: bootstrapped to exactly the files a Hive reader at
 //! the snapshot reads (base, deltas, aborted and compacted directories),
 //! reported when only Hive's row filtering could read them, and brought
@@ -659,6 +662,167 @@ fn postgres_a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_sta
 #[test]
 fn mariadb_a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served() {
     gap_stall_on_a_live_mount_bootstraps_again(Kind::MariaDb);
+}
+
+/// The ids of `state`'s journal records, in order.
+fn journal_ids(state: &Path) -> Vec<i64> {
+    use stagefs::journal::{Journal, JournalConfig};
+    let (journal, _) = Journal::open(JournalConfig::new(state.join("journal"))).expect("journal");
+    let mut follower = journal.follower(stagefs::event::StateId(0));
+    let mut ids = Vec::new();
+    while let Some(rec) = follower.try_next().expect("read") {
+        ids.push(rec.id.0 as i64);
+    }
+    ids
+}
+
+/// `stagefs bootstrap` run to its end: (succeeded, stderr).
+fn run_bootstrap(state: &Path, url: &str, map: &[String]) -> (bool, String) {
+    let out = bootstrap_command(state, url, map).output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
+    (out.status.success(), stderr)
+}
+
+/// `stagefs bootstrap` (the command, no mount) on a state folder: from
+/// empty it bootstraps; on a healthy folder it does nothing; on a folder
+/// a mount holds it refuses; on a folder whose replication stopped at an
+/// id gap it bootstraps again, and a later mount continues from there.
+fn bootstrap_command_brings_a_gap_stalled_folder_forward(kind: Kind) {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path());
+    let root = args.mnt.parent().unwrap().to_owned();
+    let shape = Shape {
+        databases: 2,
+        tables_per_db: 6,
+        partitions_per_table: 3,
+        unpartitioned_every: 3,
+        file_bytes: 256,
+        seed: 77,
+    };
+    let t0 = Instant::now();
+    let (server, mut wh) = setup(kind, &root, &shape);
+    let (url, map) = (server.url("hive"), wh.source_map());
+    let state = args.state.clone();
+
+    let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    assert!(ok, "{stderr}");
+    let y0 = report(&state)["state_id"].as_i64().expect("state id");
+    assert_eq!(y0, wh.latest());
+
+    // A healthy folder (the events after it are all there): nothing to
+    // do, nothing touched; the mount applies those events later.
+    for _ in 0..3 {
+        wh.step();
+    }
+    let report_bytes = || std::fs::read(state.join("bootstrap/report.json")).unwrap();
+    let before = (journal_ids(&state), report_bytes());
+    let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("no gap; nothing to do"), "{stderr}");
+    assert_eq!((journal_ids(&state), report_bytes()), before, "untouched");
+
+    // A mount without --bootstrap replicates on; meanwhile the command
+    // refuses the folder.
+    let args = args.hive_metastore(HiveMetastoreArgs {
+        url: url.clone(),
+        password: PASSWORD.into(),
+        source_map: map.clone(),
+        poll_ms: 50,
+    });
+    let mut d = Daemon::start(args);
+    let old = wh.latest();
+    d.wait_visible(old as u64);
+    check_at(d.mnt(), &wh, old);
+    let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    assert!(
+        !ok && stderr.contains("is in use by another stagefs process"),
+        "{stderr}"
+    );
+
+    // The cleaner purges events the mount has not read (it is stopped
+    // meanwhile): it stalls at the gap, serving the old state.
+    d.signal(libc::SIGSTOP);
+    for _ in 0..4 {
+        wh.step();
+    }
+    let (gap_from, gap_to) = (old + 1, wh.latest());
+    wh.purge_events(gap_from, gap_to);
+    wh.step();
+    d.signal(libc::SIGCONT);
+    let missing = format!("events {gap_from}..{gap_to} are missing from the metastore");
+    let s = d.wait_status("the stall at the gap", |s| {
+        stall_reason(s).contains(&format!("{missing}: re-bootstrap"))
+    });
+    assert_eq!(visible(&s), old as u64, "{s}");
+    check_at(d.mnt(), &wh, old);
+    d.sigterm();
+    wh.step();
+
+    // The command bootstraps the stopped folder again, past the gap.
+    let started = Instant::now();
+    let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    assert!(ok, "{stderr}");
+    eprintln!("{kind:?}: bootstrapped again in {:?}", started.elapsed());
+    assert!(stderr.contains("bootstrapping again"), "{stderr}");
+    let r = report(&state);
+    let y = r["state_id"].as_i64().expect("state id");
+    assert_eq!(
+        y,
+        wh.latest(),
+        "the metastore's id (no writer meanwhile): {r}"
+    );
+    assert!(y > gap_to, "{r}");
+    assert!(
+        r["files_reused"].as_u64().unwrap() > 0,
+        "files staged by the first bootstrap are not copied again: {r}"
+    );
+    // Its record replaces the old state: the warehouse at `y`, whole.
+    let ids = journal_ids(&state);
+    assert_eq!(ids.last(), Some(&y), "{ids:?}");
+    // The GC hold waits for `y` only (a run under way holds with no id).
+    let marker = state.join("bootstrap/after_gap.json");
+    if let Ok(text) = std::fs::read_to_string(&marker) {
+        let m: Value = serde_json::from_str(&text).expect("marker JSON");
+        assert_eq!(m["state_id"], y, "{m}");
+    }
+
+    // A mount continues from `y` with incremental events.
+    d.restart();
+    let s = d.wait_visible(y as u64);
+    assert_eq!(s["bootstrap"]["state_id"], y, "{s}");
+    check_at(d.mnt(), &wh, y);
+    for _ in 0..4 {
+        wh.step();
+    }
+    let last = wh.latest();
+    // Garbage collection runs again: the hold is lifted.
+    let s = d.wait_visible_and_gc(last as u64);
+    assert!(!marker.exists(), "the GC hold is released");
+    assert!(stall_reason(&s).is_empty(), "{s}");
+    check_at(d.mnt(), &wh, last);
+    d.sigterm();
+    // Every event once: the first bootstrap, the events up to the gap,
+    // the re-bootstrap, the events after it; each state equals the oracle.
+    let ids = journal_ids(&state);
+    let want: Vec<i64> = (y0..=old).chain(y..=last).collect();
+    assert_eq!(ids, want, "one record per id, none twice");
+    let checked = check_journal_from(&state, &wh, y0, Some(y), last);
+    eprintln!(
+        "{kind:?}: gap {gap_from}..{gap_to}, re-bootstrap at {y}, {checked} states checked, {:?} in all",
+        t0.elapsed()
+    );
+    drop(server);
+}
+
+#[test]
+fn postgres_bootstrap_command_brings_a_gap_stalled_folder_forward_and_leaves_a_healthy_one() {
+    bootstrap_command_brings_a_gap_stalled_folder_forward(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_bootstrap_command_brings_a_gap_stalled_folder_forward_and_leaves_a_healthy_one() {
+    bootstrap_command_brings_a_gap_stalled_folder_forward(Kind::MariaDb);
 }
 
 /// A transactional table's directories at the snapshot, and what a Hive
