@@ -491,6 +491,22 @@ fn bootstrapping_again(s: &Value) -> bool {
             .is_some_and(|p| p != "done")
 }
 
+/// The cleaner purges `steps` events `d` has not read: `d` is stopped
+/// (SIGSTOP) meanwhile so that it cannot read them first; one more event
+/// follows the gap. Returns the missing ids.
+fn gap_while_stopped(d: &Daemon, wh: &mut HmsWarehouse, steps: usize) -> (i64, i64) {
+    d.signal(libc::SIGSTOP);
+    let from = wh.latest() + 1;
+    for _ in 0..steps {
+        wh.step();
+    }
+    let to = wh.latest();
+    wh.purge_events(from, to);
+    wh.step();
+    d.signal(libc::SIGCONT);
+    (from, to)
+}
+
 fn gap_stall_on_a_live_mount_bootstraps_again(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path());
@@ -528,16 +544,7 @@ fn gap_stall_on_a_live_mount_bootstraps_again(kind: Kind) {
     check_at(d.mnt(), &wh, old);
     let old_content = wh.expected(old).clone();
 
-    // The cleaner purges events the daemon has not read: the daemon is
-    // stopped (SIGSTOP) meanwhile so that it cannot read them first.
-    d.signal(libc::SIGSTOP);
-    for _ in 0..6 {
-        wh.step();
-    }
-    let (gap_from, gap_to) = (old + 1, wh.latest());
-    wh.purge_events(gap_from, gap_to);
-    wh.step();
-    d.signal(libc::SIGCONT);
+    let (gap_from, gap_to) = gap_while_stopped(&d, &mut wh, 6);
     // More events while it bootstraps again (a few per listing window over
     // 24 tables: the rounds converge).
     let (stop, writer) = busy_writer(wh, Duration::from_millis(300), |wh| {
@@ -740,16 +747,9 @@ fn bootstrap_command_brings_a_gap_stalled_folder_forward(kind: Kind) {
         "{stderr}"
     );
 
-    // The cleaner purges events the mount has not read (it is stopped
-    // meanwhile): it stalls at the gap, serving the old state.
-    d.signal(libc::SIGSTOP);
-    for _ in 0..4 {
-        wh.step();
-    }
-    let (gap_from, gap_to) = (old + 1, wh.latest());
-    wh.purge_events(gap_from, gap_to);
-    wh.step();
-    d.signal(libc::SIGCONT);
+    // The mount stalls at the gap, serving the old state.
+    let (gap_from, gap_to) = gap_while_stopped(&d, &mut wh, 4);
+    assert_eq!(gap_from, old + 1);
     let missing = format!("events {gap_from}..{gap_to} are missing from the metastore");
     let s = d.wait_status("the stall at the gap", |s| {
         stall_reason(s).contains(&format!("{missing}: re-bootstrap"))
