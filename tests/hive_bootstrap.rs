@@ -7,6 +7,9 @@
 //! tables unless STAGEFS_LONG_TESTS is set, to keep the suite short). Then: `kill -9`
 //! during a bootstrap (the rerun copies nothing already staged), and a
 //! table that changes faster than it can be listed (reported, never shown).
+//! A replica stalled at an id gap: bootstrapped again by the live mount
+//! (the old state served meanwhile) and by `stagefs bootstrap` on the
+//! stopped folder (which leaves a healthy folder alone).
 //! Transactional tables: bootstrapped to exactly the files a Hive reader at
 //! the snapshot reads (base, deltas, aborted and compacted directories),
 //! reported when only Hive's row filtering could read them, and brought
@@ -326,8 +329,7 @@ fn report(state: &Path) -> Value {
     serde_json::from_str(&text).expect("report JSON")
 }
 
-#[test]
-fn kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
+fn kill9_during_bootstrap_resumes_and_copies_nothing_staged_again(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path());
     let root = args.mnt.parent().unwrap().to_owned();
@@ -339,7 +341,8 @@ fn kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
         file_bytes: 16 << 10,
         seed: 5,
     };
-    let (server, wh) = setup(Kind::MariaDb, &root, &shape);
+    let t0 = Instant::now();
+    let (server, wh) = setup(kind, &root, &shape);
     let files = wh.file_count();
     let state = args.state.clone();
     let url = server.url("hive");
@@ -404,10 +407,20 @@ fn kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
     let s = d.wait_visible(y as u64);
     assert_eq!(s["bootstrap"]["state_id"], y, "{s}");
     check_at(d.mnt(), &wh, y);
+    eprintln!("{kind:?}: {:?} in all", t0.elapsed());
 }
 
 #[test]
-fn a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_shown() {
+fn postgres_kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
+    kill9_during_bootstrap_resumes_and_copies_nothing_staged_again(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_kill9_during_bootstrap_resumes_and_copies_nothing_staged_again() {
+    kill9_during_bootstrap_resumes_and_copies_nothing_staged_again(Kind::MariaDb);
+}
+
+fn a_table_changing_faster_than_it_can_be_listed_is_reported(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path());
     let root = args.mnt.parent().unwrap().to_owned();
@@ -419,7 +432,8 @@ fn a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_show
         file_bytes: 64,
         seed: 9,
     };
-    let (server, wh) = setup(Kind::Postgres, &root, &shape);
+    let t0 = Instant::now();
+    let (server, wh) = setup(kind, &root, &shape);
     let map = wh.source_map();
     let (stop, writer) = busy_writer(wh, Duration::from_millis(10), |wh| {
         wh.insert_into("db0", "t3");
@@ -451,6 +465,17 @@ fn a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_show
         let len = std::fs::metadata(&seg).map(|m| m.len()).unwrap_or(0);
         assert!(len <= 16, "{} holds records", seg.display());
     }
+    eprintln!("{kind:?}: {:?} in all", t0.elapsed());
+}
+
+#[test]
+fn postgres_a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_shown() {
+    a_table_changing_faster_than_it_can_be_listed_is_reported(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_a_table_changing_faster_than_it_can_be_listed_is_reported_and_nothing_is_shown() {
+    a_table_changing_faster_than_it_can_be_listed_is_reported(Kind::MariaDb);
 }
 
 /// The stall reason in a status, or "".
@@ -466,8 +491,23 @@ fn bootstrapping_again(s: &Value) -> bool {
             .is_some_and(|p| p != "done")
 }
 
-#[test]
-fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served() {
+/// The cleaner purges `steps` events `d` has not read: `d` is stopped
+/// (SIGSTOP) meanwhile so that it cannot read them first; one more event
+/// follows the gap. Returns the missing ids.
+fn gap_while_stopped(d: &Daemon, wh: &mut HmsWarehouse, steps: usize) -> (i64, i64) {
+    d.signal(libc::SIGSTOP);
+    let from = wh.latest() + 1;
+    for _ in 0..steps {
+        wh.step();
+    }
+    let to = wh.latest();
+    wh.purge_events(from, to);
+    wh.step();
+    d.signal(libc::SIGCONT);
+    (from, to)
+}
+
+fn gap_stall_on_a_live_mount_bootstraps_again(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path());
     let root = args.mnt.parent().unwrap().to_owned();
@@ -480,7 +520,7 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
         seed: 41,
     };
     let t0 = Instant::now();
-    let (server, mut wh) = setup(Kind::Postgres, &root, &shape);
+    let (server, mut wh) = setup(kind, &root, &shape);
     let args = args
         .hive_metastore(HiveMetastoreArgs {
             url: server.url("hive"),
@@ -504,16 +544,7 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
     check_at(d.mnt(), &wh, old);
     let old_content = wh.expected(old).clone();
 
-    // The cleaner purges events the daemon has not read: the daemon is
-    // stopped (SIGSTOP) meanwhile so that it cannot read them first.
-    d.signal(libc::SIGSTOP);
-    for _ in 0..6 {
-        wh.step();
-    }
-    let (gap_from, gap_to) = (old + 1, wh.latest());
-    wh.purge_events(gap_from, gap_to);
-    wh.step();
-    d.signal(libc::SIGCONT);
+    let (gap_from, gap_to) = gap_while_stopped(&d, &mut wh, 6);
     // More events while it bootstraps again (a few per listing window over
     // 24 tables: the rounds converge).
     let (stop, writer) = busy_writer(wh, Duration::from_millis(300), |wh| {
@@ -623,11 +654,175 @@ fn a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served
     assert_eq!(visible(&s), last as u64, "{s}");
     check_at(d.mnt(), &wh, last);
     eprintln!(
-        "gap {gap_from}..{gap_to}, re-bootstrap at {y}, {during} reads of the old state during it, \
+        "{kind:?}: gap {gap_from}..{gap_to}, re-bootstrap at {y}, {during} reads of the old state during it, \
          killed: {killed}, {checked} states checked, {:?} in all",
         t0.elapsed()
     );
     drop(server);
+}
+
+#[test]
+fn postgres_a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served() {
+    gap_stall_on_a_live_mount_bootstraps_again(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_a_gap_stall_on_a_live_mount_bootstraps_again_while_the_old_state_stays_served() {
+    gap_stall_on_a_live_mount_bootstraps_again(Kind::MariaDb);
+}
+
+/// The ids of `state`'s journal records, in order.
+fn journal_ids(state: &Path) -> Vec<i64> {
+    use stagefs::journal::{Journal, JournalConfig};
+    let (journal, _) = Journal::open(JournalConfig::new(state.join("journal"))).expect("journal");
+    let mut follower = journal.follower(stagefs::event::StateId(0));
+    let mut ids = Vec::new();
+    while let Some(rec) = follower.try_next().expect("read") {
+        ids.push(rec.id.0 as i64);
+    }
+    ids
+}
+
+/// `stagefs bootstrap` run to its end: (succeeded, stderr).
+fn run_bootstrap(state: &Path, url: &str, map: &[String]) -> (bool, String) {
+    let out = bootstrap_command(state, url, map).output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
+    (out.status.success(), stderr)
+}
+
+/// `stagefs bootstrap` (the command, no mount) on a state folder: from
+/// empty it bootstraps; on a healthy folder it does nothing; on a folder
+/// a mount holds it refuses; on a folder whose replication stopped at an
+/// id gap it bootstraps again, and a later mount continues from there.
+fn bootstrap_command_brings_a_gap_stalled_folder_forward(kind: Kind) {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path());
+    let root = args.mnt.parent().unwrap().to_owned();
+    let shape = Shape {
+        databases: 2,
+        tables_per_db: 6,
+        partitions_per_table: 3,
+        unpartitioned_every: 3,
+        file_bytes: 256,
+        seed: 77,
+    };
+    let t0 = Instant::now();
+    let (server, mut wh) = setup(kind, &root, &shape);
+    let (url, map) = (server.url("hive"), wh.source_map());
+    let state = args.state.clone();
+
+    let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    assert!(ok, "{stderr}");
+    let y0 = report(&state)["state_id"].as_i64().expect("state id");
+    assert_eq!(y0, wh.latest());
+
+    // A healthy folder (the events after it are all there): nothing to
+    // do, nothing touched; the mount applies those events later.
+    for _ in 0..3 {
+        wh.step();
+    }
+    let report_bytes = || std::fs::read(state.join("bootstrap/report.json")).unwrap();
+    let before = (journal_ids(&state), report_bytes());
+    let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("no gap; nothing to do"), "{stderr}");
+    assert_eq!((journal_ids(&state), report_bytes()), before, "untouched");
+
+    // A mount without --bootstrap replicates on; meanwhile the command
+    // refuses the folder.
+    let args = args.hive_metastore(HiveMetastoreArgs {
+        url: url.clone(),
+        password: PASSWORD.into(),
+        source_map: map.clone(),
+        poll_ms: 50,
+    });
+    let mut d = Daemon::start(args);
+    let old = wh.latest();
+    d.wait_visible(old as u64);
+    check_at(d.mnt(), &wh, old);
+    let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    assert!(
+        !ok && stderr.contains("is in use by another stagefs process"),
+        "{stderr}"
+    );
+
+    // The mount stalls at the gap, serving the old state.
+    let (gap_from, gap_to) = gap_while_stopped(&d, &mut wh, 4);
+    assert_eq!(gap_from, old + 1);
+    let missing = format!("events {gap_from}..{gap_to} are missing from the metastore");
+    let s = d.wait_status("the stall at the gap", |s| {
+        stall_reason(s).contains(&format!("{missing}: re-bootstrap"))
+    });
+    assert_eq!(visible(&s), old as u64, "{s}");
+    check_at(d.mnt(), &wh, old);
+    d.sigterm();
+    wh.step();
+
+    // The command bootstraps the stopped folder again, past the gap.
+    let started = Instant::now();
+    let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    assert!(ok, "{stderr}");
+    eprintln!("{kind:?}: bootstrapped again in {:?}", started.elapsed());
+    assert!(stderr.contains("bootstrapping again"), "{stderr}");
+    let r = report(&state);
+    let y = r["state_id"].as_i64().expect("state id");
+    assert_eq!(
+        y,
+        wh.latest(),
+        "the metastore's id (no writer meanwhile): {r}"
+    );
+    assert!(y > gap_to, "{r}");
+    assert!(
+        r["files_reused"].as_u64().unwrap() > 0,
+        "files staged by the first bootstrap are not copied again: {r}"
+    );
+    // Its record replaces the old state: the warehouse at `y`, whole.
+    let ids = journal_ids(&state);
+    assert_eq!(ids.last(), Some(&y), "{ids:?}");
+    // The GC hold waits for `y` only (a run under way holds with no id).
+    let marker = state.join("bootstrap/after_gap.json");
+    if let Ok(text) = std::fs::read_to_string(&marker) {
+        let m: Value = serde_json::from_str(&text).expect("marker JSON");
+        assert_eq!(m["state_id"], y, "{m}");
+    }
+
+    // A mount continues from `y` with incremental events.
+    d.restart();
+    let s = d.wait_visible(y as u64);
+    assert_eq!(s["bootstrap"]["state_id"], y, "{s}");
+    check_at(d.mnt(), &wh, y);
+    for _ in 0..4 {
+        wh.step();
+    }
+    let last = wh.latest();
+    // Garbage collection runs again: the hold is lifted.
+    let s = d.wait_visible_and_gc(last as u64);
+    assert!(!marker.exists(), "the GC hold is released");
+    assert!(stall_reason(&s).is_empty(), "{s}");
+    check_at(d.mnt(), &wh, last);
+    d.sigterm();
+    // Every event once: the first bootstrap, the events up to the gap,
+    // the re-bootstrap, the events after it; each state equals the oracle.
+    let ids = journal_ids(&state);
+    let want: Vec<i64> = (y0..=old).chain(y..=last).collect();
+    assert_eq!(ids, want, "one record per id, none twice");
+    let checked = check_journal_from(&state, &wh, y0, Some(y), last);
+    eprintln!(
+        "{kind:?}: gap {gap_from}..{gap_to}, re-bootstrap at {y}, {checked} states checked, {:?} in all",
+        t0.elapsed()
+    );
+    drop(server);
+}
+
+#[test]
+fn postgres_bootstrap_command_brings_a_gap_stalled_folder_forward_and_leaves_a_healthy_one() {
+    bootstrap_command_brings_a_gap_stalled_folder_forward(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_bootstrap_command_brings_a_gap_stalled_folder_forward_and_leaves_a_healthy_one() {
+    bootstrap_command_brings_a_gap_stalled_folder_forward(Kind::MariaDb);
 }
 
 /// A transactional table's directories at the snapshot, and what a Hive

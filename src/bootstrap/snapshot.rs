@@ -1,8 +1,9 @@
 //! The metastore's own tables read in ONE consistent database snapshot,
 //! together with the event id that snapshot is at (HIVE.md "Bootstrap").
 //!
-//! Owns one short-lived connection per snapshot (not the polling
-//! connection of `source::hive::metastore`): PostgreSQL runs the reads in
+//! Owns one short-lived connection per snapshot (a
+//! `source::hive::metastore::Session`, opened and quoted as the polling
+//! connection is, not that connection itself): PostgreSQL runs the reads in
 //! `BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY` (one snapshot taken
 //! at the first read), MySQL/MariaDB in `START TRANSACTION WITH
 //! CONSISTENT SNAPSHOT, READ ONLY` under REPEATABLE READ. Hive's listener
@@ -19,7 +20,8 @@
 //! where that table is gone), `NEXT_WRITE_ID` (a table's high watermark is
 //! `NWI_NEXT - 1`) and the `TXN_TO_WRITE_ID` rows of open and aborted
 //! transactions. A metastore without those tables gives transactional
-//! tables no ids ([`TableMeta::acid`] None): the bootstrap reports them. Keys and values are ordered by `INTEGER_IDX`, never by name.
+//! tables no ids ([`TableMeta::acid`] None): the bootstrap reports them.
+//! Keys and values are ordered by `INTEGER_IDX`, never by name.
 //! Values arrive as text (PostgreSQL's simple query protocol, MySQL's text
 //! protocol) and are parsed here, so column widths (int4/int8) do not
 //! matter. Every statement is bounded by the server's statement timeout
@@ -33,7 +35,8 @@ use std::time::Duration;
 
 use super::acid::{AcidIds, ValidTxns, ValidWriteIds};
 
-use crate::source::hive::metastore::{endpoint, Endpoint, PASSWORD_ENV};
+use crate::source::hive::metastore::{Endpoint, Session, TextRows, Timeouts, PASSWORD_ENV};
+use crate::source::hive::model::RowSourceError;
 
 /// A table in the snapshot, with Hive's raw names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,30 +96,60 @@ pub enum SnapshotError {
     Fatal(String),
 }
 
-/// How long one snapshot's statements may take.
-const STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting and each of a snapshot's statements may take.
+const TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_secs(10),
+    statement: Duration::from_secs(300),
+};
 
 /// Reads one snapshot of the metastore at `url` (password as for polling).
 pub fn read(url: &str) -> Result<Snapshot, SnapshotError> {
-    let ep = endpoint(url, std::env::var(PASSWORD_ENV).ok())
-        .map_err(|e| SnapshotError::Fatal(e.to_string()))?;
-    let scrub = |text: String| match &ep.password {
-        Some(p) if !p.is_empty() => text.replace(p.as_str(), "<password>"),
-        _ => text,
-    };
-    let rows = if ep.postgres {
-        pg::read(&ep)
-    } else {
-        my::read(&ep)
-    };
-    let rows = rows.map_err(|e| match e {
-        SnapshotError::Unavailable(t) => {
-            SnapshotError::Unavailable(scrub(format!("{}: {t}", ep.described)))
-        }
-        SnapshotError::Fatal(t) => SnapshotError::Fatal(scrub(format!("{}: {t}", ep.described))),
-    })?;
+    let ep = Endpoint::parse(url, std::env::var(PASSWORD_ENV).ok()).map_err(snapshot_error)?;
+    let mut session = Session::open(&ep, TIMEOUTS, "stagefs-bootstrap")
+        .map_err(|e| snapshot_error(ep.scrub(e)))?;
+    let rows = read_rows(&mut session).map_err(|e| snapshot_error(ep.scrub(e)))?;
     assemble(rows)
+}
+
+/// Unavailable stays worth retrying; anything else is fatal.
+fn snapshot_error(e: RowSourceError) -> SnapshotError {
+    match e {
+        RowSourceError::Unavailable(t) => SnapshotError::Unavailable(t),
+        RowSourceError::Fatal(t) => SnapshotError::Fatal(t),
+        RowSourceError::BadRow { location, reason } => {
+            SnapshotError::Fatal(format!("{location}: {reason}"))
+        }
+    }
+}
+
+/// Every query of a snapshot in one transaction: PostgreSQL's
+/// `REPEATABLE READ` takes its snapshot at the first read; MySQL's
+/// `WITH CONSISTENT SNAPSHOT` at the start.
+fn read_rows(session: &mut Session) -> Result<Rows, RowSourceError> {
+    if session.is_postgres() {
+        session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")?;
+    } else {
+        session.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")?;
+        session.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")?;
+    }
+    let present = session.tables()?;
+    let optional = Optional::of(|t| session.table(&present, t).is_some());
+    let table = |t: &str| session.quote(&session.table(&present, t).unwrap_or_else(|| t.into()));
+    let column = |c: &str| session.quote(c);
+    let sql: Vec<String> = optional
+        .queries()
+        .into_iter()
+        .map(|q| render(q, &table, &column))
+        .collect();
+    let mut all = Vec::with_capacity(sql.len());
+    for q in &sql {
+        all.push(session.query(q)?);
+    }
+    // Read only: nothing to keep or lose.
+    let _ = session.execute("COMMIT");
+    let mut rows = Rows::default();
+    fill(&mut rows, all, optional);
+    Ok(rows)
 }
 
 /// The raw rows of one snapshot, every value as text.
@@ -125,29 +158,29 @@ struct Rows {
     next_event_id: Option<String>,
     max_event_id: Option<String>,
     /// DB_ID, NAME
-    dbs: Vec<Vec<Option<String>>>,
+    dbs: TextRows,
     /// TBL_ID, DB_ID, TBL_NAME, TBL_TYPE, LOCATION
-    tbls: Vec<Vec<Option<String>>>,
+    tbls: TextRows,
     /// TBL_ID, PKEY_NAME, INTEGER_IDX
-    keys: Vec<Vec<Option<String>>>,
+    keys: TextRows,
     /// PART_ID, TBL_ID, PART_NAME, LOCATION
-    parts: Vec<Vec<Option<String>>>,
+    parts: TextRows,
     /// PART_ID, PART_KEY_VAL, INTEGER_IDX
-    vals: Vec<Vec<Option<String>>>,
+    vals: TextRows,
     /// TBL_ID, PARAM_KEY, PARAM_VALUE
-    params: Vec<Vec<Option<String>>>,
+    params: TextRows,
     /// Whether `TXNS`, `TXN_TO_WRITE_ID` and `NEXT_WRITE_ID` exist (then
     /// the rows below were read).
     acid: bool,
     /// TXN_ID, TXN_STATE of open and aborted transactions.
-    txns: Vec<Vec<Option<String>>>,
+    txns: TextRows,
     max_txn_id: Option<String>,
     /// `NEXT_TXN_ID.NTXN_NEXT` (Hive 3 schemas only).
     next_txn_id: Option<String>,
     /// NWI_DATABASE, NWI_TABLE, NWI_NEXT
-    next_write_ids: Vec<Vec<Option<String>>>,
+    next_write_ids: TextRows,
     /// T2W_DATABASE, T2W_TABLE, T2W_WRITEID, TXN_STATE (open or aborted).
-    invalid_write_ids: Vec<Vec<Option<String>>>,
+    invalid_write_ids: TextRows,
 }
 
 /// The queries, with `{T}` for a quoted table name and `{C}` for a quoted
@@ -403,124 +436,8 @@ fn acid_ids(rows: &Rows) -> Result<Option<AcidRows>, SnapshotError> {
     Ok(Some((Arc::new(txns), tables)))
 }
 
-mod pg {
-    //! PostgreSQL: tokio-postgres on a private current-thread runtime.
-
-    use tokio_postgres::{NoTls, SimpleQueryMessage};
-
-    use super::*;
-
-    fn unavailable_or_fatal(what: &str, e: &tokio_postgres::Error) -> SnapshotError {
-        let text = match e.as_db_error() {
-            Some(db) => format!("{what}: {} ({})", db.message(), db.code().code()),
-            None => format!("{what}: {e}"),
-        };
-        let transient = match e.as_db_error() {
-            Some(db) => ["08", "40", "53", "57", "58"]
-                .iter()
-                .any(|c| db.code().code().starts_with(c)),
-            None => true,
-        };
-        if transient {
-            SnapshotError::Unavailable(text)
-        } else {
-            SnapshotError::Fatal(text)
-        }
-    }
-
-    pub(super) fn read(ep: &Endpoint) -> Result<Rows, SnapshotError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| SnapshotError::Fatal(format!("cannot start a runtime: {e}")))?;
-        let mut config = tokio_postgres::Config::new();
-        config
-            .user(&ep.user)
-            .dbname(&ep.database)
-            .host(&ep.host)
-            .port(ep.port)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .application_name("stagefs-bootstrap")
-            .options(format!(
-                "-c statement_timeout={}",
-                STATEMENT_TIMEOUT.as_millis()
-            ));
-        if let Some(p) = &ep.password {
-            config.password(p);
-        }
-        runtime.block_on(async {
-            let deadline = CONNECT_TIMEOUT + STATEMENT_TIMEOUT;
-            let work = async {
-                let (client, connection) = config
-                    .connect(NoTls)
-                    .await
-                    .map_err(|e| unavailable_or_fatal("connecting", &e))?;
-                let task = tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                let quote = |n: &str| format!("\"{n}\"");
-                let query = |q: &str| render(q, &quote, &quote);
-                let result = async {
-                    client
-                        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                        .await
-                        .map_err(|e| unavailable_or_fatal("starting the snapshot", &e))?;
-                    let present = client
-                        .simple_query(
-                            "SELECT table_name FROM information_schema.tables \
-                             WHERE table_schema = current_schema()",
-                        )
-                        .await
-                        .map_err(|e| unavailable_or_fatal("listing the tables", &e))?;
-                    let names: Vec<String> = present
-                        .iter()
-                        .filter_map(|m| match m {
-                            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                            _ => None,
-                        })
-                        .collect();
-                    let optional = Optional::of(|t| names.iter().any(|n| n == t));
-                    let mut rows = Rows::default();
-                    let mut all = Vec::new();
-                    for q in optional.queries() {
-                        let sql = query(q);
-                        let messages = client
-                            .simple_query(&sql)
-                            .await
-                            .map_err(|e| unavailable_or_fatal(&sql, &e))?;
-                        let mut table = Vec::new();
-                        for m in messages {
-                            if let SimpleQueryMessage::Row(row) = m {
-                                table.push(
-                                    (0..row.len())
-                                        .map(|i| row.get(i).map(str::to_owned))
-                                        .collect::<Vec<_>>(),
-                                );
-                            }
-                        }
-                        all.push(table);
-                    }
-                    let _ = client.batch_execute("COMMIT").await;
-                    fill(&mut rows, all, optional);
-                    Ok(rows)
-                }
-                .await;
-                task.abort();
-                result
-            };
-            match tokio::time::timeout(deadline, work).await {
-                Ok(r) => r,
-                Err(_) => Err(SnapshotError::Unavailable(format!(
-                    "no answer within {} s",
-                    deadline.as_secs()
-                ))),
-            }
-        })
-    }
-}
-
 /// Puts the results of [`Optional::queries`] in place.
-fn fill(rows: &mut Rows, mut all: Vec<Vec<Vec<Option<String>>>>, optional: Optional) {
+fn fill(rows: &mut Rows, mut all: Vec<TextRows>, optional: Optional) {
     let mut take = || {
         if all.is_empty() {
             Vec::new()
@@ -528,7 +445,7 @@ fn fill(rows: &mut Rows, mut all: Vec<Vec<Vec<Option<String>>>>, optional: Optio
             all.remove(0)
         }
     };
-    let first = |t: Vec<Vec<Option<String>>>| {
+    let first = |t: TextRows| {
         t.into_iter()
             .next()
             .and_then(|r| r.into_iter().next())
@@ -551,88 +468,6 @@ fn fill(rows: &mut Rows, mut all: Vec<Vec<Vec<Option<String>>>>, optional: Optio
         if optional.next_txn {
             rows.next_txn_id = first(take());
         }
-    }
-}
-
-mod my {
-    //! MySQL / MariaDB through the `mysql` crate (text protocol).
-
-    use ::mysql::prelude::Queryable;
-    use ::mysql::{Conn, OptsBuilder, Value};
-
-    use super::*;
-
-    const TRANSIENT: &[u16] = &[1040, 1053, 1205, 1213, 1927, 1969, 3024];
-
-    fn classify(what: &str, e: &::mysql::Error) -> SnapshotError {
-        match e {
-            ::mysql::Error::IoError(_)
-            | ::mysql::Error::CodecError(_)
-            | ::mysql::Error::DriverError(_) => SnapshotError::Unavailable(format!("{what}: {e}")),
-            ::mysql::Error::MySqlError(m) if TRANSIENT.contains(&m.code) => {
-                SnapshotError::Unavailable(format!("{what}: {} ({})", m.message, m.code))
-            }
-            other => SnapshotError::Fatal(format!("{what}: {other}")),
-        }
-    }
-
-    fn value_text(v: Value) -> Option<String> {
-        match v {
-            Value::NULL => None,
-            Value::Bytes(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-            Value::Int(i) => Some(i.to_string()),
-            Value::UInt(u) => Some(u.to_string()),
-            other => Some(format!("{other:?}")),
-        }
-    }
-
-    pub(super) fn read(ep: &Endpoint) -> Result<Rows, SnapshotError> {
-        let opts = OptsBuilder::new()
-            .ip_or_hostname(Some(ep.host.clone()))
-            .tcp_port(ep.port)
-            .user(Some(ep.user.clone()))
-            .pass(ep.password.clone())
-            .db_name(Some(ep.database.clone()))
-            .prefer_socket(false)
-            .tcp_connect_timeout(Some(CONNECT_TIMEOUT))
-            .read_timeout(Some(STATEMENT_TIMEOUT))
-            .write_timeout(Some(STATEMENT_TIMEOUT))
-            .init(vec!["SET NAMES utf8mb4"]);
-        let mut conn = Conn::new(opts).map_err(|e| classify("connecting", &e))?;
-        let tables: Vec<String> = conn
-            .query("SHOW TABLES")
-            .map_err(|e| classify("listing the tables", &e))?;
-        // Hive's tables are upper case, or lower case where the server
-        // folds names (lower_case_table_names) or the schema was made so.
-        let table = |upper: &str| {
-            let name = if tables.iter().any(|t| t == upper) {
-                upper.to_owned()
-            } else {
-                upper.to_ascii_lowercase()
-            };
-            format!("`{name}`")
-        };
-        let column = |c: &str| format!("`{c}`");
-        conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            .map_err(|e| classify("setting the isolation level", &e))?;
-        conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            .map_err(|e| classify("starting the snapshot", &e))?;
-        let optional = Optional::of(|t| tables.iter().any(|n| n.eq_ignore_ascii_case(t)));
-        let mut all = Vec::new();
-        for q in optional.queries() {
-            let sql = render(q, &table, &column);
-            let result: Vec<::mysql::Row> = conn.query(&sql).map_err(|e| classify(&sql, &e))?;
-            all.push(
-                result
-                    .into_iter()
-                    .map(|r| r.unwrap().into_iter().map(value_text).collect())
-                    .collect(),
-            );
-        }
-        let _ = conn.query_drop("COMMIT");
-        let mut rows = Rows::default();
-        fill(&mut rows, all, optional);
-        Ok(rows)
     }
 }
 

@@ -34,7 +34,9 @@
 //! server converts what it stored, and the bytes are decoded as UTF-8.
 //!
 //! Called by the Hive adapter's polling thread through [`connect`]; tests
-//! use [`MetastoreSource::open`] to choose short timeouts.
+//! use [`MetastoreSource::open`] to choose short timeouts. The bootstrap's
+//! snapshot transaction runs its own statements on a [`Session`], opened,
+//! quoted and classified the same way.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -73,42 +75,58 @@ pub fn connect(url: &str, password: Option<String>) -> Result<Box<dyn RowSource>
     )?))
 }
 
-/// Where a metastore is and how to log in, for a caller that opens its
-/// own connection (the bootstrap's snapshot transaction,
-/// `crate::bootstrap::snapshot`). The password is never in `Debug`.
+/// Where a metastore is and how to log in: the URL parsed and its
+/// password read (a `?password_file=` wins over the password given). Used
+/// by [`MetastoreSource`] and by [`Session`]. The password is never in
+/// `Debug`, nor in an error that went through [`Endpoint::scrub`].
 pub(crate) struct Endpoint {
-    pub postgres: bool,
-    pub user: String,
-    pub host: String,
-    pub port: u16,
-    pub database: String,
-    pub password: Option<String>,
+    target: Target,
+    password: Option<Secret>,
+}
+
+impl Endpoint {
+    /// Parses `url` as [`connect`] does; `password` is what the caller read
+    /// from `STAGEFS_METASTORE_PASSWORD`.
+    pub(crate) fn parse(url: &str, password: Option<String>) -> Result<Endpoint, RowSourceError> {
+        let (target, password_file) = Target::parse(url)?;
+        let password = match password_file {
+            Some(path) => Some(read_password_file(&path)?),
+            None => password.map(Secret),
+        };
+        Ok(Endpoint { target, password })
+    }
+
     /// `scheme://user@host:port/db`, for errors and status.
-    pub described: String,
+    pub(crate) fn describe(&self) -> String {
+        self.target.describe()
+    }
+
+    /// Prefixes the source and removes the password from driver texts.
+    pub(crate) fn scrub(&self, error: RowSourceError) -> RowSourceError {
+        let hide = |text: String| match &self.password {
+            Some(Secret(p)) if !p.is_empty() => text.replace(p.as_str(), "<password>"),
+            _ => text,
+        };
+        let clean = |text: String| format!("{}: {}", self.describe(), hide(text));
+        match error {
+            RowSourceError::Unavailable(reason) => RowSourceError::Unavailable(clean(reason)),
+            RowSourceError::Fatal(reason) => RowSourceError::Fatal(clean(reason)),
+            RowSourceError::BadRow { location, reason } => RowSourceError::BadRow {
+                location: clean(location),
+                reason: hide(reason),
+            },
+        }
+    }
+
+    fn password(&self) -> Option<&str> {
+        self.password.as_ref().map(|Secret(p)| p.as_str())
+    }
 }
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.described)
+        f.write_str(&self.describe())
     }
-}
-
-/// Parses `url` as [`connect`] does (a `?password_file=` wins over `password`).
-pub(crate) fn endpoint(url: &str, password: Option<String>) -> Result<Endpoint, RowSourceError> {
-    let (target, password_file) = Target::parse(url)?;
-    let password = match password_file {
-        Some(path) => Some(read_password_file(&path)?.0),
-        None => password,
-    };
-    Ok(Endpoint {
-        postgres: target.dialect == Dialect::Postgres,
-        described: target.describe(),
-        user: target.user,
-        host: target.host,
-        port: target.port,
-        database: target.database,
-        password,
-    })
 }
 
 /// A metastore database polled for notification rows.
@@ -118,8 +136,7 @@ pub(crate) fn endpoint(url: &str, password: Option<String>) -> Result<Endpoint, 
 /// credentials or missing tables). A server that is down at open time gives
 /// a source whose calls return `Unavailable` until it is back.
 pub struct MetastoreSource {
-    target: Target,
-    password: Option<Secret>,
+    endpoint: Endpoint,
     timeouts: Timeouts,
     conn: Option<Connection>,
 }
@@ -130,18 +147,16 @@ impl MetastoreSource {
         password: Option<String>,
         timeouts: Timeouts,
     ) -> Result<MetastoreSource, RowSourceError> {
-        let (target, password_file) = Target::parse(url)?;
-        let password = match password_file {
-            Some(path) => Some(read_password_file(&path)?),
-            None => password.map(Secret),
-        };
         let mut source = MetastoreSource {
-            target,
-            password,
+            endpoint: Endpoint::parse(url, password)?,
             timeouts,
             conn: None,
         };
-        match source.connection().map(|_| ()).map_err(|e| source.scrub(e)) {
+        match source
+            .connection()
+            .map(|_| ())
+            .map_err(|e| source.endpoint.scrub(e))
+        {
             Ok(()) => {}
             Err(RowSourceError::Unavailable(reason)) => {
                 tracing::warn!("will retry: {reason}");
@@ -158,7 +173,7 @@ impl MetastoreSource {
 
     fn connection(&mut self) -> Result<&mut Connection, RowSourceError> {
         if self.conn.is_none() {
-            let opened = Connection::open(&self.target, self.password.as_ref(), self.timeouts)?;
+            let opened = Connection::open(&self.endpoint, self.timeouts)?;
             self.conn = Some(opened);
         }
         match self.conn.as_mut() {
@@ -185,29 +200,7 @@ impl MetastoreSource {
         if let Err(RowSourceError::Unavailable(_)) = &result {
             self.conn = None;
         }
-        result.map_err(|e| self.scrub(e))
-    }
-
-    /// Prefixes the source and removes the password from driver texts.
-    fn scrub(&self, error: RowSourceError) -> RowSourceError {
-        let clean = |text: String| {
-            let text = match &self.password {
-                Some(Secret(p)) if !p.is_empty() => text.replace(p.as_str(), "<password>"),
-                _ => text,
-            };
-            format!("{}: {text}", self.target.describe())
-        };
-        match error {
-            RowSourceError::Unavailable(reason) => RowSourceError::Unavailable(clean(reason)),
-            RowSourceError::Fatal(reason) => RowSourceError::Fatal(clean(reason)),
-            RowSourceError::BadRow { location, reason } => RowSourceError::BadRow {
-                location: clean(location),
-                reason: match &self.password {
-                    Some(Secret(p)) if !p.is_empty() => reason.replace(p.as_str(), "<password>"),
-                    _ => reason,
-                },
-            },
-        }
+        result.map_err(|e| self.endpoint.scrub(e))
     }
 }
 
@@ -238,15 +231,18 @@ impl RowSource for MetastoreSource {
     }
 
     fn describe(&self) -> String {
-        self.target.describe()
+        self.endpoint.describe()
     }
 }
 
 impl fmt::Debug for MetastoreSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MetastoreSource")
-            .field("target", &self.target.describe())
-            .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .field("target", &self.endpoint.describe())
+            .field(
+                "password",
+                &self.endpoint.password.as_ref().map(|_| "<set>"),
+            )
             .field("connected", &self.conn.is_some())
             .finish()
     }
@@ -277,6 +273,26 @@ fn read_password_file(path: &std::path::Path) -> Result<Secret, RowSourceError> 
 enum Dialect {
     Postgres,
     Mysql,
+}
+
+impl Dialect {
+    /// `name` as an identifier of this dialect: `"NAME"` (PostgreSQL keeps
+    /// Hive's upper case only when quoted), `` `name` `` (MySQL).
+    fn quote(self, name: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("\"{name}\""),
+            Dialect::Mysql => format!("`{name}`"),
+        }
+    }
+
+    /// [`Dialect::quote`] of each name, comma-separated.
+    fn quote_all(self, names: &[&str]) -> String {
+        names
+            .iter()
+            .map(|n| self.quote(n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// Where the metastore is: the URL without its password file.
@@ -600,19 +616,12 @@ enum Connection {
 }
 
 impl Connection {
-    fn open(
-        target: &Target,
-        password: Option<&Secret>,
-        timeouts: Timeouts,
-    ) -> Result<Connection, RowSourceError> {
-        let password = password.map(|Secret(p)| p.as_str());
-        Ok(match target.dialect {
-            Dialect::Postgres => Connection::Postgres(Box::new(pg::PgConnection::open(
-                target, password, timeouts,
-            )?)),
-            Dialect::Mysql => {
-                Connection::Mysql(my::MysqlConnection::open(target, password, timeouts)?)
+    fn open(endpoint: &Endpoint, timeouts: Timeouts) -> Result<Connection, RowSourceError> {
+        Ok(match endpoint.target.dialect {
+            Dialect::Postgres => {
+                Connection::Postgres(Box::new(pg::PgConnection::open(endpoint, timeouts)?))
             }
+            Dialect::Mysql => Connection::Mysql(my::MysqlConnection::open(endpoint, timeouts)?),
         })
     }
 
@@ -638,6 +647,108 @@ impl Connection {
     }
 }
 
+/// A connection opened as the polling one is (same login, timeouts and
+/// error classes), for a caller that runs its own statements and reads
+/// every value as text: the bootstrap's snapshot transaction
+/// (`crate::bootstrap::snapshot`). Its errors are not scrubbed yet: pass
+/// them through [`Endpoint::scrub`].
+pub(crate) enum Session {
+    Postgres(Box<pg::PgSession>),
+    Mysql(::mysql::Conn),
+}
+
+/// One result: its rows, each value as text (None: NULL).
+pub(crate) type TextRows = Vec<Vec<Option<String>>>;
+
+impl Session {
+    /// Connects; `application` names the connection on PostgreSQL.
+    pub(crate) fn open(
+        endpoint: &Endpoint,
+        timeouts: Timeouts,
+        application: &str,
+    ) -> Result<Session, RowSourceError> {
+        Ok(match endpoint.target.dialect {
+            Dialect::Postgres => Session::Postgres(Box::new(pg::PgSession::open(
+                endpoint,
+                timeouts,
+                application,
+            )?)),
+            Dialect::Mysql => Session::Mysql(my::open(endpoint, timeouts)?),
+        })
+    }
+
+    pub(crate) fn is_postgres(&self) -> bool {
+        matches!(self, Session::Postgres(_))
+    }
+
+    /// `name` quoted as an identifier of this database's dialect.
+    pub(crate) fn quote(&self, name: &str) -> String {
+        self.dialect().quote(name)
+    }
+
+    fn dialect(&self) -> Dialect {
+        match self {
+            Session::Postgres(_) => Dialect::Postgres,
+            Session::Mysql(_) => Dialect::Mysql,
+        }
+    }
+
+    /// Hive's table `upper` as this database spells it, None when it is
+    /// absent: PostgreSQL's quoted upper case; on MySQL upper case, or
+    /// lower case where the server folds names (`lower_case_table_names`)
+    /// or the schema was made so.
+    pub(crate) fn table(&self, tables: &TableNames, upper: &str) -> Option<String> {
+        match self {
+            Session::Postgres(_) => tables.0.iter().any(|t| t == upper).then(|| upper.into()),
+            Session::Mysql(_) => tables.pick(upper),
+        }
+    }
+
+    /// The tables of the current schema (PostgreSQL) or database (MySQL).
+    pub(crate) fn tables(&mut self) -> Result<TableNames, RowSourceError> {
+        match self {
+            Session::Postgres(s) => {
+                let rows = s.simple_query(
+                    "listing the tables",
+                    "SELECT table_name FROM information_schema.tables \
+                     WHERE table_schema = current_schema()",
+                )?;
+                Ok(TableNames(rows.into_iter().flatten().flatten().collect()))
+            }
+            Session::Mysql(conn) => my::table_names(conn),
+        }
+    }
+
+    /// Runs `sql` (no result wanted).
+    pub(crate) fn execute(&mut self, sql: &str) -> Result<(), RowSourceError> {
+        match self {
+            Session::Postgres(s) => s.simple_query(sql, sql).map(|_| ()),
+            Session::Mysql(conn) => my::execute(conn, sql),
+        }
+    }
+
+    /// Runs `sql` through the text protocol; every value as text.
+    pub(crate) fn query(&mut self, sql: &str) -> Result<TextRows, RowSourceError> {
+        match self {
+            Session::Postgres(s) => s.simple_query(sql, sql),
+            Session::Mysql(conn) => my::query_text(conn, sql),
+        }
+    }
+}
+
+/// The tables of a database as they are spelled there.
+pub(crate) struct TableNames(Vec<String>);
+
+impl TableNames {
+    /// The upper-case name when it exists, else the lower-case one.
+    fn pick(&self, upper: &str) -> Option<String> {
+        let lower = upper.to_ascii_lowercase();
+        [upper.to_string(), lower]
+            .into_iter()
+            .find(|name| self.0.iter().any(|n| n == name))
+    }
+}
+
 /// `NEXT_EVENT_ID - 1`, or None when the sequence has no row yet.
 fn newest_from_next(next: Option<i64>) -> Option<i64> {
     next.map(|n| n.saturating_sub(1))
@@ -652,41 +763,31 @@ mod pg {
 
     use tokio_postgres::error::SqlState;
     use tokio_postgres::types::Type;
-    use tokio_postgres::{Client, NoTls, Row, Statement};
+    use tokio_postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
 
     use super::*;
 
-    pub(super) struct PgConnection {
+    /// A connected client on its private runtime.
+    pub(crate) struct PgSession {
         runtime: tokio::runtime::Runtime,
         client: Client,
         connection_task: tokio::task::JoinHandle<()>,
         statement_timeout: Duration,
-        poll: Statement,
-        newest: Statement,
-        /// None when the table does not exist.
-        txn_writes: Option<Statement>,
     }
 
-    impl Drop for PgConnection {
+    impl Drop for PgSession {
         fn drop(&mut self) {
             self.connection_task.abort();
         }
     }
 
-    fn quoted(columns: &[&str]) -> String {
-        columns
-            .iter()
-            .map(|c| format!("\"{c}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    impl PgConnection {
+    impl PgSession {
         pub(super) fn open(
-            target: &Target,
-            password: Option<&str>,
+            endpoint: &Endpoint,
             timeouts: Timeouts,
-        ) -> Result<PgConnection, RowSourceError> {
+            application: &str,
+        ) -> Result<PgSession, RowSourceError> {
+            let target = &endpoint.target;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -700,14 +801,14 @@ mod pg {
                 .connect_timeout(timeouts.connect)
                 .keepalives(true)
                 .keepalives_idle(Duration::from_secs(30))
-                .application_name("stagefs")
+                .application_name(application)
                 // The server gives up too, instead of finishing a query
                 // nobody waits for any more.
                 .options(format!(
                     "-c statement_timeout={}",
                     timeouts.statement.as_millis()
                 ));
-            if let Some(password) = password {
+            if let Some(password) = endpoint.password() {
                 config.password(password);
             }
             let deadline = timeouts.connect + timeouts.statement;
@@ -719,24 +820,77 @@ mod pg {
                 // query as a closed connection.
                 let _ = connection.await;
             });
-            let prepare = |sql: String| {
-                block_on(
-                    &runtime,
-                    timeouts.statement,
-                    "preparing a query",
-                    client.prepare(&sql),
-                )
-            };
+            Ok(PgSession {
+                runtime,
+                client,
+                connection_task,
+                statement_timeout: timeouts.statement,
+            })
+        }
+
+        fn run<T>(
+            &self,
+            what: &str,
+            future: impl Future<Output = Result<T, tokio_postgres::Error>>,
+        ) -> Result<T, RowSourceError> {
+            block_on(&self.runtime, self.statement_timeout, what, future)
+        }
+
+        /// `sql` through the simple query protocol: every value as text.
+        pub(super) fn simple_query(
+            &self,
+            what: &str,
+            sql: &str,
+        ) -> Result<TextRows, RowSourceError> {
+            let messages = self.run(what, self.client.simple_query(sql))?;
+            Ok(messages
+                .iter()
+                .filter_map(|m| match m {
+                    SimpleQueryMessage::Row(row) => Some(
+                        (0..row.len())
+                            .map(|i| row.get(i).map(str::to_owned))
+                            .collect(),
+                    ),
+                    _ => None,
+                })
+                .collect())
+        }
+    }
+
+    pub(super) struct PgConnection {
+        session: PgSession,
+        poll: Statement,
+        newest: Statement,
+        /// None when the table does not exist.
+        txn_writes: Option<Statement>,
+    }
+
+    impl PgConnection {
+        pub(super) fn open(
+            endpoint: &Endpoint,
+            timeouts: Timeouts,
+        ) -> Result<PgConnection, RowSourceError> {
+            let session = PgSession::open(endpoint, timeouts, "stagefs")?;
+            let prepare =
+                |sql: String| session.run("preparing a query", session.client.prepare(&sql));
+            let q = |name: &str| Dialect::Postgres.quote(name);
             let poll = prepare(format!(
-                "SELECT {} FROM \"{LOG_TABLE}\" WHERE \"EVENT_ID\" > $1 ORDER BY \"EVENT_ID\" LIMIT $2",
-                quoted(LOG_COLUMNS)
+                "SELECT {} FROM {} WHERE {id} > $1 ORDER BY {id} LIMIT $2",
+                Dialect::Postgres.quote_all(LOG_COLUMNS),
+                q(LOG_TABLE),
+                id = q("EVENT_ID"),
             ))?;
             let newest = prepare(format!(
-                "SELECT MAX(\"NEXT_EVENT_ID\") FROM \"{SEQUENCE_TABLE}\""
+                "SELECT MAX({}) FROM {}",
+                q("NEXT_EVENT_ID"),
+                q(SEQUENCE_TABLE)
             ))?;
             let txn_writes = match prepare(format!(
-                "SELECT {} FROM \"{TXN_TABLE}\" WHERE \"WNL_TXNID\" = $1 ORDER BY \"WNL_ID\"",
-                quoted(TXN_COLUMNS)
+                "SELECT {} FROM {} WHERE {} = $1 ORDER BY {}",
+                Dialect::Postgres.quote_all(TXN_COLUMNS),
+                q(TXN_TABLE),
+                q("WNL_TXNID"),
+                q("WNL_ID"),
             )) {
                 Ok(statement) => Some(statement),
                 Err(RowSourceError::Fatal(reason)) if reason.contains("does not exist") => {
@@ -746,10 +900,7 @@ mod pg {
                 Err(other) => return Err(other),
             };
             let mut conn = PgConnection {
-                runtime,
-                client,
-                connection_task,
-                statement_timeout: timeouts.statement,
+                session,
                 poll,
                 newest,
                 txn_writes,
@@ -769,7 +920,7 @@ mod pg {
             what: &str,
             future: impl Future<Output = Result<T, tokio_postgres::Error>>,
         ) -> Result<T, RowSourceError> {
-            block_on(&self.runtime, self.statement_timeout, what, future)
+            self.session.run(what, future)
         }
 
         pub(super) fn poll(
@@ -779,7 +930,7 @@ mod pg {
         ) -> Result<Vec<NotificationRow>, RowSourceError> {
             let rows = self.run(
                 "reading NOTIFICATION_LOG",
-                self.client.query(&self.poll, &[&after, &limit]),
+                self.session.client.query(&self.poll, &[&after, &limit]),
             );
             match rows {
                 Ok(rows) => rows
@@ -799,9 +950,11 @@ mod pg {
         fn locate_bad_row(&mut self, after: i64, limit: i64, reason: String) -> RowSourceError {
             let ids = self.run(
                 "reading NOTIFICATION_LOG ids",
-                self.client.query(
+                self.session.client.query(
                     &format!(
-                        "SELECT \"EVENT_ID\" FROM \"{LOG_TABLE}\" WHERE \"EVENT_ID\" > $1 ORDER BY \"EVENT_ID\" LIMIT $2"
+                        "SELECT {id} FROM {} WHERE {id} > $1 ORDER BY {id} LIMIT $2",
+                        Dialect::Postgres.quote(LOG_TABLE),
+                        id = Dialect::Postgres.quote("EVENT_ID"),
                     ),
                     &[&after, &limit],
                 ),
@@ -814,7 +967,8 @@ mod pg {
                     };
                     let one = self.run(
                         "reading NOTIFICATION_LOG",
-                        self.client
+                        self.session
+                            .client
                             .query(&self.poll, &[&(id.saturating_sub(1)), &1i64]),
                     );
                     if let Err(RowSourceError::BadRow { .. }) = one {
@@ -839,7 +993,7 @@ mod pg {
             let rows = self
                 .run(
                     "reading TXN_WRITE_NOTIFICATION_LOG",
-                    self.client.query(statement, &[&txn_id]),
+                    self.session.client.query(statement, &[&txn_id]),
                 )
                 .map_err(|e| match e {
                     RowSourceError::BadRow { location, reason } if location.is_empty() => {
@@ -858,7 +1012,7 @@ mod pg {
         pub(super) fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
             let rows = self.run(
                 "reading NOTIFICATION_SEQUENCE",
-                self.client.query(&self.newest, &[]),
+                self.session.client.query(&self.newest, &[]),
             )?;
             let next = match rows.first() {
                 Some(row) => {
@@ -1000,33 +1154,56 @@ mod my {
         txn_sql: Option<String>,
     }
 
-    fn backticked(columns: &[&str]) -> String {
-        columns
-            .iter()
-            .map(|c| format!("`{c}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
+    /// Connects as the URL says (TCP, even to localhost).
+    pub(super) fn open(endpoint: &Endpoint, timeouts: Timeouts) -> Result<Conn, RowSourceError> {
+        let target = &endpoint.target;
+        let opts = OptsBuilder::new()
+            .ip_or_hostname(Some(target.host.clone()))
+            .tcp_port(target.port)
+            .user(Some(target.user.clone()))
+            .pass(endpoint.password().map(str::to_string))
+            .db_name(Some(target.database.clone()))
+            // Do not switch to the server's unix socket behind the URL's back.
+            .prefer_socket(false)
+            .tcp_connect_timeout(Some(timeouts.connect))
+            .read_timeout(Some(timeouts.statement))
+            .write_timeout(Some(timeouts.statement))
+            .init(vec!["SET NAMES utf8mb4"]);
+        Conn::new(opts).map_err(|e| classify("connecting", &e))
+    }
+
+    pub(super) fn execute(conn: &mut Conn, sql: &str) -> Result<(), RowSourceError> {
+        conn.query_drop(sql).map_err(|e| classify(sql, &e))
+    }
+
+    /// `sql` through the text protocol: every value as text.
+    pub(super) fn query_text(conn: &mut Conn, sql: &str) -> Result<TextRows, RowSourceError> {
+        let rows: Vec<::mysql::Row> = conn.query(sql).map_err(|e| classify(sql, &e))?;
+        rows.into_iter()
+            .map(|row| {
+                cells(row)
+                    .into_iter()
+                    .map(|cell| match cell {
+                        Cell::Null => Ok(None),
+                        Cell::Int(v) => Ok(Some(v.to_string())),
+                        Cell::Text(t) => Ok(Some(t)),
+                        Cell::Bytes(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+                        Cell::Unreadable(reason) => {
+                            Err(RowSourceError::Fatal(format!("{sql}: {reason}")))
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     impl MysqlConnection {
         pub(super) fn open(
-            target: &Target,
-            password: Option<&str>,
+            endpoint: &Endpoint,
             timeouts: Timeouts,
         ) -> Result<MysqlConnection, RowSourceError> {
-            let opts = OptsBuilder::new()
-                .ip_or_hostname(Some(target.host.clone()))
-                .tcp_port(target.port)
-                .user(Some(target.user.clone()))
-                .pass(password.map(str::to_string))
-                .db_name(Some(target.database.clone()))
-                // Do not switch to the server's unix socket behind the URL's back.
-                .prefer_socket(false)
-                .tcp_connect_timeout(Some(timeouts.connect))
-                .read_timeout(Some(timeouts.statement))
-                .write_timeout(Some(timeouts.statement))
-                .init(vec!["SET NAMES utf8mb4"]);
-            let mut conn = Conn::new(opts).map_err(|e| classify("connecting", &e))?;
+            let target = &endpoint.target;
+            let mut conn = open(endpoint, timeouts)?;
             let names = table_names(&mut conn)?;
             let log = names
                 .pick(LOG_TABLE)
@@ -1038,17 +1215,23 @@ mod my {
             if txn.is_none() {
                 tracing::warn!("{TXN_TABLE} is missing from {}", target.describe());
             }
+            let q = |name: &str| Dialect::Mysql.quote(name);
             let mut connection = MysqlConnection {
                 conn,
                 poll_sql: format!(
-                    "SELECT {} FROM `{log}` WHERE `EVENT_ID` > ? ORDER BY `EVENT_ID` LIMIT ?",
-                    backticked(LOG_COLUMNS)
+                    "SELECT {} FROM {} WHERE {id} > ? ORDER BY {id} LIMIT ?",
+                    Dialect::Mysql.quote_all(LOG_COLUMNS),
+                    q(&log),
+                    id = q("EVENT_ID"),
                 ),
-                newest_sql: format!("SELECT MAX(`NEXT_EVENT_ID`) FROM `{sequence}`"),
+                newest_sql: format!("SELECT MAX({}) FROM {}", q("NEXT_EVENT_ID"), q(&sequence)),
                 txn_sql: txn.map(|txn| {
                     format!(
-                        "SELECT {} FROM `{txn}` WHERE `WNL_TXNID` = ? ORDER BY `WNL_ID`",
-                        backticked(TXN_COLUMNS)
+                        "SELECT {} FROM {} WHERE {} = ? ORDER BY {}",
+                        Dialect::Mysql.quote_all(TXN_COLUMNS),
+                        q(&txn),
+                        q("WNL_TXNID"),
+                        q("WNL_ID"),
                     )
                 }),
             };
@@ -1112,31 +1295,14 @@ mod my {
         }
     }
 
-    /// The Hive tables of the current database as they are spelled there.
-    struct TableNames(Vec<String>);
-
-    impl TableNames {
-        /// The upper-case name when it exists, else the lower-case one.
-        fn pick(&self, upper: &str) -> Option<String> {
-            let lower = upper.to_ascii_lowercase();
-            [upper.to_string(), lower]
-                .into_iter()
-                .find(|name| self.0.iter().any(|n| n == name))
-        }
-    }
-
-    fn table_names(conn: &mut Conn) -> Result<TableNames, RowSourceError> {
+    /// The tables of the current database as they are spelled there.
+    pub(super) fn table_names(conn: &mut Conn) -> Result<TableNames, RowSourceError> {
         let rows: Vec<::mysql::Row> = conn
             .exec(
-                "SELECT TABLE_NAME FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = DATABASE() AND LOWER(TABLE_NAME) IN (?, ?, ?)",
-                (
-                    LOG_TABLE.to_ascii_lowercase(),
-                    SEQUENCE_TABLE.to_ascii_lowercase(),
-                    TXN_TABLE.to_ascii_lowercase(),
-                ),
+                "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()",
+                (),
             )
-            .map_err(|e| classify("listing the Hive tables", &e))?;
+            .map_err(|e| classify("listing the tables", &e))?;
         let mut names = Vec::new();
         for row in rows {
             let mut cells = Cells::new(
@@ -1229,6 +1395,22 @@ mod tests {
         let (t, _) = parse("mysql://hive@[::1]:3307/metastore").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("::1", 3307));
         assert_eq!(t.describe(), "mysql://hive@[::1]:3307/metastore");
+    }
+
+    #[test]
+    fn identifiers_are_quoted_per_dialect_and_tables_found_in_either_case() {
+        assert_eq!(
+            Dialect::Postgres.quote_all(&["EVENT_ID", "NL_ID"]),
+            "\"EVENT_ID\", \"NL_ID\""
+        );
+        assert_eq!(
+            Dialect::Mysql.quote("notification_log"),
+            "`notification_log`"
+        );
+        let names = TableNames(vec!["DBS".into(), "dbs".into(), "tbls".into()]);
+        assert_eq!(names.pick("DBS").as_deref(), Some("DBS"));
+        assert_eq!(names.pick("TBLS").as_deref(), Some("tbls"));
+        assert_eq!(names.pick("SDS"), None);
     }
 
     #[test]
