@@ -133,6 +133,14 @@ impl DbServer {
         self.path("run")
     }
 
+    /// MariaDB's temporary tables: its own, not the shared `/tmp`, where
+    /// instances set up at the same moment (tests run in parallel) collide
+    /// on `#sql-temptable-…` names and `mariadb-install-db` fails ("Unknown
+    /// table 'mysql.tmp_user_sys'"; reproduced with 6 concurrent installs).
+    fn tmp_dir(&self) -> PathBuf {
+        self.path("tmp")
+    }
+
     fn mariadb_socket(&self) -> PathBuf {
         self.socket_dir().join("mysqld.sock")
     }
@@ -156,7 +164,7 @@ impl DbServer {
     }
 
     fn init(&mut self) {
-        for dir in [self.socket_dir(), self.path("db")] {
+        for dir in [self.socket_dir(), self.path("db"), self.tmp_dir()] {
             fs::create_dir(&dir).expect("server dir");
             self.chown(&dir);
         }
@@ -177,6 +185,7 @@ impl DbServer {
                 let mut cmd = Command::new(which("mariadb-install-db"));
                 cmd.arg("--no-defaults")
                     .arg(format!("--datadir={}", self.data_dir().display()))
+                    .arg(format!("--tmpdir={}", self.tmp_dir().display()))
                     .args([
                         "--auth-root-authentication-method=normal",
                         "--skip-test-db",
@@ -222,6 +231,7 @@ impl DbServer {
                 cmd.arg("--no-defaults")
                     .arg(format!("--datadir={}", self.data_dir().display()))
                     .arg(format!("--socket={}", self.mariadb_socket().display()))
+                    .arg(format!("--tmpdir={}", self.tmp_dir().display()))
                     .arg(format!("--port={}", self.port))
                     .arg(format!("--pid-file={}", self.path("mysqld.pid").display()))
                     .args(["--bind-address=127.0.0.1", "--skip-name-resolve"])
