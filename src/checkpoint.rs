@@ -59,9 +59,12 @@ pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(600);
 /// Default rate a checkpoint is written at, in MiB/s (0: as fast as the
 /// disk takes it). A checkpoint is background work; at full speed its
 /// bytes sit in the disk's queue and cache ahead of every commit flush (see
-/// [`crate::durable::write_atomic_paced`]). 32 MiB/s writes the checkpoint
-/// of a million-file catalog (~80 MiB) in under 3 s.
-pub const DEFAULT_CHECKPOINT_RATE_MIB: u64 = 32;
+/// [`crate::durable::write_atomic_paced`]). 16 MiB/s writes the checkpoint
+/// of a million-file catalog (~80 MiB) in ~5 s; measured at 1,000 events/s
+/// with such checkpoints written back to back, the commit lag p99 grew
+/// 1.37× at 16 MiB/s, 1.5–1.75× at 32 and 2× at full speed
+/// (docs/BENCHMARKS.md, C2).
+pub const DEFAULT_CHECKPOINT_RATE_MIB: u64 = 16;
 /// Appended to an old checkpoint's name while [`prune`] deletes it.
 const REMOVING_SUFFIX: &str = ".removing";
 /// Checkpoints kept on disk.

@@ -472,7 +472,7 @@ pub fn bench_lag(o: &Opts) -> Res<()> {
                 &rate_mib.to_string(),
             ])
         };
-    let default_rate = checkpoint::DEFAULT_CHECKPOINT_RATE_MIB;
+    let default_rate = o.num("ckpt-rate-mib", checkpoint::DEFAULT_CHECKPOINT_RATE_MIB);
     let run = |label: &str, every: u64, from: u64| run_at(label, every, from, default_rate);
     let load_before = load1();
     let n = seconds * rate;
@@ -508,7 +508,9 @@ pub fn bench_lag(o: &Opts) -> Res<()> {
             ms(m, "max")?
         ))
     };
-    let grew = kv(&on, "p99")? > 1.5 * kv(&off, "p99")?.max(kv(&off2, "p99")?);
+    // Against the steadier of the two runs without (the first one may
+    // still pay for the writeback of the catalog's build).
+    let grew = kv(&on, "p99")? > 1.5 * kv(&off, "p99")?.min(kv(&off2, "p99")?);
     row(
         &format!(
             "C2a. Commit lag at {} events/s on {} files, checkpoint writing off",
@@ -530,10 +532,7 @@ pub fn bench_lag(o: &Opts) -> Res<()> {
             grouped(every),
             kv(&on, "written")?
         ),
-        &format!(
-            "{}, checkpoints written at the default {default_rate} MiB/s",
-            lag(&on)?
-        ),
+        &format!("{}, checkpoints written at {default_rate} MiB/s", lag(&on)?),
         "p99 does not grow",
         Some(!grew),
     );
