@@ -40,6 +40,32 @@ fn long() -> bool {
     std::env::var_os("STAGEFS_LONG_TESTS").is_some()
 }
 
+/// A test's temporary directory, kept (and its path printed) when the test
+/// fails and `STAGEFS_KEEP_FAILED` is set: the state folder, the warehouse
+/// and the logs of a failing run can then be inspected. Declared first in
+/// a test, it is dropped last (after the daemon has unmounted).
+struct TestDir(Option<tempfile::TempDir>);
+
+impl TestDir {
+    fn new() -> TestDir {
+        TestDir(Some(tempfile::tempdir().expect("temporary directory")))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.as_ref().expect("present until dropped").path()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() && std::env::var_os("STAGEFS_KEEP_FAILED").is_some() {
+            if let Some(dir) = self.0.take() {
+                eprintln!("STAGEFS_KEEP_FAILED: kept {}", dir.keep().display());
+            }
+        }
+    }
+}
+
 /// Every table of the oracle at `id` equals what `root` (the mount, or a
 /// snapshot directory) shows, and no other table is there.
 fn check_at(root: &Path, wh: &HmsWarehouse, id: i64) {
@@ -215,8 +241,39 @@ fn check_journal(state: &Path, wh: &HmsWarehouse, y: i64, last: i64) -> usize {
     check_journal_from(state, wh, y, None, last)
 }
 
+/// Every state id `state`'s commit log records as visible or retained.
+fn committed_ids(state: &Path) -> std::collections::BTreeSet<i64> {
+    let log = stagefs::durable::read_log(&state.join("commits.log"))
+        .expect("commits.log")
+        .expect("a commit record");
+    let mut ids = std::collections::BTreeSet::new();
+    for rec in &log.records {
+        let r: Value = serde_json::from_slice(rec).expect("commit record JSON");
+        ids.extend(r["visible"].as_i64());
+        if let Some(retained) = r["retained"].as_array() {
+            ids.extend(retained.iter().filter_map(Value::as_i64));
+        }
+    }
+    ids
+}
+
+/// What a replay of the journal knows of the files its states name.
+struct Replayed {
+    /// Reference key → the file's reference in its record.
+    refs: std::collections::HashMap<stagefs::event::BlobId, stagefs::event::FileRef>,
+    /// States the replica committed (made visible).
+    committed: std::collections::BTreeSet<i64>,
+}
+
 /// [`check_journal`], where the record at `again` (a re-bootstrap) is
 /// compared whole, as the first one is.
+///
+/// A state the replica never committed may name Hive files it never read:
+/// the stager commits the newest complete state and need not stage (nor
+/// record in `resolved.log`) a file that a later state already replaced.
+/// Such a file's content is what the stager would read for it, its
+/// change-management copy (named by its checksum); every committed state,
+/// and every bootstrap record, is compared by what `resolved.log` holds.
 fn check_journal_from(
     state: &Path,
     wh: &HmsWarehouse,
@@ -229,12 +286,24 @@ fn check_journal_from(
     let resolutions = stagefs::catalog::Resolutions::open(state).expect("resolved.log");
     let mut follower = journal.follower(stagefs::event::StateId(0));
     let mut tree = stagefs::catalog::Tree::empty();
+    let mut replayed = Replayed {
+        refs: std::collections::HashMap::new(),
+        committed: committed_ids(state),
+    };
+    assert!(
+        replayed.committed.contains(&last),
+        "the last state is committed: {:?}",
+        replayed.committed
+    );
     let mut checked = 0;
     while let Some(rec) = follower.try_next().expect("read") {
         let entry: stagefs::replicate::JournalEntry =
             serde_json::from_slice(&rec.payload).expect("record JSON");
         let (next, added) = tree.apply(&entry.event).expect("the record applies");
         resolutions.attach(&added);
+        replayed
+            .refs
+            .extend(added.iter().map(|f| (f.blob, f.file.clone())));
         tree = next;
         let id = rec.id.0 as i64;
         if checked == 0 {
@@ -254,7 +323,7 @@ fn check_journal_from(
                 })
                 .collect()
         });
-        check_tree(&tree, wh, id, touched.as_deref());
+        check_tree(&tree, wh, id, touched.as_deref(), &replayed);
         checked += 1;
     }
     assert_eq!(
@@ -265,12 +334,40 @@ fn check_journal_from(
 }
 
 /// `tree` holds exactly the oracle's tables at `id` (only the tables in
-/// `only`, when given, are compared file by file).
-fn check_tree(tree: &stagefs::catalog::Tree, wh: &HmsWarehouse, id: i64, only: Option<&[String]>) {
+/// `only`, when given, are compared file by file). A file `resolved.log`
+/// does not resolve must be one the stager had no need to read (see
+/// [`check_journal_from`]): a Hive file with a change-management copy, in
+/// a state never committed.
+fn check_tree(
+    tree: &stagefs::catalog::Tree,
+    wh: &HmsWarehouse,
+    id: i64,
+    only: Option<&[String]>,
+    replayed: &Replayed,
+) {
+    use sha2::Digest;
+    use stagefs::catalog::{DirNode, Node};
+    fn walk<'a>(
+        prefix: &str,
+        dir: &'a DirNode,
+        out: &mut Vec<(String, &'a stagefs::catalog::FileNode)>,
+    ) {
+        for (name, child) in dir.children.iter() {
+            let path = if prefix.is_empty() {
+                name.to_string()
+            } else {
+                format!("{prefix}/{name}")
+            };
+            match child {
+                Node::Dir(d) => walk(&path, d, out),
+                Node::File(f) => out.push((path, f)),
+            }
+        }
+    }
     let expected = wh.expected(id);
     let mut got_tables = Vec::new();
     for (db, node) in tree.root.children.iter() {
-        if let stagefs::catalog::Node::Dir(d) = node {
+        if let Node::Dir(d) = node {
             for (t, _) in d.children.iter() {
                 got_tables.push(format!("{db}.{t}"));
             }
@@ -283,13 +380,26 @@ fn check_tree(tree: &stagefs::catalog::Tree, wh: &HmsWarehouse, id: i64, only: O
             continue;
         }
         let (db, t) = key.split_once('.').unwrap();
-        let got: std::collections::BTreeMap<String, String> = tree
-            .table(db, t)
-            .expect("table")
-            .files_below()
-            .into_iter()
-            .map(|(p, b)| (p, b.to_hex()))
-            .collect();
+        let mut files = Vec::new();
+        walk("", tree.table(db, t).expect("table"), &mut files);
+        let mut got = std::collections::BTreeMap::new();
+        for (path, f) in files {
+            let blob = if f.is_resolved() {
+                f.blob()
+            } else {
+                let r = replayed.refs.get(&f.key()).expect("the file's record");
+                assert!(
+                    !replayed.committed.contains(&id),
+                    "{key}/{path} at {id}: a committed state names a file resolved.log does not resolve ({r:?})"
+                );
+                let cm = r.cm_path.as_deref().unwrap_or_else(|| {
+                    panic!("{key}/{path} at {id}: unresolved, and no change-management copy to read ({r:?})")
+                });
+                let bytes = std::fs::read(cm).unwrap_or_else(|e| panic!("{cm}: {e}"));
+                stagefs::event::BlobId(sha2::Sha256::digest(&bytes).into())
+            };
+            got.insert(path, blob.to_hex());
+        }
         assert_eq!(got, expected_tree(content), "{key} at {id} (journal)");
     }
 }
@@ -696,7 +806,7 @@ fn run_bootstrap(state: &Path, url: &str, map: &[String]) -> (bool, String) {
 /// a mount holds it refuses; on a folder whose replication stopped at an
 /// id gap it bootstraps again, and a later mount continues from there.
 fn bootstrap_command_brings_a_gap_stalled_folder_forward(kind: Kind) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new();
     let args = DaemonArgs::under(dir.path());
     let root = args.mnt.parent().unwrap().to_owned();
     let shape = Shape {
@@ -762,6 +872,7 @@ fn bootstrap_command_brings_a_gap_stalled_folder_forward(kind: Kind) {
     // The command bootstraps the stopped folder again, past the gap.
     let started = Instant::now();
     let (ok, stderr) = run_bootstrap(&state, &url, &map);
+    let _ = std::fs::write(root.join("rebootstrap.log"), &stderr);
     assert!(ok, "{stderr}");
     eprintln!("{kind:?}: bootstrapped again in {:?}", started.elapsed());
     assert!(stderr.contains("bootstrapping again"), "{stderr}");

@@ -13,16 +13,33 @@
 //! fsync per touched fan-out directory): every blob is durable at its path
 //! before the group's `staged.log` lines are written, and before the
 //! driver writes any journal record naming it. A file that changed while
-//! it was copied (size or mtime differ after the copy) or vanished is not
-//! staged: its table is listed again in a later round.
+//! it was copied (size, mtime or ctime differ after the copy) or vanished
+//! is not staged: its table is listed again in a later round.
 //!
 //! `<state>/bootstrap/staged.log` remembers each staged file as
-//! `<sha256> <size> <mtime ns> <inode> <path>`, appended and fdatasynced
-//! after every published group. A bootstrap started again after a crash
-//! does not copy a file whose path, size, mtime and inode are unchanged and
-//! whose blob is still stored: "copy each blob once" across `kill -9`.
-//! (The trust is Hive's: warehouse files are written once; a rewrite gets a
-//! new mtime.)
+//! `<sha256> <size> <mtime ns> <ctime ns> <inode> <settled> <path>`,
+//! appended and fdatasynced after every published group. A bootstrap
+//! started again (after a crash, or after an id gap) does not copy a file
+//! whose path, size, mtime, ctime and inode are unchanged and whose blob is
+//! still stored: "copy each blob once" across `kill -9`.
+//!
+//! That identity must change with any rewrite, whatever the clock's
+//! granularity. The ctime is set by the kernel on every change of the
+//! inode (a write, a rename into place, a new file) and cannot be set by
+//! tools that preserve mtimes (`cp -p`, `rsync -t`, `distcp -pt`); but on
+//! a kernel with coarse timestamps (a tick of up to 10 ms) a same-size
+//! rewrite in the same tick, on an inode number the filesystem reused,
+//! could look unchanged. So an entry is *settled* (`1`) only when the
+//! file's ctime was more than [`SETTLED_MARGIN_NS`] older than the clock
+//! just before the file was listed: any later change then gets a later
+//! ctime (the kernel stamps it from the same clock, at most a tick behind
+//! it). A settled entry is trusted as it stands; an unsettled one (a file
+//! written just before it was listed) is reused only after its bytes are
+//! read again and hash to the logged blob (read, not copied). Lines of the
+//! older five-field format are not trusted (the file is copied again).
+//! Limit: the rule assumes the source filesystem stamps times from this
+//! host's clock, or one within the margin of it (a network filesystem
+//! whose server clock runs behind by more is trusted as if settled).
 //!
 //! Called by the bootstrap driver; the copies run on a few threads (the
 //! driver's `copy_threads`), the syncs on [`SYNC_THREADS`] more.
@@ -51,7 +68,11 @@ pub struct ListedFile {
     pub rel: String,
     pub size: u64,
     pub mtime_ns: i64,
+    pub ctime_ns: i64,
     pub ino: u64,
+    /// The file's ctime was more than [`SETTLED_MARGIN_NS`] older than the
+    /// clock when it was listed (see the module docs).
+    pub settled: bool,
 }
 
 impl ListedFile {
@@ -68,11 +89,35 @@ fn mtime_ns(m: &std::fs::Metadata) -> i64 {
     m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec()
 }
 
+fn ctime_ns(m: &std::fs::Metadata) -> i64 {
+    m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec()
+}
+
+/// How much older than the listing a file's ctime must be for its
+/// `staged.log` entry to be trusted without reading it again: well above a
+/// kernel timestamp tick (at most 10 ms) and small clock adjustments.
+pub const SETTLED_MARGIN_NS: i64 = 1_000_000_000;
+
+/// The realtime clock in ns since the epoch (the clock file times use).
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// `(size, mtime, ctime, inode)`: what must be unchanged for a staged
+/// copy to stand for the file.
+fn identity(m: &std::fs::Metadata) -> (u64, i64, i64, u64) {
+    (m.len(), mtime_ns(m), ctime_ns(m), m.ino())
+}
+
 /// Every file below `dir` (Hive's rules, see the module docs), sorted.
 pub fn list_location(source_dir: &Path, dir: &Path) -> Result<Vec<ListedFile>, String> {
     let mut out = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), String::new())];
     while let Some((d, rel)) = stack.pop() {
+        // Before the stats: a file settled against it is older still.
+        let listed_at = now_ns();
         let entries = match std::fs::read_dir(&d) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -102,13 +147,16 @@ pub fn list_location(source_dir: &Path, dir: &Path) -> Result<Vec<ListedFile>, S
             if meta.is_dir() {
                 stack.push((entry.path(), child_rel));
             } else if meta.is_file() {
+                let ctime = ctime_ns(&meta);
                 out.push(ListedFile {
                     path: entry.path(),
                     source_dir: source_dir.to_owned(),
                     rel: child_rel,
                     size: meta.len(),
                     mtime_ns: mtime_ns(&meta),
+                    ctime_ns: ctime,
                     ino: meta.ino(),
+                    settled: ctime.saturating_add(SETTLED_MARGIN_NS) < listed_at,
                 });
             }
         }
@@ -135,11 +183,30 @@ const PUBLISH_GROUP: usize = 1024;
 /// disk, and the filesystem commits concurrent ones together.
 const SYNC_THREADS: usize = 8;
 
+/// A `staged.log` entry: the file's identity when it was copied, whether
+/// it was settled then, and its blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    ino: u64,
+    settled: bool,
+    blob: BlobId,
+}
+
+impl Entry {
+    fn matches(&self, f: &ListedFile) -> bool {
+        (self.size, self.mtime_ns, self.ctime_ns, self.ino)
+            == (f.size, f.mtime_ns, f.ctime_ns, f.ino)
+    }
+}
+
 /// Copies listed files into the blob store; see the module docs.
 pub struct FileStager {
     blobs: Arc<BlobStore>,
-    /// path → (size, mtime, inode, blob), from `staged.log`.
-    known: Mutex<HashMap<PathBuf, (u64, i64, u64, BlobId)>>,
+    /// path → its newest entry, from `staged.log`.
+    known: Mutex<HashMap<PathBuf, Entry>>,
     log: Mutex<File>,
     threads: usize,
 }
@@ -183,19 +250,36 @@ impl FileStager {
     pub fn stage(&self, files: &[ListedFile], progress: &BootstrapProgress) -> Vec<Staged> {
         let mut results: Vec<Option<Staged>> = vec![None; files.len()];
         let mut to_copy = Vec::new();
+        let mut to_check = Vec::new();
         {
             let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
             for (i, f) in files.iter().enumerate() {
                 match known.get(&f.path) {
-                    Some(&(size, mtime, ino, blob))
-                        if (size, mtime, ino) == (f.size, f.mtime_ns, f.ino)
-                            && self.blobs.contains(&blob) =>
-                    {
-                        progress.reused(size);
-                        results[i] = Some(Staged::Stored { blob, size });
+                    Some(e) if e.matches(f) && self.blobs.contains(&e.blob) => {
+                        if e.settled {
+                            progress.reused(e.size);
+                            results[i] = Some(Staged::Stored {
+                                blob: e.blob,
+                                size: e.size,
+                            });
+                        } else {
+                            to_check.push((i, e.blob));
+                        }
                     }
                     _ => to_copy.push(i),
                 }
+            }
+        }
+        // Unsettled entries: reused only if the bytes still hash to them.
+        for (i, blob) in to_check {
+            if reads_as(&files[i], &blob) {
+                progress.reused(files[i].size);
+                results[i] = Some(Staged::Stored {
+                    blob,
+                    size: files[i].size,
+                });
+            } else {
+                to_copy.push(i);
             }
         }
         let next = AtomicUsize::new(0);
@@ -277,7 +361,7 @@ impl FileStager {
             .map_err(|e| e.to_string())?;
         let after = std::fs::metadata(&f.path)
             .map_err(|e| format!("{} is gone after its copy: {e}", f.path.display()))?;
-        if fetched.size != f.size || after.len() != f.size || mtime_ns(&after) != f.mtime_ns {
+        if fetched.size != f.size || identity(&after) != (f.size, f.mtime_ns, f.ctime_ns, f.ino) {
             return Err(format!("{} changed while it was copied", f.path.display()));
         }
         let copy = fetched
@@ -324,8 +408,22 @@ impl FileStager {
             results[i] = Some(Staged::Stored { blob, size });
             let shown = f.path.to_string_lossy();
             if !shown.contains('\n') {
-                lines.push_str(&format!("{blob} {size} {} {} {shown}\n", f.mtime_ns, f.ino));
-                known.insert(f.path.clone(), (size, f.mtime_ns, f.ino, blob));
+                let entry = Entry {
+                    size,
+                    mtime_ns: f.mtime_ns,
+                    ctime_ns: f.ctime_ns,
+                    ino: f.ino,
+                    settled: f.settled,
+                    blob,
+                };
+                lines.push_str(&format!(
+                    "{blob} {size} {} {} {} {} {shown}\n",
+                    entry.mtime_ns,
+                    entry.ctime_ns,
+                    entry.ino,
+                    u8::from(entry.settled)
+                ));
+                known.insert(f.path.clone(), entry);
             }
         }
         drop(known);
@@ -340,15 +438,63 @@ impl FileStager {
     }
 }
 
-fn parse_line(line: &[u8]) -> Option<(PathBuf, (u64, i64, u64, BlobId))> {
+/// Whether `f`'s bytes, read now beneath its source directory, hash to
+/// `blob`, and the file is still the one listed (same identity after the
+/// read).
+fn reads_as(f: &ListedFile, blob: &BlobId) -> bool {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let Ok(rel) = f.path.strip_prefix(&f.source_dir) else {
+        return false;
+    };
+    let Ok(mut file) = crate::source_open::open_beneath(&f.source_dir, rel) else {
+        return false;
+    };
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut len = 0u64;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                h.update(&buf[..n]);
+                len += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    let same = file
+        .metadata()
+        .is_ok_and(|m| identity(&m) == (f.size, f.mtime_ns, f.ctime_ns, f.ino));
+    same && len == f.size && BlobId(h.finalize().into()) == *blob
+}
+
+/// One `staged.log` line (see the module docs); None for a torn or
+/// older-format line, which is not trusted.
+fn parse_line(line: &[u8]) -> Option<(PathBuf, Entry)> {
     let text = std::str::from_utf8(line).ok()?;
-    let mut parts = text.splitn(5, ' ');
+    let mut parts = text.splitn(7, ' ');
     let blob = BlobId::from_hex(parts.next()?)?;
     let size = parts.next()?.parse().ok()?;
-    let mtime = parts.next()?.parse().ok()?;
+    let mtime_ns = parts.next()?.parse().ok()?;
+    let ctime_ns = parts.next()?.parse().ok()?;
     let ino = parts.next()?.parse().ok()?;
+    let settled = match parts.next()? {
+        "1" => true,
+        "0" => false,
+        _ => return None,
+    };
     let path = PathBuf::from(parts.next()?);
-    Some((path, (size, mtime, ino, blob)))
+    let entry = Entry {
+        size,
+        mtime_ns,
+        ctime_ns,
+        ino,
+        settled,
+        blob,
+    };
+    Some((path, entry))
 }
 
 #[cfg(test)]
@@ -403,6 +549,89 @@ mod tests {
         assert_eq!(stager.stage(&files, &again), first);
         let r = again.report();
         assert_eq!((r.files_copied, r.files_reused), (0, 6));
+    }
+
+    #[test]
+    fn a_same_size_rewrite_that_keeps_the_mtime_is_copied_again() {
+        // In place (same inode), same size, the mtime put back as `cp -p`
+        // or `rsync -t` would: only the ctime tells the rewrite apart.
+        let state = tempfile::tempdir().unwrap();
+        let src = tempfile::tempdir().unwrap();
+        let path = src.path().join("000000_0");
+        std::fs::write(&path, "old bytes").unwrap();
+        let blobs = Arc::new(BlobStore::open(state.path()).unwrap());
+        let first = list_location(src.path(), src.path()).unwrap();
+        let stager =
+            FileStager::open(&state.path().join("bootstrap"), Arc::clone(&blobs), 1).unwrap();
+        let old = stager.stage(&first, &BootstrapProgress::default());
+        drop(stager);
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&path, "new bytes").unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        let again = list_location(src.path(), src.path()).unwrap();
+        assert_eq!(
+            (again[0].size, again[0].mtime_ns, again[0].ino),
+            (first[0].size, first[0].mtime_ns, first[0].ino),
+            "size, mtime and inode alone cannot tell"
+        );
+        let progress = BootstrapProgress::default();
+        let stager = FileStager::open(&state.path().join("bootstrap"), blobs, 1).unwrap();
+        let new = stager.stage(&again, &progress);
+        assert_ne!(new, old);
+        let r = progress.report();
+        assert_eq!((r.files_copied, r.files_reused), (1, 0));
+    }
+
+    #[test]
+    fn an_unsettled_entry_is_reused_only_if_its_bytes_still_match() {
+        let state = tempfile::tempdir().unwrap();
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("a"), "bytes of a").unwrap();
+        let blobs = Arc::new(BlobStore::open(state.path()).unwrap());
+        let files = list_location(src.path(), src.path()).unwrap();
+        assert!(!files[0].settled, "written just now");
+        let stager =
+            FileStager::open(&state.path().join("bootstrap"), Arc::clone(&blobs), 1).unwrap();
+        let first = stager.stage(&files, &BootstrapProgress::default());
+        drop(stager);
+        // The log claims other content for the same identity (as a rewrite
+        // within one coarse timestamp tick on a reused inode would look).
+        let log = state.path().join("bootstrap").join(STAGED_LOG);
+        let text = std::fs::read_to_string(&log).unwrap();
+        let Staged::Stored { blob, .. } = &first[0] else {
+            panic!("{first:?}")
+        };
+        // A second blob to point the entry at.
+        std::fs::write(src.path().join("b"), "bytes of b").unwrap();
+        let b = list_location(src.path(), src.path()).unwrap();
+        let stager =
+            FileStager::open(&state.path().join("bootstrap"), Arc::clone(&blobs), 1).unwrap();
+        let staged_b = stager.stage(&b[1..], &BootstrapProgress::default());
+        drop(stager);
+        let Staged::Stored { blob: blob_b, .. } = &staged_b[0] else {
+            panic!("{staged_b:?}")
+        };
+        std::fs::write(&log, text.replace(&blob.to_hex(), &blob_b.to_hex())).unwrap();
+        let progress = BootstrapProgress::default();
+        let stager = FileStager::open(&state.path().join("bootstrap"), blobs, 1).unwrap();
+        assert_eq!(stager.stage(&files, &progress), first, "read again, copied");
+        let r = progress.report();
+        assert_eq!((r.files_copied, r.files_reused), (1, 0));
+    }
+
+    #[test]
+    fn an_older_five_field_line_is_not_trusted() {
+        let blob = BlobId([7; 32]);
+        assert!(parse_line(format!("{blob} 3 100 12 /wh/t/000000_0").as_bytes()).is_none());
+        let (path, e) = parse_line(format!("{blob} 3 100 200 12 1 /wh/t/a b").as_bytes()).unwrap();
+        assert_eq!(path, PathBuf::from("/wh/t/a b"));
+        assert_eq!(
+            (e.size, e.mtime_ns, e.ctime_ns, e.ino, e.settled),
+            (3, 100, 200, 12, true)
+        );
     }
 
     #[test]
