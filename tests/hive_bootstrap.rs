@@ -346,24 +346,7 @@ fn check_tree(
     replayed: &Replayed,
 ) {
     use sha2::Digest;
-    use stagefs::catalog::{DirNode, Node};
-    fn walk<'a>(
-        prefix: &str,
-        dir: &'a DirNode,
-        out: &mut Vec<(String, &'a stagefs::catalog::FileNode)>,
-    ) {
-        for (name, child) in dir.children.iter() {
-            let path = if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}/{name}")
-            };
-            match child {
-                Node::Dir(d) => walk(&path, d, out),
-                Node::File(f) => out.push((path, f)),
-            }
-        }
-    }
+    use stagefs::catalog::Node;
     let expected = wh.expected(id);
     let mut got_tables = Vec::new();
     for (db, node) in tree.root.children.iter() {
@@ -380,10 +363,8 @@ fn check_tree(
             continue;
         }
         let (db, t) = key.split_once('.').unwrap();
-        let mut files = Vec::new();
-        walk("", tree.table(db, t).expect("table"), &mut files);
         let mut got = std::collections::BTreeMap::new();
-        for (path, f) in files {
+        for (path, f) in tree.table(db, t).expect("table").file_nodes_below() {
             let blob = if f.is_resolved() {
                 f.blob()
             } else {

@@ -287,7 +287,16 @@ impl DirNode {
     /// Every file below this directory as (path relative to it, blob), in
     /// path order: how tests and checkers compare a table with an oracle.
     pub fn files_below(&self) -> Vec<(String, BlobId)> {
-        fn walk(prefix: &str, dir: &DirNode, out: &mut Vec<(String, BlobId)>) {
+        self.file_nodes_below()
+            .into_iter()
+            .map(|(path, f)| (path, f.blob()))
+            .collect()
+    }
+
+    /// Every file node below this directory with its path relative to it,
+    /// in path order.
+    pub fn file_nodes_below(&self) -> Vec<(String, &FileNode)> {
+        fn walk<'a>(prefix: &str, dir: &'a DirNode, out: &mut Vec<(String, &'a FileNode)>) {
             for (name, child) in dir.children.iter() {
                 let path = if prefix.is_empty() {
                     name.to_string()
@@ -296,7 +305,7 @@ impl DirNode {
                 };
                 match child {
                     Node::Dir(d) => walk(&path, d, out),
-                    Node::File(f) => out.push((path, f.blob())),
+                    Node::File(f) => out.push((path, f)),
                 }
             }
         }
