@@ -1078,11 +1078,26 @@ impl DaemonProcess {
         filter: &str,
         timeout: Duration,
     ) -> io::Result<DaemonProcess> {
+        Self::start_with_env(bin, mountpoint, args, log, filter, &[], timeout)
+    }
+
+    /// [`DaemonProcess::start_with_log_filter`] with `env` added to the
+    /// daemon's environment (e.g. `STAGEFS_NO_OPEN=1`).
+    pub fn start_with_env(
+        bin: &Path,
+        mountpoint: &Path,
+        args: &[&std::ffi::OsStr],
+        log: &Path,
+        filter: &str,
+        env: &[(&str, &str)],
+        timeout: Duration,
+    ) -> io::Result<DaemonProcess> {
         let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
         let child = Command::new(bin)
             .arg("mount")
             .arg(mountpoint)
             .args(args)
+            .envs(env.iter().copied())
             .env("STAGEFS_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

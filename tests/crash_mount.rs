@@ -10,7 +10,8 @@
 //!   flight (4 fetch threads).
 //!
 //! At the end replication reaches the source's latest state.
-//! `STAGEFS_LONG_TESTS=1` kills 200 times.
+//! `STAGEFS_LONG_TESTS=1` kills 200 times. A second test does the same in
+//! no-open mode (`STAGEFS_NO_OPEN=1`), 8 kills (50 long).
 
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
@@ -34,7 +35,8 @@ impl Dirs {
     }
 }
 
-fn start(d: &Dirs, w: &Workload) -> DaemonProcess {
+/// The daemon on `w`'s source, with `env` added to its environment.
+fn start(d: &Dirs, w: &Workload, env: &[(&str, &str)]) -> DaemonProcess {
     let flags = mount_flags(
         &d.state(),
         &w.source_root(),
@@ -43,12 +45,13 @@ fn start(d: &Dirs, w: &Workload) -> DaemonProcess {
         Some(2),
     );
     let args: Vec<&OsStr> = flags.iter().map(|f| f.as_os_str()).collect();
-    DaemonProcess::start_with_log_filter(
+    DaemonProcess::start_with_env(
         Path::new(env!("CARGO_BIN_EXE_stagefs")),
         &d.mnt(),
         &args,
         &d.root.path().join("daemon.log"),
         "info,fuser=error",
+        env,
         Duration::from_secs(30),
     )
     .expect("the daemon mounts")
@@ -114,10 +117,28 @@ fn check_mount(oracle: &Oracle, mnt: &Path, what: &str) -> usize {
     listed.len()
 }
 
+/// The two tests share 2 cores: run them one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn long() -> bool {
+    std::env::var("STAGEFS_LONG_TESTS").is_ok_and(|v| v == "1")
+}
+
 #[test]
 fn sigkill_of_the_mounted_daemon_loses_nothing() {
-    let long = std::env::var("STAGEFS_LONG_TESTS").is_ok_and(|v| v == "1");
-    let kills = if long { 200 } else { 20 };
+    sigkill_rounds(if long() { 200 } else { 20 }, &[]);
+}
+
+/// The same in no-open mode (reads by inode, no OPEN/RELEASE), with fewer
+/// kills: what differs is the read path and what GC keeps, not recovery.
+#[test]
+fn sigkill_of_the_mounted_daemon_loses_nothing_in_no_open_mode() {
+    sigkill_rounds(if long() { 50 } else { 8 }, &[("STAGEFS_NO_OPEN", "1")]);
+}
+
+/// Kills the mounted daemon `kills` times (see the module docs).
+fn sigkill_rounds(kills: usize, env: &[(&str, &str)]) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let d = Dirs {
         root: tempfile::tempdir().unwrap(),
     };
@@ -150,7 +171,7 @@ fn sigkill_of_the_mounted_daemon_loses_nothing() {
         for _ in 0..(5 + rng.below(30)) {
             step(&mut w);
         }
-        let mut daemon = start(&d, &w);
+        let mut daemon = start(&d, &w, env);
         let mnt = d.mnt();
         // Recovery: the ratchet, the content, the temp files.
         // Recovery removed every temp file of the killed run; what is there
@@ -202,7 +223,7 @@ fn sigkill_of_the_mounted_daemon_loses_nothing() {
 
     // The last run catches up with the source.
     let latest = w.latest();
-    let mut daemon = start(&d, &w);
+    let mut daemon = start(&d, &w, env);
     let mnt = d.mnt();
     assert!(visible(&mnt).unwrap() >= last_visible);
     let started = Instant::now();

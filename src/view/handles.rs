@@ -119,10 +119,18 @@ impl DirHandle {
     /// Feeds entries after `offset` to `add` until it reports the reply
     /// buffer full (returns `true`; that entry was not taken).
     pub fn read(&self, offset: u64, add: &mut dyn FnMut(DirEntry) -> bool) {
+        self.read_nodes(offset, &mut |e, _| add(e));
+    }
+
+    /// [`DirHandle::read`], also handing over each child's node when the
+    /// listing is an immutable directory (`None` for `.`, `..` and the
+    /// entries of a dynamic directory), so `readdirplus` need not look the
+    /// name up again.
+    pub fn read_nodes(&self, offset: u64, add: &mut dyn FnMut(DirEntry, Option<&Node>) -> bool) {
         match &self.listing {
             Listing::Fixed(entries) => {
                 for e in entries.iter().skip(offset as usize) {
-                    if add(e.clone()) {
+                    if add(e.clone(), None) {
                         break;
                     }
                 }
@@ -136,7 +144,7 @@ impl DirHandle {
                         kind: FileKind::Directory,
                         name: Name::from(*name),
                     };
-                    if add(e) {
+                    if add(e, None) {
                         return;
                     }
                 }
@@ -164,7 +172,7 @@ impl DirHandle {
                         kind: FileKind::of(child),
                         name: Name::clone(name),
                     };
-                    if add(e) {
+                    if add(e, Some(child)) {
                         break;
                     }
                     *cursor = Some((next, Name::clone(name)));

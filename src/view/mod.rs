@@ -199,6 +199,10 @@ pub struct Attr {
     pub uid: u32,
     pub gid: u32,
     pub mtime: SystemTime,
+    /// `st_blksize`: for a directory, sized to its listing (see
+    /// [`listing_blksize`]), so one `getdents` buffer, and with it one
+    /// READDIRPLUS request, takes the whole directory; 4096 otherwise.
+    pub blksize: u32,
 }
 
 /// A successful lookup.
@@ -769,14 +773,20 @@ impl View {
     /// A child of `dir`, which was reached in `state`.
     fn child_entry(&self, dir: &DirNode, name: &str, state: Option<StateId>) -> Result<Entry> {
         let node = dir.child(name).ok_or(ViewError::NotFound)?.clone();
+        Ok(self.node_entry(node, state))
+    }
+
+    /// The entry of an immutable `node` reached in `state`, counting one
+    /// kernel reference.
+    fn node_entry(&self, node: Node, state: Option<StateId>) -> Entry {
         let ino = node.id().0;
         let attr = self.node_attr(&node);
         self.nodes.looked_up(ino, Held::Node(node), None, state);
-        Ok(Entry {
+        Entry {
             attr,
             entry_ttl: LONG_TTL,
             attr_ttl: LONG_TTL,
-        })
+        }
     }
 
     fn fixed_entry(&self, ino: u64, snap: &Snapshot) -> Entry {
@@ -835,7 +845,8 @@ impl View {
         t.unwrap_or(self.cfg.mount_time)
     }
 
-    fn dir_attr(&self, ino: u64, subdirs: usize, time_ms: i64) -> Attr {
+    /// A directory with `subdirs` subdirectories among its `entries`.
+    fn dir_attr(&self, ino: u64, subdirs: usize, entries: usize, time_ms: i64) -> Attr {
         Attr {
             ino,
             kind: FileKind::Directory,
@@ -846,12 +857,18 @@ impl View {
             uid: self.cfg.uid,
             gid: self.cfg.gid,
             mtime: self.time(time_ms),
+            blksize: listing_blksize(entries),
         }
     }
 
     fn node_attr(&self, node: &Node) -> Attr {
         match node {
-            Node::Dir(d) => self.dir_attr(d.meta.id.0, subdir_count(d), d.meta.time_ms),
+            Node::Dir(d) => self.dir_attr(
+                d.meta.id.0,
+                subdir_count(d),
+                d.children.len(),
+                d.meta.time_ms,
+            ),
             Node::File(f) => Attr {
                 ino: f.meta.id.0,
                 kind: FileKind::RegularFile,
@@ -862,6 +879,7 @@ impl View {
                 uid: self.cfg.uid,
                 gid: self.cfg.gid,
                 mtime: self.time(f.meta.time_ms),
+                blksize: FILE_BLKSIZE,
             },
         }
     }
@@ -870,7 +888,7 @@ impl View {
         let tree = shown.root_tree();
         // + 1 for `.stagefs`, a subdirectory even if unlisted.
         let dbs = root_listing(shown).len() + 1;
-        self.dir_attr(ROOT, dbs, tree.root.meta.time_ms)
+        self.dir_attr(ROOT, dbs, dbs, tree.root.meta.time_ms)
     }
 
     fn fixed_attr(&self, ino: u64, snap: &Snapshot) -> Attr {
@@ -887,9 +905,13 @@ impl View {
                 uid: self.cfg.uid,
                 gid: self.cfg.gid,
                 mtime: SystemTime::now(),
+                blksize: FILE_BLKSIZE,
             },
-            SNAPSHOTS_DIR => self.dir_attr(ino, snap.versions.len(), UNKNOWN_TIME),
-            _ => self.dir_attr(ino, 1, UNKNOWN_TIME),
+            SNAPSHOTS_DIR => {
+                let n = snap.versions.len();
+                self.dir_attr(ino, n, n, UNKNOWN_TIME)
+            }
+            _ => self.dir_attr(ino, 1, 2, UNKNOWN_TIME),
         }
     }
 
@@ -905,17 +927,19 @@ impl View {
             uid: self.cfg.uid,
             gid: self.cfg.gid,
             mtime: SystemTime::now(),
+            blksize: FILE_BLKSIZE,
         }
     }
 
     fn live_db_attr(&self, ino: u64, shown: &Shown, db: &str) -> Attr {
         let tables = live_db_tables(shown, db).len();
         let time = live_db_node(shown, db).map_or(UNKNOWN_TIME, |d| d.meta.time_ms);
-        self.dir_attr(ino, tables, time)
+        self.dir_attr(ino, tables, tables, time)
     }
 
     fn snapshot_root_attr(&self, ino: u64, tree: &Tree) -> Attr {
-        self.dir_attr(ino, tree.root.children.len(), tree.time_ms)
+        let dbs = tree.root.children.len();
+        self.dir_attr(ino, dbs, dbs, tree.time_ms)
     }
 
     // ---- directories ----------------------------------------------------
@@ -1033,6 +1057,11 @@ impl View {
     /// it like a lookup; an entry `add` refuses (reply full) is not
     /// counted. `.` and `..` carry no reference (the kernel skips them).
     /// A name that no longer resolves (dropped since `opendir`) is left out.
+    ///
+    /// An immutable directory (`dir` is a catalog node or a snapshot root,
+    /// whose inode always denotes the listing the handle holds) is resolved
+    /// once per request, and each child comes with its node from the
+    /// listing: what [`View::lookup`] would find, without finding it again.
     pub fn readdirplus(
         &self,
         dir: u64,
@@ -1048,18 +1077,32 @@ impl View {
         if listing.is_released() {
             return Err(ViewError::Released(fh));
         }
+        // The state a lookup in `dir` would record for its children.
+        let reached = if listing.is_immutable() {
+            match self.resolve(dir)? {
+                Resolved::SnapshotRoot(id, _) => Some(Some(id)),
+                Resolved::Node { state, .. } => Some(state),
+                _ => None,
+            }
+        } else {
+            None
+        };
         let mut taken = 0usize;
         let mut failed = None;
-        listing.read(offset, &mut |mut e| {
+        listing.read_nodes(offset, &mut |mut e, node| {
             if &*e.name == "." || &*e.name == ".." {
                 let entry = Entry {
-                    attr: self.dir_attr(e.ino, 0, UNKNOWN_TIME),
+                    attr: self.dir_attr(e.ino, 0, 0, UNKNOWN_TIME),
                     entry_ttl: NO_TTL,
                     attr_ttl: NO_TTL,
                 };
                 return add(&e, &entry);
             }
-            match self.lookup(dir, OsStr::new(&*e.name), caller) {
+            let looked_up = match (node, reached) {
+                (Some(node), Some(state)) => Ok(self.node_entry(node.clone(), state)),
+                _ => self.lookup(dir, OsStr::new(&*e.name), caller),
+            };
+            match looked_up {
                 Ok(entry) => {
                     e.ino = entry.attr.ino;
                     let full = add(&e, &entry);
@@ -1281,6 +1324,33 @@ fn read_blob(file: &File, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
     }
     buf.truncate(done);
     Ok(buf)
+}
+
+/// `st_blksize` of files: the page size (stdio buffers, `cp`).
+const FILE_BLKSIZE: u32 = 4096;
+
+/// Bytes one READDIRPLUS entry takes in the kernel's buffer: the 128-byte
+/// entry reply, the 24-byte dirent header and the name padded to 8 bytes
+/// (24 bytes allowed for it).
+const DIRENTPLUS_BYTES: usize = 176;
+
+/// Largest `st_blksize` given to a directory: the kernel's readdir buffer
+/// is capped at `max_pages` (256 pages, `/proc/sys/fs/fuse/max_pages_limit`).
+const MAX_DIR_BLKSIZE: usize = 1 << 20;
+
+/// `st_blksize` for a directory of `entries` names. glibc's `opendir`
+/// sizes its `getdents` buffer from it (at least 32 KiB, at most 1 MiB),
+/// and since Linux 6.16 the kernel sizes each READDIRPLUS request from
+/// that buffer (up to `max_pages`). A buffer that fits the whole listing
+/// lets a cold `find` or `ls -l` read a directory of a thousand files in
+/// one request plus the end-of-listing one, instead of one per 32 KiB
+/// (about 190 entries). A power of two (the kernel keeps its log2);
+/// the page size while the listing fits glibc's default buffer.
+fn listing_blksize(entries: usize) -> u32 {
+    let bytes = entries.saturating_add(2).saturating_mul(DIRENTPLUS_BYTES);
+    let size = bytes.next_power_of_two().clamp(4096, MAX_DIR_BLKSIZE);
+    let size = if size <= 32 << 10 { 4096 } else { size };
+    u32::try_from(size).unwrap_or(4096)
 }
 
 /// Number of subdirectories, for `nlink`. Partition levels hold only

@@ -613,6 +613,57 @@ fn readdirplus_answers_what_lookup_answers_and_counts_one_reference_per_entry() 
 }
 
 #[test]
+fn readdirplus_of_an_immutable_directory_gives_each_entry_the_attributes_of_its_lookup() {
+    let fx = Fixture::new();
+    fx.seed();
+    for dir in ["default/blah", "default/blah/p=a"] {
+        let ino = fx.ino(dir);
+        let handle = fx.view.opendir(ino, Caller::UNKNOWN).unwrap();
+        let mut plus = Vec::new();
+        fx.view
+            .readdirplus(ino, handle.fh, 0, Caller::UNKNOWN, |e, entry| {
+                if &*e.name != "." && &*e.name != ".." {
+                    plus.push((e.name.to_string(), entry.clone()));
+                }
+                false
+            })
+            .unwrap();
+        fx.view.releasedir(handle.fh);
+        assert!(!plus.is_empty(), "{dir} lists something");
+        for (name, entry) in plus {
+            let looked = fx.lookup(ino, &name).unwrap();
+            assert_eq!(looked.attr, entry.attr, "{dir}/{name}");
+            assert_eq!(
+                (looked.entry_ttl, looked.attr_ttl),
+                (entry.entry_ttl, entry.attr_ttl)
+            );
+        }
+    }
+}
+
+#[test]
+fn a_directory_too_large_for_one_default_getdents_buffer_reports_a_block_size_that_fits_it() {
+    let fx = Fixture::new();
+    fx.seed();
+    let files: Vec<String> = (0..1000)
+        .map(|i| fx.file(&format!("default/blah/p=big/f{i:06}"), b"x"))
+        .collect();
+    fx.commit(&format!(
+        r#"{{"id": 50, "op": "add_files", "db": "default", "table": "blah", "partition": {{"p": "big"}}, "files": [{}]}}"#,
+        files.join(",")
+    ));
+    let big = fx.walk("default/blah/p=big").unwrap().attr;
+    // 1,002 entries of READDIRPLUS need ~176 KiB: one 256 KiB buffer.
+    assert_eq!(big.blksize, 256 << 10);
+    // Small directories and files keep the page size.
+    assert_eq!(fx.walk("default/blah/p=a").unwrap().attr.blksize, 4096);
+    assert_eq!(
+        fx.walk("default/blah/p=a/000001_0").unwrap().attr.blksize,
+        4096
+    );
+}
+
+#[test]
 fn readdirplus_entry_refused_by_a_full_reply_is_not_counted() {
     let fx = Fixture::new();
     fx.seed();
