@@ -89,7 +89,10 @@ fn start_daemon(dir: &Path, w: &Workload, retain: usize, env: &[(&str, &str)]) -
         Some(retain),
     );
     let args: Vec<&OsStr> = flags.iter().map(|f| f.as_os_str()).collect();
-    let filter = std::env::var("STAGEFS_LOG").unwrap_or_else(|_| "warn".into());
+    // View moves are logged (debug) so a walker's failure report can show
+    // whether its view moved mid-walk.
+    let filter =
+        std::env::var("STAGEFS_LOG").unwrap_or_else(|_| "warn,stagefs::view::readers=debug".into());
     DaemonProcess::start_with_env(
         Path::new(env!("CARGO_BIN_EXE_stagefs")),
         &mnt,
@@ -110,7 +113,9 @@ import os, sys, time
 mnt, stop = sys.argv[1], sys.argv[2]
 walks = 0
 while not os.path.exists(stop):
+    began = time.time()
     for top, dirs, files in os.walk(mnt):
+        listed = time.time()
         if top == mnt:
             dirs[:] = [d for d in dirs if not d.startswith(".")]
         for f in files:
@@ -119,12 +124,39 @@ while not os.path.exists(stop):
                 with open(path, "rb") as fh:
                     fh.read(64)
             except OSError as e:
-                print(f"walk {walks}: listed but not readable: {path}: {e}")
+                now = time.time()
+                at = time.strftime("%H:%M:%S", time.gmtime(now)) + f"{now % 1:.3f}"[1:]
+                print(f"walk {walks} (pid {os.getpid()}, at {at} UTC, walk began "
+                      f"{now - began:.3f} s ago, listed {now - listed:.3f} s ago): "
+                      f"listed but not readable: {path}: {e}")
                 sys.exit(1)
     walks += 1
     time.sleep(0.3)
 print(walks)
 "#;
+
+/// The lines of the daemon log that record view moves of the walker
+/// process named in its failure report ("pid N"), to tell a view that
+/// moved mid-walk from a file the walk's own state lacks.
+fn view_moves_of(log: &str, report: &str) -> String {
+    let Some(pid) = report
+        .split("(pid ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+    else {
+        return String::from("(no pid in the report)");
+    };
+    let needle = format!("pid={pid} ");
+    let moves: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("view moved") && l.contains(&needle))
+        .collect();
+    if moves.is_empty() {
+        String::from("(none logged)")
+    } else {
+        moves.join("\n")
+    }
+}
 
 #[test]
 fn zero_anomalies_under_concurrent_readers() {
@@ -198,9 +230,10 @@ fn zero_anomalies_with(env: &[(&str, &str)]) {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "walker {i}: {}{}",
+            "walker {i}: {}{}\nthe daemon's view moves for it:\n{}",
             text,
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stderr),
+            view_moves_of(&daemon.log(), &text)
         );
         let walks: u64 = text.trim().parse().unwrap_or(0);
         assert!(walks >= 1, "walker {i} finished no walk: {text}");

@@ -454,6 +454,15 @@ impl Readers {
         };
         if v.tree.state_id != tree.state_id {
             self.moves.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                pid = proc.pid,
+                from = %v.tree.state_id,
+                to = %tree.state_id,
+                age_ms = age.as_millis() as u64,
+                idle_ms = idle.as_millis() as u64,
+                waited_ms = since_mark.map(|d| d.as_millis() as u64),
+                "view moved"
+            );
         }
         let mark = v.delay_mark.take();
         *v = ReaderView::new(tree, now, mark);
