@@ -18,7 +18,9 @@
 //!   `fdatasync` of every temp through its own descriptor (in parallel;
 //!   a copy the caller already synced with [`Unsynced::sync_data`] is not
 //!   synced twice), the renames, one fsync per touched fan-out directory
-//!   (in parallel too). So a blob present
+//!   (in parallel too); or, for a group of [`GROUP_SYNC_MIN`] or more on a
+//!   local disk filesystem ([`GroupSync`]), one `syncfs`, each copy's own
+//!   writeback result, the renames and one more `syncfs`. So a blob present
 //!   after a crash is complete, and a blob at its path is durable
 //!   (durability order, step 1).
 //! - Same content is stored once, whatever file names reference it.

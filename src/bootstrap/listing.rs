@@ -179,9 +179,9 @@ pub enum Staged {
 }
 
 const STAGED_LOG: &str = "staged.log";
-/// Copies published (made durable) together: each group costs one fsync
-/// per fan-out directory it touches (up to 256), so groups are large; each
-/// copy holds a descriptor until it is published.
+/// Copies published (made durable) together: each group costs two
+/// `syncfs`, or one fsync per fan-out directory it touches (up to 256), so
+/// groups are large; each copy holds a descriptor until it is published.
 const PUBLISH_GROUP: usize = 1024;
 /// Threads that fdatasync copies as they are made: the syncs wait on the
 /// disk, and the filesystem commits concurrent ones together.
