@@ -1494,11 +1494,8 @@ impl TempBlob {
         Ok(())
     }
 
-    /// After a `syncfs` wrote this file back: the result of that writeback
-    /// for this file (an error is reported once per descriptor, so a
-    /// failure seen by another `syncfs` caller is still seen here).
-    fn writeback_result(&self) -> Result<(), StageError> {
-        use std::os::fd::AsRawFd;
+    /// In tests: the sync failure injected for this temp's blob.
+    fn injected_sync_failure(&self) -> Result<(), StageError> {
         #[cfg(test)]
         if let Some(errno) = test_hooks::injected_sync_errno(&self.path) {
             return Err(store_error(
@@ -1507,6 +1504,15 @@ impl TempBlob {
                 io::Error::from_raw_os_error(errno),
             ));
         }
+        Ok(())
+    }
+
+    /// After a `syncfs` wrote this file back: the result of that writeback
+    /// for this file (an error is reported once per descriptor, so a
+    /// failure seen by another `syncfs` caller is still seen here).
+    fn writeback_result(&self) -> Result<(), StageError> {
+        use std::os::fd::AsRawFd;
+        self.injected_sync_failure()?;
         let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
             | libc::SYNC_FILE_RANGE_WRITE
             | libc::SYNC_FILE_RANGE_WAIT_AFTER;
@@ -1523,14 +1529,7 @@ impl TempBlob {
     }
 
     fn sync_data(&self) -> Result<(), StageError> {
-        #[cfg(test)]
-        if let Some(errno) = test_hooks::injected_sync_errno(&self.path) {
-            return Err(store_error(
-                "syncing",
-                &self.path,
-                io::Error::from_raw_os_error(errno),
-            ));
-        }
+        self.injected_sync_failure()?;
         self.file
             .sync_data()
             .map_err(|e| store_error("syncing", &self.path, e))
