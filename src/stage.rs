@@ -5,7 +5,7 @@
 //! - `blobs/<ab>/<abcd…>`: one blob per distinct sha256 (64 lower-case hex
 //!   digits, fanned out by the first two), holding exactly the bytes that hash
 //!   to its name;
-//! - `blobs/tmp/`: temp files of fetches in progress, all removed by
+//! - `blobs/tmp/<0-15>/`: temp files of fetches in progress, all removed by
 //!   [`BlobStore::open`] because after a crash they are garbage.
 //!
 //! Invariants:
@@ -86,6 +86,12 @@ const PIPELINE_MIN_BYTES: u64 = 8 << 20;
 const PIPELINE_BUFFERS: usize = 4;
 const TMP_DIR_NAME: &str = "tmp";
 const TMP_SUFFIX: &str = ".tmp";
+/// Temp files are spread over `tmp/0` … `tmp/15`. Creating a file takes
+/// its directory's lock while the filesystem allocates the inode, so
+/// parallel copies into one directory wait for each other: a bootstrap of
+/// 15,000 small files spent 27 % of its samples spinning on the lock of
+/// `tmp/` (`perf`, docs/BENCHMARKS.md "Bootstrap").
+const TMP_SHARDS: u64 = 16;
 
 /// Where a fetched blob came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +256,9 @@ impl BlobStore {
         let tmp_dir = root.join(TMP_DIR_NAME);
         ensure_dir(&root)?;
         ensure_dir(&tmp_dir)?;
+        for shard in 0..TMP_SHARDS {
+            ensure_dir(&tmp_dir.join(shard.to_string()))?;
+        }
         // Opened before any copy is written, so its `syncfs` reports every
         // writeback error of the filesystem from now on.
         let group_sync = match GroupSync::for_store(&root) {
@@ -701,11 +710,14 @@ impl BlobStore {
 
     fn create_temp(&self, id: &BlobId) -> Result<TempBlob, StageError> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let path = self.tmp_dir.join(format!(
-            "{}.{}.{n}{TMP_SUFFIX}",
-            id.to_hex(),
-            std::process::id()
-        ));
+        let path = self
+            .tmp_dir
+            .join((n % TMP_SHARDS).to_string())
+            .join(format!(
+                "{}.{}.{n}{TMP_SUFFIX}",
+                id.to_hex(),
+                std::process::id()
+            ));
         // Readable too: after an in-kernel copy the temp is hashed back.
         let file = OpenOptions::new()
             .read(true)
@@ -768,26 +780,40 @@ impl BlobStore {
             });
     }
 
+    /// Removes everything below `tmp/` but its shard directories.
     fn remove_leftover_temps(&self) -> Result<(), StageError> {
-        let entries =
-            fs::read_dir(&self.tmp_dir).map_err(|e| store_error("listing", &self.tmp_dir, e))?;
         let mut removed = 0usize;
-        for entry in entries {
-            let entry = entry.map_err(|e| store_error("listing", &self.tmp_dir, e))?;
-            let path = entry.path();
-            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            let result = if is_dir {
-                fs::remove_dir_all(&path)
-            } else {
-                fs::remove_file(&path)
-            };
-            result.map_err(|e| store_error("removing leftover temp", &path, e))?;
-            removed += 1;
+        let mut synced = Vec::new();
+        let shards: Vec<String> = (0..TMP_SHARDS).map(|n| n.to_string()).collect();
+        for (dir, keep) in std::iter::once((self.tmp_dir.clone(), true))
+            .chain(shards.iter().map(|n| (self.tmp_dir.join(n), false)))
+        {
+            let mut here = 0usize;
+            for entry in fs::read_dir(&dir).map_err(|e| store_error("listing", &dir, e))? {
+                let entry = entry.map_err(|e| store_error("listing", &dir, e))?;
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                if keep && is_dir && shards.iter().any(|n| entry.file_name() == n.as_str()) {
+                    continue;
+                }
+                let path = entry.path();
+                let result = if is_dir {
+                    fs::remove_dir_all(&path)
+                } else {
+                    fs::remove_file(&path)
+                };
+                result.map_err(|e| store_error("removing leftover temp", &path, e))?;
+                here += 1;
+            }
+            if here > 0 {
+                removed += here;
+                synced.push(dir);
+            }
         }
         if removed > 0 {
             tracing::info!(removed, dir = %self.tmp_dir.display(), "removed leftover temp files");
-            fsync_dir(&self.tmp_dir)
-                .map_err(|e| store_error("syncing directory", &self.tmp_dir, e))?;
+        }
+        for dir in synced {
+            fsync_dir(&dir).map_err(|e| store_error("syncing directory", &dir, e))?;
         }
         Ok(())
     }
@@ -1469,7 +1495,7 @@ fn in_parallel<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Ve
     })
 }
 
-/// A temp file in `blobs/tmp/`, removed on drop unless it was renamed into place.
+/// A temp file in `blobs/tmp/<shard>/`, removed on drop unless it was renamed into place.
 struct TempBlob {
     path: PathBuf,
     file: File,
@@ -1834,8 +1860,19 @@ mod tests {
         format!("{}_{}", f.name, f.key().to_hex())
     }
 
+    /// Temp files in the shards of `blobs/tmp`, and anything else there.
     fn temp_count(state: &Path) -> usize {
-        fs::read_dir(state.join("blobs/tmp")).unwrap().count()
+        let tmp = state.join("blobs/tmp");
+        fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(
+                |e| match e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+                    Some(n) if n < TMP_SHARDS => fs::read_dir(e.path()).unwrap().count(),
+                    _ => 1,
+                },
+            )
+            .sum()
     }
 
     /// A Hive reference to `dir/rel` (mapped through `--source-map` to `dir`).
@@ -2365,6 +2402,7 @@ mod tests {
         )
         .unwrap();
         fs::write(tmp.join("junk"), b"x").unwrap();
+        fs::write(tmp.join("3").join("c0ffee.9.1.tmp"), b"half").unwrap();
 
         let store = BlobStore::open(&fx.state).unwrap();
         assert_eq!(temp_count(&fx.state), 0);
