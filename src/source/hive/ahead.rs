@@ -7,7 +7,7 @@
 //! so the adapter hands every polled row to [`DecodeAhead::submit`] and
 //! takes each row's result with [`DecodeAhead::take`] when the ingest loop
 //! reaches it. An INSERT's files are also mapped there
-//! ([`adapter::premap_files`]: `--source-map`, checksum, reference key; a
+//! (`adapter::premap_files`: `--source-map`, checksum, reference key; a
 //! pure function of the message, the event id and the map). Everything
 //! that depends on the replica's state (the rest of the mapping against
 //! the newest tree, the transaction-log lookups, validation) stays on the
@@ -18,9 +18,10 @@
 //!   *i mod n*, each worker decodes its rows in order and answers in order,
 //!   so the next answer of that worker is row *i*'s;
 //! - a result is exactly what `decode_message` (and `premap_files`) give
-//!   for the row, errors included: the ingest loop sees the same outcome at the same row as
-//!   when it decoded the row itself, so a bad row after good ones stops
-//!   replication at the same event, after the good ones are journaled;
+//!   for the row, errors included: the ingest loop sees the same outcome
+//!   at the same row as when it decoded the row itself, so a bad row
+//!   after good ones stops replication at the same event, after the good
+//!   ones are journaled;
 //! - bounded: at most one submission (one poll, at most the adapter's batch
 //!   of rows) is in flight; a new submission first discards what was not
 //!   taken (rows read past a rejection, re-read after a rewind);
