@@ -32,10 +32,7 @@
 //!
 //! [`KEEP`] checkpoints are kept; journal compaction removes only records
 //! at or below the *oldest* kept one, so falling back to the previous
-//! checkpoint always finds the journal it needs. The newest one past them
-//! is set aside as `checkpoints/spare` and the next checkpoint is written
-//! into it in place ([`prune`] says why); a crash mid-write leaves only a
-//! temp file, never a cut file under a checkpoint's name.
+//! checkpoint always finds the journal it needs.
 //!
 //! Called by `replicate` (the checkpoint thread writes, recovery reads).
 
@@ -70,11 +67,6 @@ pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(600);
 pub const DEFAULT_CHECKPOINT_RATE_MIB: u64 = 16;
 /// Appended to an old checkpoint's name while [`prune`] deletes it.
 const REMOVING_SUFFIX: &str = ".removing";
-/// The set-aside checkpoint file the next write is written into.
-const SPARE: &str = "spare";
-/// How [`crate::durable::write_atomic_paced`] names a checkpoint's temp
-/// file: `.<name>.tmp`.
-const TEMP_SUFFIX: &str = ".ckpt.tmp";
 /// Checkpoints kept on disk.
 pub const KEEP: usize = 2;
 
@@ -169,8 +161,7 @@ pub fn write(
         fsync_dir(state_dir)?;
     }
     let path = path_for(state_dir, data.state);
-    let spare = d.join(SPARE);
-    let size = write_atomic_paced(&path, max_bytes_per_s, Some(&spare), |w| {
+    let size = write_atomic_paced(&path, max_bytes_per_s, |w| {
         let mut body = Crc::new(w, stop);
         body.inner.write_all(MAGIC)?;
         body.inner.write_all(&VERSION.to_le_bytes())?;
@@ -187,35 +178,17 @@ pub fn write(
 /// Removes all but the newest [`KEEP`] checkpoints; returns the state of
 /// the oldest one kept (what journal compaction may remove through).
 ///
-/// The first old checkpoint becomes the spare (renamed to `spare`, made
-/// durable) unless one is already there: the next [`write`] overwrites it
-/// in place instead of allocating a new file: freeing a checkpoint's
-/// worth of blocks on a filesystem mounted with `discard` sends discards
-/// that the commits' flushes queue behind (measured in docs/BENCHMARKS.md,
-/// issue 14). The spare is never read as a checkpoint; it costs the disk
-/// one more checkpoint's size.
-///
-/// Any other old checkpoint is first renamed out of the checkpoint names (to
+/// Each old checkpoint is first renamed out of the checkpoint names (to
 /// `<name>.removing`, made durable), then deleted in steps
 /// ([`remove_in_steps`]) so that freeing it does not hold up the commits'
 /// flushes; a crash in between leaves a `.removing` file, never a cut
 /// checkpoint under a checkpoint's name, and the next prune finishes it.
-/// `stop` makes the deletion go at once. Must not run while a [`write`] is
-/// in progress (the checkpoint thread does one after the other).
+/// `stop` makes the deletion go at once.
 pub fn prune(state_dir: &Path, stop: Option<&AtomicBool>) -> io::Result<Option<StateId>> {
     let all = list(state_dir)?;
     let d = dir(state_dir);
     let mut doomed = Vec::new();
-    let mut renamed = false;
-    let spare = d.join(SPARE);
-    let mut spare_free = !spare.exists();
     for (_, path) in all.iter().skip(KEEP) {
-        if spare_free {
-            fs::rename(path, &spare)?;
-            spare_free = false;
-            renamed = true;
-            continue;
-        }
         let mut removing = path.clone().into_os_string();
         removing.push(REMOVING_SUFFIX);
         let removing = PathBuf::from(removing);
@@ -225,25 +198,18 @@ pub fn prune(state_dir: &Path, stop: Option<&AtomicBool>) -> io::Result<Option<S
             Err(e) => return Err(e),
         }
     }
-    // Left by a crash during an earlier prune, and temp files of writes
-    // that a stop or a crash cut short.
+    if !doomed.is_empty() {
+        fsync_dir(&d)?;
+    }
+    // Left by a crash during an earlier prune.
     if let Ok(entries) = fs::read_dir(&d) {
         for entry in entries.flatten() {
             let path = entry.path();
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            let temp = name.starts_with('.') && name.ends_with(TEMP_SUFFIX);
-            if temp && spare_free {
-                fs::rename(&path, &spare)?;
-                spare_free = false;
-                renamed = true;
-            } else if (temp || name.ends_with(REMOVING_SUFFIX)) && !doomed.contains(&path) {
+            let leftover = path.to_str().is_some_and(|p| p.ends_with(REMOVING_SUFFIX));
+            if leftover && !doomed.contains(&path) {
                 doomed.push(path);
             }
         }
-    }
-    if !doomed.is_empty() || renamed {
-        fsync_dir(&d)?;
     }
     for path in &doomed {
         remove_in_steps(path, stop)?;
@@ -884,66 +850,6 @@ mod tests {
             names,
             vec![format!("{:020}{SUFFIX}", 5), format!("{:020}{SUFFIX}", 6)]
         );
-    }
-
-    #[test]
-    fn the_oldest_checkpoint_becomes_the_spare_the_next_one_is_written_into() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let mut d = data();
-        let spare = dir.path().join(DIR).join(SPARE);
-        let mut first_ino = None;
-        for s in [4, 5, 6] {
-            d.state = StateId(s);
-            let (path, _) = write(dir.path(), &d, None, None).unwrap();
-            first_ino.get_or_insert(fs::metadata(&path).unwrap().ino());
-            prune(dir.path(), None).unwrap();
-        }
-        // 4 was pruned into the spare; 7 is written into it.
-        assert_eq!(fs::metadata(&spare).unwrap().ino(), first_ino.unwrap());
-        d.state = StateId(7);
-        let (path, size) = write(dir.path(), &d, None, None).unwrap();
-        assert!(!spare.exists());
-        assert_eq!(fs::metadata(&path).unwrap().ino(), first_ino.unwrap());
-        assert_eq!(fs::metadata(&path).unwrap().len(), size);
-        // A spare longer than the checkpoint is cut to its length.
-        fs::write(&spare, vec![0xAB; 1 << 20]).unwrap();
-        d.state = StateId(8);
-        let (path, size) = write(dir.path(), &d, None, None).unwrap();
-        assert_eq!(fs::metadata(&path).unwrap().len(), size);
-        // Byte for byte what a write into a new file gives.
-        let fresh = tempfile::tempdir().unwrap();
-        let (fresh_path, _) = write(fresh.path(), &d, None, None).unwrap();
-        assert_eq!(fs::read(&path).unwrap(), fs::read(fresh_path).unwrap());
-        assert_eq!(prune(dir.path(), None).unwrap(), Some(StateId(7)));
-        let names = || -> Vec<String> {
-            let mut n: Vec<String> = fs::read_dir(dir.path().join(DIR))
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            n.sort();
-            n
-        };
-        let kept = vec![
-            format!("{:020}{SUFFIX}", 7),
-            format!("{:020}{SUFFIX}", 8),
-            SPARE.to_string(),
-        ];
-        assert_eq!(names(), kept);
-        // The temp file of a write cut short: the spare when there is none,
-        // else deleted.
-        let cut = dir
-            .path()
-            .join(DIR)
-            .join(format!(".{:020}{TEMP_SUFFIX}", 9));
-        fs::write(&cut, b"cut").unwrap();
-        prune(dir.path(), None).unwrap();
-        assert_eq!(names(), kept);
-        fs::remove_file(&spare).unwrap();
-        fs::write(&cut, b"cut").unwrap();
-        prune(dir.path(), None).unwrap();
-        assert_eq!(names(), kept);
-        assert_eq!(fs::read(&spare).unwrap(), b"cut");
     }
 
     #[test]

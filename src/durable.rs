@@ -30,7 +30,7 @@ pub fn write_atomic_with(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<u64> {
-    write_atomic_paced(path, None, None, write)
+    write_atomic_paced(path, None, write)
 }
 
 /// Like [`write_atomic_with`], for large files written in the background
@@ -45,17 +45,9 @@ pub fn write_atomic_with(
 /// (docs/BENCHMARKS.md, "Checkpoints and restart"). The writer sleeps
 /// between writes, at most one buffer (1 MiB) at the rate, so a stop flag
 /// checked by `write` is still seen promptly.
-///
-/// `reuse` names a file nobody needs any more (the checkpoint that
-/// [`crate::checkpoint::prune`] set aside): when it exists it becomes the
-/// temp file and is overwritten in place, then cut to the new length, so
-/// the write allocates (and the old file's deletion frees) no blocks:
-/// freeing tens of MiB with the `discard` mount option sends discards
-/// that the commits' flushes queue behind (docs/BENCHMARKS.md, issue 14).
 pub fn write_atomic_paced(
     path: &Path,
     max_bytes_per_s: Option<u64>,
-    reuse: Option<&Path>,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<u64> {
     let dir = path
@@ -69,19 +61,11 @@ pub fn write_atomic_paced(
         )
     })?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let reused = match reuse {
-        Some(old) => match fs::rename(old, &tmp) {
-            Ok(()) => true,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-            Err(e) => return Err(e),
-        },
-        None => false,
-    };
     let size = {
         let f = OpenOptions::new()
             .write(true)
             .create(true)
-            .truncate(!reused)
+            .truncate(true)
             .open(&tmp)?;
         let pace = max_bytes_per_s.filter(|&r| r > 0).map(|rate| Pace {
             started: Instant::now(),
@@ -95,13 +79,9 @@ pub fn write_atomic_paced(
         };
         let mut w = io::BufWriter::with_capacity(1 << 20, file);
         write(&mut w)?;
-        let w = w.into_inner().map_err(io::IntoInnerError::into_error)?;
-        let (f, len) = (w.file, w.writeback.written);
-        if reused {
-            f.set_len(len)?;
-        }
+        let f = w.into_inner().map_err(io::IntoInnerError::into_error)?.file;
         f.sync_all()?;
-        len
+        f.metadata()?.len()
     };
     fs::rename(&tmp, path)?;
     fsync_dir(dir)?;
@@ -443,7 +423,7 @@ mod tests {
         let bytes: Vec<u8> = (0..(5 * PACED_SYNC_EVERY + 12_345) as usize)
             .map(|i| (i * 7 % 251) as u8)
             .collect();
-        let size = write_atomic_paced(&p, Some(1 << 40), None, |w| {
+        let size = write_atomic_paced(&p, Some(1 << 40), |w| {
             for piece in bytes.chunks(300_001) {
                 w.write_all(piece)?;
             }
