@@ -512,7 +512,7 @@ impl BlobStore {
             }
         }
         let renames_durable = match by_filesystem {
-            Some(fd) if !placed.is_empty() || !touched.is_empty() => match syncfs(fd) {
+            Some(fd) if !touched.is_empty() => match syncfs(fd) {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(error = %e, "syncfs of the blob store failed; syncing each directory");
@@ -782,21 +782,19 @@ impl BlobStore {
 
     /// Removes everything below `tmp/` but its shard directories.
     fn remove_leftover_temps(&self) -> Result<(), StageError> {
+        let shards: Vec<PathBuf> = (0..TMP_SHARDS)
+            .map(|n| self.tmp_dir.join(n.to_string()))
+            .collect();
         let mut removed = 0usize;
-        let mut synced = Vec::new();
-        let shards: Vec<String> = (0..TMP_SHARDS).map(|n| n.to_string()).collect();
-        for (dir, keep) in std::iter::once((self.tmp_dir.clone(), true))
-            .chain(shards.iter().map(|n| (self.tmp_dir.join(n), false)))
-        {
+        for dir in std::iter::once(&self.tmp_dir).chain(&shards) {
             let mut here = 0usize;
-            for entry in fs::read_dir(&dir).map_err(|e| store_error("listing", &dir, e))? {
-                let entry = entry.map_err(|e| store_error("listing", &dir, e))?;
-                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-                if keep && is_dir && shards.iter().any(|n| entry.file_name() == n.as_str()) {
+            for entry in fs::read_dir(dir).map_err(|e| store_error("listing", dir, e))? {
+                let entry = entry.map_err(|e| store_error("listing", dir, e))?;
+                let path = entry.path();
+                if shards.contains(&path) {
                     continue;
                 }
-                let path = entry.path();
-                let result = if is_dir {
+                let result = if entry.file_type().is_ok_and(|t| t.is_dir()) {
                     fs::remove_dir_all(&path)
                 } else {
                     fs::remove_file(&path)
@@ -805,15 +803,12 @@ impl BlobStore {
                 here += 1;
             }
             if here > 0 {
+                fsync_dir(dir).map_err(|e| store_error("syncing directory", dir, e))?;
                 removed += here;
-                synced.push(dir);
             }
         }
         if removed > 0 {
             tracing::info!(removed, dir = %self.tmp_dir.display(), "removed leftover temp files");
-        }
-        for dir in synced {
-            fsync_dir(&dir).map_err(|e| store_error("syncing directory", &dir, e))?;
         }
         Ok(())
     }

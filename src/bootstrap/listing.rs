@@ -298,12 +298,9 @@ impl FileStager {
         let (copied_tx, copied_rx) = mpsc::channel::<Copied>();
         let copied_rx = Mutex::new(copied_rx);
         std::thread::scope(|scope| {
+            let copies_to = if by_filesystem { &tx } else { &copied_tx };
             for _ in 0..self.threads.min(to_copy.len()) {
-                let copied_tx = if by_filesystem {
-                    tx.clone()
-                } else {
-                    copied_tx.clone()
-                };
+                let copied_tx = copies_to.clone();
                 let (next, to_copy) = (&next, &to_copy);
                 scope.spawn(move || loop {
                     let n = next.fetch_add(1, Ordering::Relaxed);
