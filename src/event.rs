@@ -46,12 +46,18 @@ impl BlobId {
 
     /// Lower-case hex, as used for blob file names and the `sha256` xattr.
     pub fn to_hex(&self) -> String {
-        let mut s = String::with_capacity(64);
-        for b in self.0 {
-            s.push(char::from_digit((b >> 4) as u32, 16).unwrap_or('0'));
-            s.push(char::from_digit((b & 15) as u32, 16).unwrap_or('0'));
+        self.hex_digits().iter().map(|&d| char::from(d)).collect()
+    }
+
+    /// The 64 lower-case hex digits, without allocating.
+    fn hex_digits(&self) -> [u8; 64] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 64];
+        for (i, b) in self.0.iter().enumerate() {
+            out[2 * i] = DIGITS[usize::from(b >> 4)];
+            out[2 * i + 1] = DIGITS[usize::from(b & 15)];
         }
-        s
+        out
     }
 }
 
@@ -69,7 +75,12 @@ impl fmt::Display for BlobId {
 
 impl Serialize for BlobId {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_hex())
+        // Hex digits are ASCII, so the buffer is always UTF-8.
+        let digits = self.hex_digits();
+        match std::str::from_utf8(&digits) {
+            Ok(hex) => s.serialize_str(hex),
+            Err(_) => s.serialize_str(&self.to_hex()),
+        }
     }
 }
 

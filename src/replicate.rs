@@ -1348,14 +1348,18 @@ impl Stager {
             // Each commit writes the commit record durably; under a steady
             // stream of events, one commit per interval covers them all.
             dirty |= changed;
+            let mut committed = false;
             if (dirty && last_commit.elapsed() >= MIN_COMMIT_INTERVAL) || failed_commit.is_some() {
                 failed_commit = self.commit().err();
                 last_commit = Instant::now();
                 dirty = false;
+                committed = true;
             }
             // The stall check walks the pending states: do it when something
-            // changed, else twice a second (retries, late files).
-            if changed || last_stall_check.elapsed() >= Duration::from_millis(500) {
+            // changed or a commit (which may have dropped the blocked state)
+            // ran, else twice a second (retries, late files). Status must
+            // not report a stall on a state that is already visible.
+            if changed || committed || last_stall_check.elapsed() >= Duration::from_millis(500) {
                 self.update_stall(failed_commit.as_deref());
                 last_stall_check = Instant::now();
             }

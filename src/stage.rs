@@ -5,7 +5,7 @@
 //! - `blobs/<ab>/<abcd…>`: one blob per distinct sha256 (64 lower-case hex
 //!   digits, fanned out by the first two), holding exactly the bytes that hash
 //!   to its name;
-//! - `blobs/tmp/`: temp files of fetches in progress, all removed by
+//! - `blobs/tmp/<0-15>/`: temp files of fetches in progress, all removed by
 //!   [`BlobStore::open`] because after a crash they are garbage.
 //!
 //! Invariants:
@@ -18,7 +18,9 @@
 //!   `fdatasync` of every temp through its own descriptor (in parallel;
 //!   a copy the caller already synced with [`Unsynced::sync_data`] is not
 //!   synced twice), the renames, one fsync per touched fan-out directory
-//!   (in parallel too). So a blob present
+//!   (in parallel too); or, for a group of [`GROUP_SYNC_MIN`] or more on a
+//!   local disk filesystem ([`GroupSync`]), one `syncfs`, each copy's own
+//!   writeback result, the renames and one more `syncfs`. So a blob present
 //!   after a crash is complete, and a blob at its path is durable
 //!   (durability order, step 1).
 //! - Same content is stored once, whatever file names reference it.
@@ -84,6 +86,12 @@ const PIPELINE_MIN_BYTES: u64 = 8 << 20;
 const PIPELINE_BUFFERS: usize = 4;
 const TMP_DIR_NAME: &str = "tmp";
 const TMP_SUFFIX: &str = ".tmp";
+/// Temp files are spread over `tmp/0` … `tmp/15`. Creating a file takes
+/// its directory's lock while the filesystem allocates the inode, so
+/// parallel copies into one directory wait for each other: a bootstrap of
+/// 15,000 small files spent 27 % of its samples spinning on the lock of
+/// `tmp/` (`perf`, docs/BENCHMARKS.md "Bootstrap").
+const TMP_SHARDS: u64 = 16;
 
 /// Where a fetched blob came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +172,79 @@ pub struct BlobStore {
     /// one blob never share a temp file; the pid in the name is for humans
     /// reading a leftover.
     next_tmp: AtomicU64,
+    /// Open on `root` when a whole group can be made durable with one
+    /// `syncfs` (see [`GroupSync`]); `None`: one `fdatasync` per copy.
+    group_sync: Option<File>,
+}
+
+/// Copies in one [`BlobStore::publish`] from which a `syncfs` of the
+/// store's filesystem replaces one `fdatasync` per copy. Measured
+/// (docs/BENCHMARKS.md, "Blob group durability"): a single small blob is
+/// faster with its own `fdatasync` (a `syncfs` also flushes every other
+/// writer's dirty data), groups of 64 and more small blobs are 1.5–6×
+/// faster with `syncfs`.
+pub const GROUP_SYNC_MIN: usize = 32;
+
+/// How [`BlobStore::publish`] makes a large group durable, chosen when the
+/// store is opened from the filesystem that holds it.
+///
+/// `syncfs` makes a filesystem's data and metadata durable only where the
+/// filesystem itself writes to a device: ext2/3/4, XFS and btrfs (and
+/// tmpfs, where nothing is durable anyway). On anything else (a FUSE or
+/// network filesystem, whose server may not see a `syncfs` at all) every
+/// copy gets its own `fdatasync`. `STAGEFS_BLOB_SYNC=file` forces the
+/// per-copy way everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupSync {
+    /// One `fdatasync` per copy, one `fsync` per touched fan-out directory.
+    PerFile,
+    /// One `syncfs` before the renames and one after.
+    Filesystem,
+}
+
+impl GroupSync {
+    /// The way for a store at `root`.
+    fn for_store(root: &Path) -> GroupSync {
+        if std::env::var("STAGEFS_BLOB_SYNC").is_ok_and(|v| v == "file") {
+            return GroupSync::PerFile;
+        }
+        const EXT4: i64 = 0xEF53;
+        const XFS: i64 = 0x5846_5342;
+        const BTRFS: i64 = 0x9123_683E;
+        const TMPFS: i64 = 0x0102_1994;
+        match filesystem_type(root) {
+            Some(EXT4 | XFS | BTRFS | TMPFS) => GroupSync::Filesystem,
+            _ => GroupSync::PerFile,
+        }
+    }
+}
+
+/// `statfs(2)`'s `f_type` of the filesystem holding `path`.
+fn filesystem_type(path: &Path) -> Option<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statfs fills a zeroed struct for a valid NUL-terminated path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Some(st.f_type as i64)
+}
+
+/// `syncfs(2)` of the filesystem `fd` is on.
+fn syncfs(fd: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    #[cfg(test)]
+    if let Some(errno) = test_hooks::injected_syncfs_errno() {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    // SAFETY: syncfs on a descriptor we own.
+    if unsafe { libc::syncfs(fd.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 impl BlobStore {
@@ -175,12 +256,24 @@ impl BlobStore {
         let tmp_dir = root.join(TMP_DIR_NAME);
         ensure_dir(&root)?;
         ensure_dir(&tmp_dir)?;
+        for shard in 0..TMP_SHARDS {
+            ensure_dir(&tmp_dir.join(shard.to_string()))?;
+        }
+        // Opened before any copy is written, so its `syncfs` reports every
+        // writeback error of the filesystem from now on.
+        let group_sync = match GroupSync::for_store(&root) {
+            GroupSync::Filesystem => {
+                Some(File::open(&root).map_err(|e| store_error("opening", &root, e))?)
+            }
+            GroupSync::PerFile => None,
+        };
         let store = BlobStore {
             root,
             tmp_dir,
             staged_bytes: AtomicU64::new(0),
             stored_blobs: AtomicU64::new(0),
             next_tmp: AtomicU64::new(0),
+            group_sync,
         };
         store.remove_leftover_temps()?;
         let (mut total, mut count) = (0u64, 0u64);
@@ -203,6 +296,16 @@ impl BlobStore {
     /// their path, so presence is proof of content.
     pub fn contains(&self, id: &BlobId) -> bool {
         fs::symlink_metadata(self.path(id)).is_ok_and(|m| m.is_file())
+    }
+
+    /// How [`BlobStore::publish`] makes groups of [`GROUP_SYNC_MIN`] or
+    /// more copies durable on this store's filesystem.
+    pub fn group_sync(&self) -> GroupSync {
+        if self.group_sync.is_some() {
+            GroupSync::Filesystem
+        } else {
+            GroupSync::PerFile
+        }
     }
 
     /// Total size of the stored blobs.
@@ -330,23 +433,45 @@ impl BlobStore {
     }
 
     /// Makes a group of unsynced copies durable and puts them in place, in
-    /// the durability order: each temp file is fdatasynced through its own
-    /// descriptor (spread over up to [`PUBLISH_SYNC_THREADS`] threads, so the
+    /// the durability order: first the bytes of every copy, then the
+    /// renames into place, then the renames themselves. A blob is never at
+    /// its path before its bytes are durable, and `Ok` means every blob of
+    /// the group is durably at its path. On error, returns the blobs that
+    /// are not durably in place (their temps are removed): fetch them again.
+    ///
+    /// Per copy ([`GroupSync::PerFile`], or fewer than [`GROUP_SYNC_MIN`]
+    /// copies not yet synced): each temp file is fdatasynced through its
+    /// own descriptor (on up to [`PUBLISH_SYNC_THREADS`] threads, so the
     /// filesystem can commit many in one journal transaction; copies
-    /// already synced through [`Unsynced::sync_data`] are skipped), then the
-    /// synced ones are renamed into place, then each touched fan-out
-    /// directory is fsynced once (on as many threads, for the same reason). A blob is never at its path before its
-    /// bytes are durable, and `Ok` means every blob of the group is durably
-    /// at its path. On error, returns the blobs that are not durably in place
-    /// (their temps are removed): fetch them again.
+    /// already synced through [`Unsynced::sync_data`] are skipped), and
+    /// each touched fan-out directory is fsynced once after the renames (on
+    /// as many threads, for the same reason).
+    ///
+    /// By filesystem ([`GroupSync::Filesystem`]): one `syncfs` makes every
+    /// copy's bytes durable, and each copy's own writeback result is then
+    /// read through its descriptor (`sync_file_range` with `WAIT_AFTER`
+    /// reports a failed writeback of that file once, whoever started it),
+    /// so a copy whose bytes did not reach the disk is still reported by
+    /// itself; one more `syncfs` after the renames replaces the directory
+    /// fsyncs. If a `syncfs` fails, the per-copy way runs instead, which
+    /// names the failing copies or directories.
     pub fn publish(&self, batch: Vec<Unsynced>) -> Result<(), (StageError, Vec<BlobId>)> {
         if batch.is_empty() {
             return Ok(());
         }
+        let unsynced = batch.iter().filter(|u| !u.synced).count();
+        let by_filesystem = self
+            .group_sync
+            .as_ref()
+            .filter(|_| unsynced >= GROUP_SYNC_MIN);
         let mut failed = Vec::new();
         let mut first_error = None;
         let mut synced = Vec::with_capacity(batch.len());
-        for (u, result) in sync_all_data(batch) {
+        let results = match by_filesystem {
+            Some(fd) => sync_by_filesystem(fd, batch),
+            None => sync_all_data(batch),
+        };
+        for (u, result) in results {
             match result {
                 Ok(()) => synced.push(u),
                 Err(e) => {
@@ -386,15 +511,28 @@ impl BlobStore {
                 }
             }
         }
+        let renames_durable = match by_filesystem {
+            Some(fd) if !touched.is_empty() => match syncfs(fd) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "syncfs of the blob store failed; syncing each directory");
+                    false
+                }
+            },
+            _ => false,
+        };
         // In parallel: the filesystem commits concurrent directory syncs
         // together (one after another, 1,024 small blobs touch ~250).
-        let dir_errors: Vec<(PathBuf, io::Error)> =
+        let dir_errors: Vec<(PathBuf, io::Error)> = if renames_durable {
+            Vec::new()
+        } else {
             in_parallel(touched.into_iter().collect(), |dir| {
                 fsync_dir(&dir).err().map(|e| (dir, e))
             })
             .into_iter()
             .flatten()
-            .collect();
+            .collect()
+        };
         if let Some((dir, e)) = dir_errors.into_iter().next() {
             // The renames may not survive a crash: take them out again so
             // nothing whose name is not durable is trusted as present.
@@ -572,11 +710,14 @@ impl BlobStore {
 
     fn create_temp(&self, id: &BlobId) -> Result<TempBlob, StageError> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let path = self.tmp_dir.join(format!(
-            "{}.{}.{n}{TMP_SUFFIX}",
-            id.to_hex(),
-            std::process::id()
-        ));
+        let path = self
+            .tmp_dir
+            .join((n % TMP_SHARDS).to_string())
+            .join(format!(
+                "{}.{}.{n}{TMP_SUFFIX}",
+                id.to_hex(),
+                std::process::id()
+            ));
         // Readable too: after an in-kernel copy the temp is hashed back.
         let file = OpenOptions::new()
             .read(true)
@@ -639,26 +780,35 @@ impl BlobStore {
             });
     }
 
+    /// Removes everything below `tmp/` but its shard directories.
     fn remove_leftover_temps(&self) -> Result<(), StageError> {
-        let entries =
-            fs::read_dir(&self.tmp_dir).map_err(|e| store_error("listing", &self.tmp_dir, e))?;
+        let shards: Vec<PathBuf> = (0..TMP_SHARDS)
+            .map(|n| self.tmp_dir.join(n.to_string()))
+            .collect();
         let mut removed = 0usize;
-        for entry in entries {
-            let entry = entry.map_err(|e| store_error("listing", &self.tmp_dir, e))?;
-            let path = entry.path();
-            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            let result = if is_dir {
-                fs::remove_dir_all(&path)
-            } else {
-                fs::remove_file(&path)
-            };
-            result.map_err(|e| store_error("removing leftover temp", &path, e))?;
-            removed += 1;
+        for dir in std::iter::once(&self.tmp_dir).chain(&shards) {
+            let mut here = 0usize;
+            for entry in fs::read_dir(dir).map_err(|e| store_error("listing", dir, e))? {
+                let entry = entry.map_err(|e| store_error("listing", dir, e))?;
+                let path = entry.path();
+                if shards.contains(&path) {
+                    continue;
+                }
+                let result = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    fs::remove_dir_all(&path)
+                } else {
+                    fs::remove_file(&path)
+                };
+                result.map_err(|e| store_error("removing leftover temp", &path, e))?;
+                here += 1;
+            }
+            if here > 0 {
+                fsync_dir(dir).map_err(|e| store_error("syncing directory", dir, e))?;
+                removed += here;
+            }
         }
         if removed > 0 {
             tracing::info!(removed, dir = %self.tmp_dir.display(), "removed leftover temp files");
-            fsync_dir(&self.tmp_dir)
-                .map_err(|e| store_error("syncing directory", &self.tmp_dir, e))?;
         }
         Ok(())
     }
@@ -1290,6 +1440,28 @@ fn sync_all_data(batch: Vec<Unsynced>) -> Vec<(Unsynced, Result<(), StageError>)
     out
 }
 
+/// [`BlobStore::publish`] by filesystem: one `syncfs` through `fd`, then
+/// each copy's own writeback result, read through its descriptor. When the
+/// `syncfs` fails, [`sync_all_data`] does it copy by copy instead.
+fn sync_by_filesystem(fd: &File, batch: Vec<Unsynced>) -> Vec<(Unsynced, Result<(), StageError>)> {
+    if let Err(e) = syncfs(fd) {
+        tracing::warn!(error = %e, "syncfs of the blob store failed; syncing each copy");
+        return sync_all_data(batch);
+    }
+    batch
+        .into_iter()
+        .map(|mut u| {
+            let r = if u.synced {
+                Ok(())
+            } else {
+                u.temp.writeback_result()
+            };
+            u.synced = r.is_ok();
+            (u, r)
+        })
+        .collect()
+}
+
 /// `f` of every item, on up to [`PUBLISH_SYNC_THREADS`] threads (the
 /// work mostly waits on the disk); results in no particular order.
 fn in_parallel<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
@@ -1318,7 +1490,7 @@ fn in_parallel<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Ve
     })
 }
 
-/// A temp file in `blobs/tmp/`, removed on drop unless it was renamed into place.
+/// A temp file in `blobs/tmp/<shard>/`, removed on drop unless it was renamed into place.
 struct TempBlob {
     path: PathBuf,
     file: File,
@@ -1343,7 +1515,8 @@ impl TempBlob {
         Ok(())
     }
 
-    fn sync_data(&self) -> Result<(), StageError> {
+    /// In tests: the sync failure injected for this temp's blob.
+    fn injected_sync_failure(&self) -> Result<(), StageError> {
         #[cfg(test)]
         if let Some(errno) = test_hooks::injected_sync_errno(&self.path) {
             return Err(store_error(
@@ -1352,6 +1525,32 @@ impl TempBlob {
                 io::Error::from_raw_os_error(errno),
             ));
         }
+        Ok(())
+    }
+
+    /// After a `syncfs` wrote this file back: the result of that writeback
+    /// for this file (an error is reported once per descriptor, so a
+    /// failure seen by another `syncfs` caller is still seen here).
+    fn writeback_result(&self) -> Result<(), StageError> {
+        use std::os::fd::AsRawFd;
+        self.injected_sync_failure()?;
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: sync_file_range on a descriptor we own, whole file.
+        if unsafe { libc::sync_file_range(self.file.as_raw_fd(), 0, 0, flags) } == 0 {
+            Ok(())
+        } else {
+            Err(store_error(
+                "syncing",
+                &self.path,
+                io::Error::last_os_error(),
+            ))
+        }
+    }
+
+    fn sync_data(&self) -> Result<(), StageError> {
+        self.injected_sync_failure()?;
         self.file
             .sync_data()
             .map_err(|e| store_error("syncing", &self.path, e))
@@ -1571,6 +1770,19 @@ mod test_hooks {
         WRITE_ERRNO.with(|c| c.get())
     }
 
+    /// Every `syncfs` of a blob store fails with the errno while set (all
+    /// threads: a test running meanwhile takes the per-copy way, with the
+    /// same result).
+    static SYNCFS_ERRNO: Mutex<Option<i32>> = Mutex::new(None);
+
+    pub fn inject_syncfs_errno(errno: Option<i32>) {
+        *SYNCFS_ERRNO.lock().unwrap_or_else(|p| p.into_inner()) = errno;
+    }
+
+    pub fn injected_syncfs_errno() -> Option<i32> {
+        *SYNCFS_ERRNO.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Temp files of these blobs fail `sync_data` with the errno, on every
     /// thread (publish syncs on its own threads). Keyed by blob, so tests
     /// running in parallel do not see each other's failures.
@@ -1643,8 +1855,19 @@ mod tests {
         format!("{}_{}", f.name, f.key().to_hex())
     }
 
+    /// Temp files in the shards of `blobs/tmp`, and anything else there.
     fn temp_count(state: &Path) -> usize {
-        fs::read_dir(state.join("blobs/tmp")).unwrap().count()
+        let tmp = state.join("blobs/tmp");
+        fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(
+                |e| match e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+                    Some(n) if n < TMP_SHARDS => fs::read_dir(e.path()).unwrap().count(),
+                    _ => 1,
+                },
+            )
+            .sum()
     }
 
     /// A Hive reference to `dir/rel` (mapped through `--source-map` to `dir`).
@@ -1762,6 +1985,71 @@ mod tests {
         // Never at its path without durable bytes; the others are in place.
         assert!(!store.contains(&blobs[1]));
         assert!(store.contains(&blobs[0]) && store.contains(&blobs[2]));
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    /// `n` verified copies of distinct contents named `{tag}-{i}`.
+    fn copies_of(
+        fx: &Fixture,
+        store: &BlobStore,
+        tag: &str,
+        n: usize,
+    ) -> (Vec<BlobId>, Vec<Unsynced>) {
+        (0..n)
+            .map(|i| {
+                let name = format!("{tag}-{i}");
+                let content = format!("content of {name}");
+                put(&fx.src, &name, content.as_bytes());
+                let f = file_ref(&name, content.as_bytes());
+                let copy = store
+                    .fetch_unsynced(&f, &fx.src, None)
+                    .unwrap()
+                    .copy
+                    .unwrap();
+                (f.key(), copy)
+            })
+            .unzip()
+    }
+
+    #[test]
+    fn a_large_group_is_durably_in_place_and_a_failed_writeback_keeps_only_that_copy_out() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        // The machine's /tmp is ext4 or tmpfs: the group takes one syncfs.
+        eprintln!("group sync here: {:?}", store.group_sync());
+        let (blobs, copies) = copies_of(&fx, &store, "group", GROUP_SYNC_MIN + 8);
+        test_hooks::inject_sync_errno(blobs[7], libc::EIO);
+
+        let (err, failed) = store.publish(copies).expect_err("one writeback failed");
+        assert_eq!(failed, vec![blobs[7]]);
+        assert!(err.to_string().contains("syncing"), "{err}");
+        assert!(!store.contains(&blobs[7]));
+        for (i, b) in blobs.iter().enumerate().filter(|(i, _)| *i != 7) {
+            assert!(store.contains(b), "blob {i} is in place");
+            assert_eq!(
+                fs::read(store.path(b)).unwrap(),
+                format!("content of group-{i}").as_bytes()
+            );
+        }
+        assert_eq!(temp_count(&fx.state), 0);
+        assert_eq!(store.stored_blobs(), blobs.len() as u64 - 1);
+    }
+
+    #[test]
+    fn a_failing_syncfs_falls_back_to_one_sync_per_copy_with_the_same_result() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let (blobs, copies) = copies_of(&fx, &store, "fallback", GROUP_SYNC_MIN + 3);
+        test_hooks::inject_sync_errno(blobs[2], libc::EIO);
+        test_hooks::inject_syncfs_errno(Some(libc::EIO));
+        let result = store.publish(copies);
+        test_hooks::inject_syncfs_errno(None);
+
+        let (_, failed) = result.expect_err("one data sync failed");
+        assert_eq!(failed, vec![blobs[2]]);
+        for (i, b) in blobs.iter().enumerate() {
+            assert_eq!(store.contains(b), i != 2, "blob {i}");
+        }
         assert_eq!(temp_count(&fx.state), 0);
     }
 
@@ -2109,6 +2397,7 @@ mod tests {
         )
         .unwrap();
         fs::write(tmp.join("junk"), b"x").unwrap();
+        fs::write(tmp.join("3").join("c0ffee.9.1.tmp"), b"half").unwrap();
 
         let store = BlobStore::open(&fx.state).unwrap();
         assert_eq!(temp_count(&fx.state), 0);

@@ -170,11 +170,18 @@ impl Progress {
         f(&mut lock(&self.checkpoint));
     }
 
-    pub fn stalled(&self) -> Option<Stall> {
+    /// The stall to report while `visible` is shown. A stager stall names
+    /// the first state still waiting for a file; once that state is visible
+    /// (a commit ran but the stager has not re-checked yet) it is over.
+    pub fn stalled(&self, visible: StateId) -> Option<Stall> {
         lock(&self.failure)
             .clone()
             .or_else(|| lock(&self.ingest_stall).clone())
-            .or_else(|| lock(&self.stage_stall).clone())
+            .or_else(|| {
+                lock(&self.stage_stall)
+                    .clone()
+                    .filter(|s| s.state_id.is_none_or(|id| id > visible))
+            })
     }
 }
 
@@ -391,7 +398,7 @@ impl StatusReport {
             pins: snapshot.pins.labelled(),
             retained: snapshot.versions.keys().copied().collect(),
             staged_bytes,
-            stalled: progress.stalled(),
+            stalled: progress.stalled(visible),
             source,
             unverified_files: progress.unverified_files.load(Ordering::Relaxed),
             not_in_log: snapshot
@@ -429,5 +436,35 @@ impl StatusReport {
             .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
         s.push('\n');
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stall(id: Option<u64>) -> Stall {
+        Stall {
+            state_id: id.map(StateId),
+            reason: "waiting for db/t/f".into(),
+            file: None,
+            line: None,
+        }
+    }
+
+    #[test]
+    fn a_stager_stall_on_a_state_already_visible_is_not_reported() {
+        let p = Progress::default();
+        p.set_stage_stall(Some(stall(Some(4))));
+        assert_eq!(p.stalled(StateId(3)), Some(stall(Some(4))));
+        assert_eq!(p.stalled(StateId(4)), None);
+        assert_eq!(p.stalled(StateId(6)), None);
+        // Without a state-id (the journal cannot be read) it always shows.
+        p.set_stage_stall(Some(stall(None)));
+        assert_eq!(p.stalled(StateId(6)), Some(stall(None)));
+        // An ingest stall is about the source, not a pending state.
+        p.set_stage_stall(None);
+        p.set_ingest_stall(Some(stall(Some(2))));
+        assert_eq!(p.stalled(StateId(6)), Some(stall(Some(2))));
     }
 }

@@ -67,14 +67,28 @@ fn count_tmp_of(state: &Path, pid: u32) -> usize {
     tmp_names(state).iter().filter(|n| n.contains(&tag)).count()
 }
 
+/// Names of the temp files in `blobs/tmp` and its shard directories.
 fn tmp_names(state: &Path) -> Vec<String> {
-    std::fs::read_dir(state.join("blobs/tmp"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
+    let names = |dir: &Path| -> Vec<(String, bool)> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| {
+                        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+                        (e.file_name().to_string_lossy().into_owned(), is_dir)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let tmp = state.join("blobs/tmp");
+    names(&tmp)
+        .into_iter()
+        .flat_map(|(n, is_dir)| match is_dir {
+            true => names(&tmp.join(&n)).into_iter().map(|(n, _)| n).collect(),
+            false => vec![n],
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 fn names(dir: &Path) -> Vec<String> {

@@ -51,9 +51,18 @@ fn spawn_child(state: &Path, src: &Path) -> Child {
         .unwrap()
 }
 
+/// Temp files in `blobs/tmp` and its shard directories.
 fn count_tmp(state: &Path) -> usize {
-    std::fs::read_dir(state.join("blobs/tmp"))
-        .map(|d| d.count())
+    let tmp = state.join("blobs/tmp");
+    std::fs::read_dir(&tmp)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| match e.file_type().is_ok_and(|t| t.is_dir()) {
+                    true => std::fs::read_dir(e.path()).map(|d| d.count()).unwrap_or(0),
+                    false => 1,
+                })
+                .sum()
+        })
         .unwrap_or(0)
 }
 

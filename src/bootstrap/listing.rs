@@ -7,10 +7,14 @@
 //! for Hive. Symbolic links and other special files are skipped.
 //!
 //! Staging copies each file into the content-addressed blob store
-//! (`stage::BlobStore`: temp file, sha256 while copying), fdatasyncs each
-//! copy on a sync thread as soon as it is made (so the disk waits overlap
-//! the copies still running), then publishes them in groups (renames, one
-//! fsync per touched fan-out directory): every blob is durable at its path
+//! (`stage::BlobStore`: temp file, sha256 while copying) and publishes the
+//! copies in groups of [`PUBLISH_GROUP`]. On a store whose filesystem
+//! writes to a device itself (`stage::GroupSync::Filesystem`: ext4, XFS,
+//! btrfs) a group is made durable by one `syncfs` before its renames and
+//! one after; elsewhere each copy is fdatasynced on a sync thread as soon
+//! as it is made (so the disk waits overlap the copies still running) and
+//! each touched fan-out directory is fsynced after the renames. Either
+//! way every blob is durable at its path
 //! before the group's `staged.log` lines are written, and before the
 //! driver writes any journal record naming it. A file that changed while
 //! it was copied (size, mtime or ctime differ after the copy) or vanished
@@ -53,7 +57,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use crate::event::{BlobId, FileRef, Verify};
-use crate::stage::{BlobStore, Unsynced};
+use crate::stage::{BlobStore, GroupSync, Unsynced};
 
 use super::progress::BootstrapProgress;
 
@@ -175,9 +179,9 @@ pub enum Staged {
 }
 
 const STAGED_LOG: &str = "staged.log";
-/// Copies published (made durable) together: each group costs one fsync
-/// per fan-out directory it touches (up to 256), so groups are large; each
-/// copy holds a descriptor until it is published.
+/// Copies published (made durable) together: each group costs two
+/// `syncfs`, or one fsync per fan-out directory it touches (up to 256), so
+/// groups are large; each copy holds a descriptor until it is published.
 const PUBLISH_GROUP: usize = 1024;
 /// Threads that fdatasync copies as they are made: the syncs wait on the
 /// disk, and the filesystem commits concurrent ones together.
@@ -286,13 +290,17 @@ impl FileStager {
         type Copied = (usize, Result<(BlobId, u64, Unsynced), String>);
         // Copies go from the copy threads through the sync threads (which
         // fdatasync each, overlapping the wait with the copies still
-        // running) to this thread, which publishes them in groups.
+        // running) to this thread, which publishes them in groups. Where
+        // the store makes a group durable with one `syncfs`, there are no
+        // sync threads: the copies go straight to this thread.
+        let by_filesystem = self.blobs.group_sync() == GroupSync::Filesystem;
         let (tx, rx) = mpsc::channel::<Copied>();
         let (copied_tx, copied_rx) = mpsc::channel::<Copied>();
         let copied_rx = Mutex::new(copied_rx);
         std::thread::scope(|scope| {
+            let copies_to = if by_filesystem { &tx } else { &copied_tx };
             for _ in 0..self.threads.min(to_copy.len()) {
-                let copied_tx = copied_tx.clone();
+                let copied_tx = copies_to.clone();
                 let (next, to_copy) = (&next, &to_copy);
                 scope.spawn(move || loop {
                     let n = next.fetch_add(1, Ordering::Relaxed);
@@ -303,7 +311,8 @@ impl FileStager {
                 });
             }
             drop(copied_tx);
-            for _ in 0..SYNC_THREADS.min(to_copy.len()) {
+            let sync_threads = if by_filesystem { 0 } else { SYNC_THREADS };
+            for _ in 0..sync_threads.min(to_copy.len()) {
                 let tx = tx.clone();
                 let copied_rx = &copied_rx;
                 scope.spawn(move || loop {

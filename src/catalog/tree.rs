@@ -749,13 +749,12 @@ fn put_files(
     for file in &c.files {
         let Some(subdir) = file.subdir.as_deref() else {
             let name = Name::from(file.name.as_str());
-            if children.contains_key(&*name) {
+            let node = new_file(file, Name::clone(&name), full_dir.to_vec(), meta, added);
+            // One search: `children` is this call's own copy, dropped on
+            // the error.
+            if children.insert(name, node).is_some() {
                 return Err(ApplyError::DuplicateFile(file.name.clone(), where_()));
             }
-            children.insert(
-                Name::clone(&name),
-                new_file(file, name, full_dir.to_vec(), meta, added),
-            );
             continue;
         };
         let sub: Vec<Name> = subdir.split('/').map(Name::from).collect();

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::ahead::DecodeAhead;
+use super::ahead::{DecodeAhead, Decoded};
 use super::map::SourceMap;
 use super::model::{
     FileUri, HiveMessage, HivePartition, HiveTable, NotificationRow, RowSource, RowSourceError,
@@ -129,7 +129,7 @@ impl HiveSource {
             broken: None,
             gap: None,
             txn_log: None,
-            ahead: DecodeAhead::new(cfg.decode_threads),
+            ahead: DecodeAhead::new(cfg.decode_threads, &cfg.source_map),
         }
     }
 
@@ -253,7 +253,7 @@ impl Source for HiveSource {
     fn decode(&mut self, row: &NotificationRow, latest: &Tree) -> Result<Event, DecodeError> {
         let id = StateId(row.event_id as u64);
         let reject = |reason: String| DecodeError::Rejected(Rejection::of_event(id, reason));
-        let message = self
+        let Decoded { message, files } = self
             .ahead
             .take(row)
             .map_err(|e| reject(format!("cannot decode the {} message: {e}", row.event_type)))?;
@@ -269,6 +269,7 @@ impl Source for HiveSource {
             files: 0,
             tree: latest,
             txn_log,
+            premapped: files,
         };
         let changes = match &message {
             // Hive before 3.2 records the files of transactional writes
@@ -370,6 +371,10 @@ struct Mapper<'a> {
     tree: &'a Tree,
     /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG`.
     txn_log: bool,
+    /// An INSERT's files mapped already by a decoding thread
+    /// ([`premap_files`]): taken by the first [`Mapper::files`] call when it
+    /// maps the same number of files from the event's first.
+    premapped: Option<Vec<Result<FileRef, String>>>,
 }
 
 /// Why the log does not carry `table`'s data, or None:
@@ -676,74 +681,112 @@ impl Mapper<'_> {
     }
 
     fn files(&mut self, uris: &[FileUri]) -> Result<Vec<FileRef>, String> {
+        if let Some(pre) = self.premapped.take() {
+            if self.files == 0 && pre.len() == uris.len() {
+                self.files = pre.len();
+                return pre.into_iter().collect();
+            }
+        }
         uris.iter().map(|u| self.file(u)).collect()
     }
 
-    /// A file reference for `uri`: its local path and cm copy through
-    /// `--source-map`, its checksum, its subdirectory and a key unique to
-    /// this place in this event.
+    /// [`map_file`] of `uri` as the event's next file.
     fn file(&mut self, uri: &FileUri) -> Result<FileRef, String> {
-        let (source_dir, rest) = self.map.resolve(&uri.path)?;
-        let path = source_dir.join(rest);
-        let file_name = uri
-            .path
-            .rsplit('/')
-            .next()
-            .filter(|n| is_valid_file_name(n))
-            .ok_or_else(|| format!("file URI `{}` does not end in a file name", uri.path))?;
-        let subdir = match uri.subdir.as_deref() {
-            None | Some("") => None,
-            Some(s) if is_valid_source_path(s) => Some(s.to_owned()),
-            Some(s) => {
-                return Err(format!(
-                    "subdirectory `{s}` of `{}` must be relative, without `..`",
-                    uri.path
-                ))
-            }
-        };
-        let checksum = uri
-            .checksum
-            .as_deref()
-            .filter(|c| !c.is_empty())
-            .map(str::to_ascii_lowercase);
-        if let Some(c) = &checksum {
-            if !c.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(format!("checksum `{c}` of `{}` is not hex", uri.path));
-            }
-        }
-        let (cm_path, cm_dir) = match (&checksum, uri.cm_root.as_deref().filter(|c| !c.is_empty()))
-        {
-            (Some(c), Some(root)) => {
-                let (dir, rest) = self.map.resolve(root)?;
-                let cm = dir.join(rest).join(format!("{file_name}_{c}"));
-                (
-                    Some(cm.to_string_lossy().into_owned()),
-                    Some(dir.to_string_lossy().into_owned()),
-                )
-            }
-            _ => (None, None),
-        };
-        let mut h = Sha256::new();
-        h.update(b"stagefs hive file\0");
-        h.update(self.event_id.to_le_bytes());
-        h.update((self.files as u64).to_le_bytes());
-        h.update(uri.path.as_bytes());
+        let f = map_file(self.map, self.event_id, self.files, uri);
         self.files += 1;
-        Ok(FileRef {
-            path: path.to_string_lossy().into_owned(),
-            name: file_name.to_owned(),
-            subdir,
-            verify: match checksum {
-                Some(checksum) => Verify::Hdfs { checksum },
-                None => Verify::None,
-            },
-            key: Some(BlobId(h.finalize().into())),
-            source_dir: Some(source_dir.to_string_lossy().into_owned()),
-            cm_path,
-            cm_dir,
-            uri: Some(uri.path.clone()),
-        })
+        f
     }
+}
+
+/// What [`Mapper::files`] gives for an INSERT's files, computed without the
+/// tree (on a decoding thread): each file mapped as the event's file 0, 1,
+/// ... in order. None for other messages, whose files are mapped on the
+/// ingest thread.
+pub(crate) fn premap_files(
+    map: &SourceMap,
+    event_id: i64,
+    message: &HiveMessage,
+) -> Option<Vec<Result<FileRef, String>>> {
+    let HiveMessage::Insert { files, .. } = message else {
+        return None;
+    };
+    Some(
+        files
+            .iter()
+            .enumerate()
+            .map(|(i, uri)| map_file(map, event_id, i, uri))
+            .collect(),
+    )
+}
+
+/// A file reference for `uri`, file number `index` of event `event_id`:
+/// its local path and cm copy through `--source-map`, its checksum, its
+/// subdirectory and a key unique to this place in this event. A pure
+/// function of its arguments (no tree), so decoding threads can run it.
+fn map_file(
+    map: &SourceMap,
+    event_id: i64,
+    index: usize,
+    uri: &FileUri,
+) -> Result<FileRef, String> {
+    let (source_dir, rest) = map.resolve(&uri.path)?;
+    let path = source_dir.join(rest);
+    let file_name = uri
+        .path
+        .rsplit('/')
+        .next()
+        .filter(|n| is_valid_file_name(n))
+        .ok_or_else(|| format!("file URI `{}` does not end in a file name", uri.path))?;
+    let subdir = match uri.subdir.as_deref() {
+        None | Some("") => None,
+        Some(s) if is_valid_source_path(s) => Some(s.to_owned()),
+        Some(s) => {
+            return Err(format!(
+                "subdirectory `{s}` of `{}` must be relative, without `..`",
+                uri.path
+            ))
+        }
+    };
+    let checksum = uri
+        .checksum
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .map(str::to_ascii_lowercase);
+    if let Some(c) = &checksum {
+        if !c.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("checksum `{c}` of `{}` is not hex", uri.path));
+        }
+    }
+    let (cm_path, cm_dir) = match (&checksum, uri.cm_root.as_deref().filter(|c| !c.is_empty())) {
+        (Some(c), Some(root)) => {
+            let (dir, rest) = map.resolve(root)?;
+            let cm = dir.join(rest).join(format!("{file_name}_{c}"));
+            (
+                Some(cm.to_string_lossy().into_owned()),
+                Some(dir.to_string_lossy().into_owned()),
+            )
+        }
+        _ => (None, None),
+    };
+    let mut h = Sha256::new();
+    h.update(b"stagefs hive file\0");
+    h.update(event_id.to_le_bytes());
+    h.update((index as u64).to_le_bytes());
+    h.update(uri.path.as_bytes());
+    Ok(FileRef {
+        path: path.to_string_lossy().into_owned(),
+        name: file_name.to_owned(),
+        subdir,
+        verify: match checksum {
+            Some(checksum) => Verify::Hdfs { checksum },
+            None => Verify::None,
+        },
+        key: Some(BlobId(h.finalize().into())),
+        source_dir: Some(source_dir.to_string_lossy().into_owned()),
+        cm_path,
+        cm_dir,
+        uri: Some(uri.path.clone()),
+    })
 }
 
 #[cfg(test)]
@@ -799,6 +842,7 @@ mod tests {
                 files: 0,
                 tree: v.latest(),
                 txn_log,
+                premapped: None,
             };
             let changes = m.changes(msg)?;
             let event = Event {
@@ -1143,6 +1187,7 @@ mod tests {
             files: 0,
             tree: &tree,
             txn_log: true,
+            premapped: None,
         };
         let f = m
             .file(&uri(
@@ -1339,6 +1384,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn insert_files_mapped_ahead_give_the_same_events_and_the_same_rejection_as_mapped_inline() {
+        let table = serde_json::to_string(r#"{"1":{"str":"t"},"2":{"str":"d"}}"#).unwrap();
+        let mut rows = vec![
+            NotificationRow {
+                event_type: "CREATE_DATABASE".into(),
+                message: Some(r#"{"db": "d"}"#.into()),
+                ..row(1)
+            },
+            NotificationRow {
+                event_type: "CREATE_TABLE".into(),
+                message: Some(format!(r#"{{"tableObjJson": {table}}}"#)),
+                ..row(2)
+            },
+        ];
+        let insert = |id: i64, files: &[String]| NotificationRow {
+            event_type: "INSERT".into(),
+            message: Some(format!(
+                r#"{{"tableObjJson": {table}, "replace": "false", "files": {}}}"#,
+                serde_json::to_string(files).unwrap()
+            )),
+            ..row(id)
+        };
+        for id in 3..=200 {
+            let files: Vec<String> = (0..2)
+                .map(|k| format!("hdfs://nn/wh/d/t/f{id}_{k}#00ab#hdfs://nn/cm#"))
+                .collect();
+            rows.push(insert(id, &files));
+        }
+        // A file no --source-map covers, after a good one of the same event.
+        rows[120] = insert(
+            121,
+            &[
+                "hdfs://nn/wh/d/t/g#00ab#hdfs://nn/cm#".into(),
+                "hdfs://elsewhere/d/t/h".into(),
+            ],
+        );
+        let inline = outcomes(&rows, 0);
+        let Some((121, Err(DecodeError::Rejected(r)))) = inline.get(120) else {
+            panic!("{:?}", inline.get(120));
+        };
+        assert!(
+            r.reason
+                .contains("no --source-map covers `hdfs://elsewhere/d/t/h`"),
+            "{r}"
+        );
+        match &inline[10].1 {
+            Ok(e) => {
+                let f = &e.changes[0].files[1];
+                assert_eq!(f.path, "/srv/wh/d/t/f11_1");
+                assert_eq!(f.cm_path.as_deref(), Some("/srv/cm/f11_1_00ab"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(outcomes(&rows, 2), inline, "2 decoding threads");
     }
 
     #[test]

@@ -6,18 +6,22 @@
 //! pure function of the row, and the most expensive step of a Hive event,
 //! so the adapter hands every polled row to [`DecodeAhead::submit`] and
 //! takes each row's result with [`DecodeAhead::take`] when the ingest loop
-//! reaches it. Only the message decoding moves: everything that depends on
-//! the replica's state (the mapping against the newest tree, the
-//! transaction-log lookups, validation) stays on the ingest thread.
+//! reaches it. An INSERT's files are also mapped there
+//! (`adapter::premap_files`: `--source-map`, checksum, reference key; a
+//! pure function of the message, the event id and the map). Everything
+//! that depends on the replica's state (the rest of the mapping against
+//! the newest tree, the transaction-log lookups, validation) stays on the
+//! ingest thread.
 //!
 //! Invariants:
 //! - results are taken in id order: row *i* of a submission goes to worker
 //!   *i mod n*, each worker decodes its rows in order and answers in order,
 //!   so the next answer of that worker is row *i*'s;
-//! - a result is exactly what `decode_message` gives for the row, errors
-//!   included: the ingest loop sees the same outcome at the same row as
-//!   when it decoded the row itself, so a bad row after good ones stops
-//!   replication at the same event, after the good ones are journaled;
+//! - a result is exactly what `decode_message` (and `premap_files`) give
+//!   for the row, errors included: the ingest loop sees the same outcome
+//!   at the same row as when it decoded the row itself, so a bad row
+//!   after good ones stops replication at the same event, after the good
+//!   ones are journaled;
 //! - bounded: at most one submission (one poll, at most the adapter's batch
 //!   of rows) is in flight; a new submission first discards what was not
 //!   taken (rows read past a rejection, re-read after a rewind);
@@ -30,11 +34,38 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
+use super::adapter::premap_files;
+use super::map::SourceMap;
 use super::message::{decode_message, DecodeError};
 use super::model::{HiveMessage, NotificationRow};
+use crate::event::FileRef;
 
-/// What decoding one row's message gave.
-pub type Decoded = Result<HiveMessage, DecodeError>;
+/// One row's message, decoded.
+#[derive(Debug)]
+pub struct Decoded {
+    pub message: HiveMessage,
+    /// An INSERT's files mapped by a decoding thread, in order (None: the
+    /// ingest thread maps them).
+    pub files: Option<Vec<Result<FileRef, String>>>,
+}
+
+/// What decoding one row gave.
+pub type Outcome = Result<Decoded, DecodeError>;
+
+/// What a decoding thread computes for `row`.
+fn decode_ahead(row: &NotificationRow, map: &SourceMap) -> Outcome {
+    let message = decode_message(row)?;
+    let files = premap_files(map, row.event_id, &message);
+    Ok(Decoded { message, files })
+}
+
+/// What the ingest thread computes for a row not decoded ahead.
+fn decode_inline(row: &NotificationRow) -> Outcome {
+    decode_message(row).map(|message| Decoded {
+        message,
+        files: None,
+    })
+}
 
 /// The default number of decoding threads: one per core, at most 4 (the
 /// ingest thread's own work bounds what more threads could give).
@@ -44,7 +75,7 @@ pub fn default_threads() -> usize {
 
 struct Worker {
     jobs: Option<Sender<NotificationRow>>,
-    results: Receiver<(i64, Decoded)>,
+    results: Receiver<(i64, Outcome)>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -56,17 +87,19 @@ pub struct DecodeAhead {
 }
 
 impl DecodeAhead {
-    /// `threads` decoding threads; 0 decodes every row on the caller's thread.
-    pub fn new(threads: usize) -> DecodeAhead {
+    /// `threads` decoding threads mapping files through `map`; 0 decodes
+    /// every row on the caller's thread.
+    pub fn new(threads: usize, map: &SourceMap) -> DecodeAhead {
         let mut workers = Vec::with_capacity(threads);
         for i in 0..threads {
             let (jobs, job_rx) = mpsc::channel::<NotificationRow>();
             let (result_tx, results) = mpsc::channel();
+            let map = map.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("stagefs-hive-decode-{i}"))
                 .spawn(move || {
                     for row in job_rx {
-                        let decoded = decode_message(&row);
+                        let decoded = decode_ahead(&row, &map);
                         if result_tx.send((row.event_id, decoded)).is_err() {
                             return;
                         }
@@ -115,7 +148,7 @@ impl DecodeAhead {
 
     /// The decoded message of `row`: the workers' result when `row` is the
     /// next submitted row not taken yet, else decoded here.
-    pub fn take(&mut self, row: &NotificationRow) -> Decoded {
+    pub fn take(&mut self, row: &NotificationRow) -> Outcome {
         while let Some(&(id, w)) = self.pending.front() {
             if id > row.event_id {
                 break;
@@ -135,7 +168,7 @@ impl DecodeAhead {
                 break;
             }
         }
-        decode_message(row)
+        decode_inline(row)
     }
 
     /// Waits for and drops every result not taken.

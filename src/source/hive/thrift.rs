@@ -20,6 +20,7 @@
 //! Hive source uses. Called by `message` (and the adapter for bootstrap
 //! objects); does no I/O.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -183,7 +184,7 @@ struct Parser<'a> {
     depth: usize,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn err(&self, reason: String) -> ThriftError {
         ThriftError {
             offset: Some(self.pos),
@@ -236,6 +237,13 @@ impl Parser<'_> {
 
     /// A JSON string, unescaped.
     fn string(&mut self) -> Result<String, ThriftError> {
+        Ok(self.str_ref()?.into_owned())
+    }
+
+    /// A JSON string, unescaped; borrowed from the text when it has no
+    /// escape (type tags, field ids and most values), so reading it does
+    /// not allocate.
+    fn str_ref(&mut self) -> Result<Cow<'a, str>, ThriftError> {
         if self.peek() != Some(b'"') {
             return Err(self.err("expected a string".into()));
         }
@@ -254,21 +262,24 @@ impl Parser<'_> {
             }
         }
         // Quotes and backslashes are ASCII, so `start..=i` lies on char boundaries.
-        let raw = &self.text[start..=i];
+        let text: &'a str = self.text;
+        let raw = &text[start..=i];
         let out = if escaped {
-            serde_json::from_str::<String>(raw)
-                .map_err(|e| self.err(format!("bad string escape: {e}")))?
+            Cow::Owned(
+                serde_json::from_str::<String>(raw)
+                    .map_err(|e| self.err(format!("bad string escape: {e}")))?,
+            )
         } else {
-            raw[1..raw.len() - 1].to_string()
+            Cow::Borrowed(&raw[1..raw.len() - 1])
         };
         self.pos = i + 1;
         Ok(out)
     }
 
     /// The raw text of a JSON number (or of a quoted number).
-    fn number_text(&mut self) -> Result<String, ThriftError> {
+    fn number_text(&mut self) -> Result<Cow<'a, str>, ThriftError> {
         if self.peek() == Some(b'"') {
-            return self.string();
+            return self.str_ref();
         }
         let start = self.pos;
         while let Some(b) = self.s.get(self.pos) {
@@ -281,7 +292,8 @@ impl Parser<'_> {
         if start == self.pos {
             return Err(self.err("expected a number".into()));
         }
-        Ok(self.text[start..self.pos].to_string())
+        let text: &'a str = self.text;
+        Ok(Cow::Borrowed(&text[start..self.pos]))
     }
 
     fn integer(&mut self, ty: ThriftType) -> Result<i64, ThriftError> {
@@ -320,7 +332,7 @@ impl Parser<'_> {
 
     fn type_tag(&mut self) -> Result<ThriftType, ThriftError> {
         let at = self.pos;
-        let tag = self.string()?;
+        let tag = self.str_ref()?;
         ThriftType::from_tag(&tag).ok_or_else(|| ThriftError {
             offset: Some(at),
             path: Vec::new(),
@@ -366,7 +378,7 @@ impl Parser<'_> {
             ThriftType::Double => {
                 let at = self.pos;
                 let text = self.number_text()?;
-                let v = match text.as_str() {
+                let v = match &*text {
                     "NaN" => f64::NAN,
                     "Infinity" => f64::INFINITY,
                     "-Infinity" => f64::NEG_INFINITY,
@@ -489,7 +501,7 @@ impl Parser<'_> {
         if self.peek() != Some(b'}') {
             loop {
                 let at = self.pos;
-                let id_text = self.string()?;
+                let id_text = self.str_ref()?;
                 let id: i16 = id_text.parse().map_err(|_| ThriftError {
                     offset: Some(at),
                     path: Vec::new(),
