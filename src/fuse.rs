@@ -257,6 +257,20 @@ fn reply_xattr(reply: ReplyXattr, size: u32, data: Vec<u8>) {
 struct Handling<'a> {
     _timer: Option<RequestTimer<'a>>,
     _span: tracing::span::EnteredSpan,
+    _served: Served<'a>,
+}
+
+/// Tells the readers, once a request was answered (dropped after the
+/// reply), that its process's gap starts now (see `Readers::served`).
+struct Served<'a> {
+    readers: &'a readers::Readers,
+    pid: u32,
+}
+
+impl Drop for Served<'_> {
+    fn drop(&mut self) {
+        self.readers.served(self.pid);
+    }
 }
 
 impl StagefsFs {
@@ -268,6 +282,10 @@ impl StagefsFs {
         Handling {
             _timer: self.timer(op),
             _span: span(op.label(), ino, req),
+            _served: Served {
+                readers: self.view.readers(),
+                pid: req.pid(),
+            },
         }
     }
 
@@ -837,13 +855,20 @@ fn maintain_entries(view: &View, mountpoint: &Path, notifier: &fuser::Notifier, 
             }
             view.maintain_readers();
         }
+        // Every few milliseconds: each reader's gap gets its CPU-wait
+        // mark near its start (see `Readers::mark_quiet`).
+        view.readers().mark_quiet();
         let guard = ended.lock();
-        let _ = ended.cv.wait_timeout(guard, Duration::from_millis(20));
+        let _ = ended.cv.wait_timeout(guard, MARK_EVERY);
     }
 }
 
 /// How often [`maintain_entries`] runs when nothing changed.
 const MAINTAIN_EVERY: Duration = Duration::from_millis(250);
+/// How often the maintenance thread marks quiet readers' run delays: with
+/// `readers::MARK_QUIET_AFTER`, a gap's mark lands 5–15 ms after it began,
+/// well inside the shortest pause the view rule acts on (40 ms).
+const MARK_EVERY: Duration = Duration::from_millis(10);
 
 /// Mounts `view` at `mountpoint` and starts serving it; returns once the
 /// mount answers requests.

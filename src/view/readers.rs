@@ -27,8 +27,12 @@
 //! gaps stretch past the quiet gap while it waits for a CPU, and that is
 //! not a pause. The counter is read only when a wall-clock gap already
 //! reaches a threshold (a move is being considered), never on the plain
-//! request path. The third rule uses wall-clock time alone: it is the
-//! bound that holds whatever the load;
+//! request path, and by [`Readers::mark_quiet`] soon after a gap begins
+//! (so the wait counted is the wait within the gap). A gap starts at the
+//! reply to the process's previous request of any kind
+//! ([`Readers::served`]), so time inside a table or waiting for this
+//! daemon is no pause. The third rule uses wall-clock time alone: it is
+//! the bound that holds whatever the load;
 //! - reading the root's `user.stagefs.visible`, opening `.stagefs/status`
 //!   or changing a pin moves it at once (read-your-check).
 //!
@@ -266,12 +270,18 @@ impl ProcTable {
 struct ReaderView {
     tree: Arc<Tree>,
     taken: Instant,
+    /// When the process's latest request of any kind ended (its reply
+    /// was sent; see [`Readers::served`]), or its latest root- or
+    /// database-level request began: where the current gap starts. Time
+    /// a process spends waiting for this daemon's replies is no pause.
     last: Instant,
-    /// The process's total run delay when the view was taken or a move
-    /// was last considered (`None`: not known, then nothing is taken off
-    /// a gap). Measured from here, the wait counted for a gap includes
-    /// waits before it since the mark, which errs towards keeping a view.
+    /// The process's total run delay at `mark_at` (`None`: not known, then
+    /// nothing is taken off a gap). Taken when the view was taken or a
+    /// move considered, and again by [`Readers::mark_quiet`] soon after
+    /// each gap begins, so the wait counted for a gap is the wait within
+    /// it, not waits of the burst before it.
     delay_mark: Option<RunDelays>,
+    mark_at: Instant,
 }
 
 impl ReaderView {
@@ -281,9 +291,15 @@ impl ReaderView {
             taken: now,
             last: now,
             delay_mark,
+            mark_at: now,
         }
     }
 }
+
+/// A gap this long (no request from the process) has its run delay
+/// marked by [`Readers::mark_quiet`]: shorter than any gap the rule acts
+/// on, so the mark lands near the gap's start.
+pub const MARK_QUIET_AFTER: Duration = Duration::from_millis(5);
 
 /// Whether a view moves (the rule of the module docs). `waited` is how
 /// much of the gap `idle` the process spent waiting for a CPU (`None`:
@@ -439,6 +455,7 @@ impl Readers {
         let (age, idle) = (now.duration_since(v.taken), now.duration_since(v.last));
         if delay_now.is_some() {
             v.delay_mark = delay_now;
+            v.mark_at = now;
         }
         if !rule_moves(&self.rule, age, idle, since_mark) {
             self.starved_keeps.fetch_add(1, Ordering::Relaxed);
@@ -467,6 +484,55 @@ impl Readers {
         let mark = v.delay_mark.take();
         *v = ReaderView::new(tree, now, mark);
         Arc::clone(&v.tree)
+    }
+
+    /// A request from thread `pid` was answered: its process's current
+    /// gap starts now. Called after every request, not only those that
+    /// resolve a root- or database-level name, so the time a process
+    /// spends inside a table (or blocked on this daemon's replies) is not
+    /// counted as a pause. One cached lookup and one map update; nothing
+    /// for a process without a view.
+    pub fn served(&self, pid: u32) {
+        if !self.enabled || pid == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let Some(proc) = self.procs.identify(pid, now) else {
+            return;
+        };
+        if let Some(v) = lock(&self.views).get_mut(&proc) {
+            v.last = v.last.max(now);
+        }
+    }
+
+    /// Marks the run delay of every process whose gap began at least
+    /// [`MARK_QUIET_AFTER`] ago and has no mark since, so that the CPU
+    /// wait taken off that gap when it ends is the wait within it. Called
+    /// by the fuse adapter's maintenance thread every few milliseconds; a
+    /// mark it misses (that thread starved) leaves an older one, which
+    /// only errs towards keeping a view.
+    pub fn mark_quiet(&self) {
+        if !self.enabled {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<ProcId> = lock(&self.views)
+            .iter()
+            .filter(|(_, v)| v.mark_at < v.last && now.duration_since(v.last) >= MARK_QUIET_AFTER)
+            .map(|(p, _)| *p)
+            .collect();
+        for proc in due {
+            // Read outside the lock; a request meanwhile only makes the
+            // mark a little early.
+            let Some(delays) = (self.run_delay)(proc) else {
+                continue;
+            };
+            let at = Instant::now();
+            if let Some(v) = lock(&self.views).get_mut(&proc) {
+                v.delay_mark = Some(delays);
+                v.mark_at = at;
+            }
+        }
     }
 
     /// Whether `v` moves on wall-clock time alone (no CPU wait taken off).
@@ -925,6 +991,71 @@ mod tests {
             starve(delay, &mut since, pause_ms);
         }
         start.elapsed()
+    }
+
+    /// A query that spends its time inside a table (requests that resolve
+    /// no root- or database-level name) or waiting for this daemon's
+    /// replies is not pausing: its view stays however old it gets.
+    #[test]
+    fn requests_inside_a_table_are_no_pause() {
+        // Gaps far above the 5 ms between replies, so a late wakeup of this
+        // thread on a loaded machine does not look like a pause.
+        let rule = ViewRule {
+            quiet_gap: Duration::from_millis(300),
+            poll_gap: Duration::from_millis(150),
+            max_age: Duration::from_millis(300),
+            hard_age: Duration::from_secs(3600),
+            hard_gap: Duration::from_millis(5),
+        };
+        let (r, _delay) = simulated(rule);
+        let pid = std::process::id();
+        assert_eq!(r.tree_for(me(), &snap_at(1)).state_id, StateId(1));
+        // Past the max age and the quiet gap, with a reply every 5 ms.
+        let start = Instant::now();
+        while start.elapsed() < rule.max_age + rule.quiet_gap {
+            thread::sleep(Duration::from_millis(5));
+            r.served(pid);
+        }
+        assert_eq!(
+            r.tree_for(me(), &snap_at(2)).state_id,
+            StateId(1),
+            "a query's next table lookup moved the view"
+        );
+        // Once it really pauses, it moves.
+        thread::sleep(rule.quiet_gap + Duration::from_millis(20));
+        assert_eq!(r.tree_for(me(), &snap_at(2)).state_id, StateId(2));
+    }
+
+    /// CPU waits of a burst are not taken off the quiet gap after it: the
+    /// mark taken soon after the gap begins ([`Readers::mark_quiet`])
+    /// bounds the wait counted to the wait within the gap, so a process
+    /// that sleeps after a starved query starts the next one afresh.
+    #[test]
+    fn waits_before_a_gap_do_not_keep_the_view_across_it() {
+        let rule = ViewRule {
+            hard_age: Duration::from_secs(3600),
+            ..quick_rule()
+        };
+        let pid = std::process::id();
+        for marked in [false, true] {
+            let (r, delay) = simulated(rule);
+            assert_eq!(r.tree_for(me(), &snap_at(1)).state_id, StateId(1));
+            // A burst that waited 10 s for a CPU in all (far more than
+            // any late wakeup of this thread can add to the gap).
+            for _ in 0..12 {
+                thread::sleep(Duration::from_millis(5));
+                r.served(pid);
+            }
+            delay.fetch_add(10_000, Ordering::Relaxed);
+            // Then it sleeps past the quiet gap, not waiting for a CPU.
+            thread::sleep(MARK_QUIET_AFTER + Duration::from_millis(5));
+            if marked {
+                r.mark_quiet();
+            }
+            thread::sleep(rule.quiet_gap);
+            let moved = r.tree_for(me(), &snap_at(2)).state_id == StateId(2);
+            assert_eq!(moved, marked, "marked at the gap's start: {marked}");
+        }
     }
 
     #[test]
