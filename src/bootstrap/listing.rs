@@ -598,10 +598,16 @@ mod tests {
     fn an_unsettled_entry_is_reused_only_if_its_bytes_still_match() {
         let state = tempfile::tempdir().unwrap();
         let src = tempfile::tempdir().unwrap();
-        std::fs::write(src.path().join("a"), "bytes of a").unwrap();
         let blobs = Arc::new(BlobStore::open(state.path()).unwrap());
-        let files = list_location(src.path(), src.path()).unwrap();
-        assert!(!files[0].settled, "written just now");
+        // Written just before listing, so unsettled, unless this thread was
+        // starved for the whole margin in between: then write it again.
+        let files = (0..20)
+            .map(|_| {
+                std::fs::write(src.path().join("a"), "bytes of a").unwrap();
+                list_location(src.path(), src.path()).unwrap()
+            })
+            .find(|files| !files[0].settled)
+            .expect("a file listed right after it was written is unsettled");
         let stager =
             FileStager::open(&state.path().join("bootstrap"), Arc::clone(&blobs), 1).unwrap();
         let first = stager.stage(&files, &BootstrapProgress::default());
