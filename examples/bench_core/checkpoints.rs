@@ -573,6 +573,25 @@ pub fn bench_lag(o: &Opts) -> Res<()> {
         "—",
         None,
     );
+    let threads = |m: &BTreeMap<String, String>| -> Res<String> {
+        let mut parts = Vec::new();
+        for name in THREADS {
+            parts.push(format!(
+                "{name} {:.2} / {:.2} s",
+                kv(m, &format!("cpu_{name}"))?,
+                kv(m, &format!("wait_{name}"))?
+            ));
+        }
+        Ok(parts.join(", "))
+    };
+    note(&format!(
+        "lag, CPU time / run-queue wait per thread over each child's timed events (schedstat): off {}; on {}; \
+         off again {}; full speed {}",
+        threads(&off)?,
+        threads(&on)?,
+        threads(&off2)?,
+        threads(&on_full)?
+    ));
     note(&format!(
         "lag: table `db.t` of {} files (1,000 per partition, one blob), then {} `add_partition` events per run on \
          `db.lag`, appended one line at a time at {} events/s; lag = append → visible (seen by polling the \
@@ -621,15 +640,56 @@ pub fn lag_child(o: &Opts) -> Res<()> {
     let n = o.num("seconds", 20) * o.num("rate", 1000);
     let rate = o.num("rate", 1000);
     let written_before = st.checkpoint.written;
+    let threads_before = thread_times();
     let lags = timed_events(&replica, &events, first, n, rate)?;
+    let threads_after = thread_times();
     let st = replica.status();
     replica.stop();
+    for name in THREADS {
+        let (cpu0, wait0) = threads_before.get(name).copied().unwrap_or_default();
+        let (cpu1, wait1) = threads_after.get(name).copied().unwrap_or_default();
+        println!("KV|cpu_{name}|{}", cpu1.saturating_sub(cpu0) as f64 / 1e9);
+        println!(
+            "KV|wait_{name}|{}",
+            wait1.saturating_sub(wait0) as f64 / 1e9
+        );
+    }
     println!("KV|p50|{}", lags.pct(0.5).as_secs_f64());
     println!("KV|p99|{}", lags.pct(0.99).as_secs_f64());
     println!("KV|max|{}", lags.pct(1.0).as_secs_f64());
     println!("KV|written|{}", st.checkpoint.written - written_before);
     println!("KV|ckpt_bytes|{}", st.checkpoint.size_bytes);
     Ok(())
+}
+
+/// The daemon threads whose CPU time and run-queue wait the lag children
+/// report over their timed events.
+const THREADS: [&str; 3] = ["ingest", "stager", "checkpoint"];
+
+/// CPU time and run-queue wait (ns, from `/proc/self/task/*/schedstat`)
+/// per thread name of this process, summed over threads of one name.
+fn thread_times() -> BTreeMap<String, (u64, u64)> {
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let (Ok(comm), Ok(stat)) = (
+            fs::read_to_string(dir.join("comm")),
+            fs::read_to_string(dir.join("schedstat")),
+        ) else {
+            continue;
+        };
+        let mut it = stat
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0));
+        let (cpu, wait) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        let e = out.entry(comm.trim().to_owned()).or_default();
+        e.0 += cpu;
+        e.1 += wait;
+    }
+    out
 }
 
 /// Appends `n` `add_partition` events from id `first` at `rate` per
