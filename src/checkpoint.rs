@@ -38,6 +38,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -162,10 +163,11 @@ pub fn write(
     }
     let path = path_for(state_dir, data.state);
     let size = write_atomic_paced(&path, max_bytes_per_s, |w| {
+        w.write_all(MAGIC)?;
+        w.write_all(&VERSION.to_le_bytes())?;
         let mut body = Crc::new(w, stop);
-        body.inner.write_all(MAGIC)?;
-        body.inner.write_all(&VERSION.to_le_bytes())?;
         encode_body(&mut body, data)?;
+        body.flush()?;
         let (len, crc) = (body.len, body.crc);
         let w = body.inner;
         w.write_all(&len.to_le_bytes())?;
@@ -267,9 +269,17 @@ pub fn load_newest(state_dir: &Path, at_most: StateId) -> io::Result<Found> {
 
 // ------------------------------------------------------------- encoding
 
-/// A writer that counts and checksums what passes through it.
+/// Bytes [`Crc`] collects before it checksums and writes them: one
+/// `crc32c` call and one write per chunk, not per field (a million-file
+/// catalog has ~10 million fields).
+const CHUNK: usize = 1 << 20;
+
+/// A writer that counts and checksums what passes through it, in chunks
+/// of [`CHUNK`] bytes; [`Crc::flush`] passes on the rest (`len` and `crc`
+/// cover only what was flushed).
 struct Crc<'a> {
     inner: &'a mut dyn Write,
+    buf: Vec<u8>,
     len: u64,
     crc: u32,
     stop: Option<&'a AtomicBool>,
@@ -279,10 +289,19 @@ impl<'a> Crc<'a> {
     fn new(inner: &'a mut dyn Write, stop: Option<&'a AtomicBool>) -> Crc<'a> {
         Crc {
             inner,
+            buf: Vec::with_capacity(CHUNK + 4096),
             len: 0,
             crc: 0,
             stop,
         }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.crc = crc32c::crc32c_append(self.crc, &self.buf);
+        self.len += self.buf.len() as u64;
+        self.inner.write_all(&self.buf)?;
+        self.buf.clear();
+        Ok(())
     }
 
     fn check_stop(&self) -> io::Result<()> {
@@ -296,9 +315,10 @@ impl<'a> Crc<'a> {
     }
 
     fn bytes(&mut self, b: &[u8]) -> io::Result<()> {
-        self.inner.write_all(b)?;
-        self.len += b.len() as u64;
-        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= CHUNK {
+            self.flush()?;
+        }
         Ok(())
     }
 
@@ -351,7 +371,7 @@ fn encode_body(w: &mut Crc<'_>, data: &CheckpointData) -> io::Result<()> {
         w.bytes(&hash.to_le_bytes())?;
     }
     let mut nodes = NodeWriter {
-        index: HashMap::new(),
+        index: HashMap::default(),
         next: 0,
     };
     // Node records first (their count is not known up front: a 0 tag ends
@@ -371,8 +391,34 @@ fn encode_body(w: &mut Crc<'_>, data: &CheckpointData) -> io::Result<()> {
 }
 
 struct NodeWriter {
-    index: HashMap<NodeId, u32>,
+    /// Index of every node written so far (a million files: a million
+    /// entries, hence the cheap hash).
+    index: HashMap<NodeId, u32, BuildHasherDefault<IdHasher>>,
     next: u32,
+}
+
+/// Hashes a [`NodeId`] (one `u64` from a counter) with one 128-bit
+/// multiply folded to 64 bits, instead of SipHash: the keys are ours, not
+/// an attacker's, and every bit of the id reaches the low and high bits
+/// the table uses.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        let p = u128::from(self.0 ^ n) * 0x9E37_79B9_7F4A_7C15;
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 const TAG_DIR: u8 = 1;
