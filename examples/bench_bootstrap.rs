@@ -14,6 +14,11 @@
 //! the library's `bootstrap::snapshot::read` in a child process of this
 //! program, with that child's peak resident set.
 //!
+//! With `--compare BIN2` every rep also bootstraps with a second stagefs
+//! binary (a build before a change, say) into its own fresh state folder,
+//! first in even reps and last in odd ones, and prints its figures as
+//! `other_seconds` / `other_cpu_seconds` on the rep's line.
+//!
 //! Prints one `key=value` line per figure (`rep=… cp_seconds=…`), then a
 //! `summary` line with medians. Each copy is removed right after it is
 //! timed, so at most the warehouse plus one copy are on disk. Driven by
@@ -22,7 +27,7 @@
 //!
 //!     bench_bootstrap STAGEFS_BIN [--db postgres|mariadb] [--databases N]
 //!         [--tables N] [--partitions N] [--bytes B] [--dir DIR] [--reps N]
-//!         [--snapshot-reps N] [--wrap "PROFILER ARGS"]
+//!         [--snapshot-reps N] [--wrap "PROFILER ARGS"] [--compare BIN2]
 
 #[path = "bench_common/mod.rs"]
 #[allow(dead_code)] // uses only the argument helper
@@ -235,6 +240,7 @@ fn main() {
         .split_whitespace()
         .map(str::to_owned)
         .collect();
+    let other = arg(&args, "--compare").map(str::to_owned);
     let base = opt(&args, "--dir", "/tmp");
     std::fs::create_dir_all(&base).expect("--dir");
     let dir = tempfile::tempdir_in(&base).expect("temp dir");
@@ -283,6 +289,14 @@ fn main() {
         let copy = root.join(format!("cp-copy-{rep}"));
         let state = root.join(format!("state-{rep}"));
         let remove = bytes >= KEEP_BELOW_BYTES;
+        let run_other = || {
+            other.as_ref().map(|other_bin| {
+                let state = root.join(format!("state-other-{rep}"));
+                let log = root.join("bootstrap-other.log");
+                bootstrap(other_bin, &wrap, &server, &wh, &state, &log, remove).0
+            })
+        };
+        let mut compared = if rep % 2 == 0 { run_other() } else { None };
         // Alternate the order so neither always runs first in the minute.
         let (cp, (boot, report)) = if rep % 2 == 1 {
             let cp = cp_sync(&root.join("hive/wh"), &copy, &cp_log, remove);
@@ -292,10 +306,20 @@ fn main() {
             let b = bootstrap(&bin, &wrap, &server, &wh, &state, &boot_log, remove);
             (cp_sync(&root.join("hive/wh"), &copy, &cp_log, remove), b)
         };
+        if rep % 2 == 1 {
+            compared = run_other();
+        }
+        let compared = match compared {
+            Some(o) => format!(
+                " other_seconds={:.2} other_cpu_seconds={:.2}",
+                o.seconds, o.cpu_seconds
+            ),
+            None => String::new(),
+        };
         let load_after = load1();
         let ratio = cp.seconds / boot.seconds;
         println!(
-            "rep={rep} cp_sync_seconds={:.2} cp_cpu_seconds={:.2} bootstrap_seconds={:.2} bootstrap_cpu_seconds={:.2} bootstrap_peak_rss_kib={} bootstrap_vs_cp={ratio:.2} load1_before={load_before:.2} load1_after={load_after:.2}",
+            "rep={rep} cp_sync_seconds={:.2} cp_cpu_seconds={:.2} bootstrap_seconds={:.2} bootstrap_cpu_seconds={:.2} bootstrap_peak_rss_kib={} bootstrap_vs_cp={ratio:.2} load1_before={load_before:.2} load1_after={load_after:.2}{compared}",
             cp.seconds, cp.cpu_seconds, boot.seconds, boot.cpu_seconds, boot.peak_rss_kib
         );
         if rep == 1 {
@@ -320,7 +344,12 @@ fn main() {
         );
     }
     for rep in 1..=reps {
-        for kept in [format!("cp-copy-{rep}"), format!("state-{rep}")] {
+        let names = [
+            format!("cp-copy-{rep}"),
+            format!("state-{rep}"),
+            format!("state-other-{rep}"),
+        ];
+        for kept in names {
             match std::fs::remove_dir_all(root.join(&kept)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

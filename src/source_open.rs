@@ -17,7 +17,11 @@
 //! inode that was checked. Where `/proc` is not mounted, the path is resolved
 //! a second time with the read flags (`O_NONBLOCK`, so a FIFO swapped in
 //! between still cannot block) and must be the same inode as the one checked.
-//! The returned file is blocking again (`O_NONBLOCK` cleared).
+//! The returned file is blocking (the reopen through `/proc` names the
+//! inode already checked to be a regular file, so it is opened without
+//! `O_NONBLOCK`; the second resolution clears it). [`open_beneath_sized`]
+//! also returns the size that check read, so a caller needs no `fstat`
+//! of its own before copying.
 //!
 //! Kernels without `openat2` (before 5.6, `ENOSYS`) get a component walk:
 //! every directory opened `O_PATH | O_DIRECTORY | O_NOFOLLOW` relative to the
@@ -57,6 +61,10 @@ pub enum SourceOpenError {
 /// non-regular file swapped in after the check (see the module docs).
 const READ_FLAGS: libc::c_int =
     libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+/// Flags of the reopen through `/proc/self/fd`: that names the very inode
+/// already checked to be a regular file, so no `O_NONBLOCK` is needed
+/// (and none has to be cleared after).
+const PROC_READ_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_NOCTTY | libc::O_CLOEXEC;
 /// Flags of the checking open: no access to the data, no driver `open`.
 /// `openat2` may follow a last-component symlink (beneath the root only).
 const PATH_FLAGS: libc::c_int = libc::O_PATH | libc::O_CLOEXEC;
@@ -65,6 +73,13 @@ const PATH_FLAGS: libc::c_int = libc::O_PATH | libc::O_CLOEXEC;
 /// leaving `root`. `relative` must be relative; an absolute one is refused
 /// as [`SourceOpenError::Escapes`].
 pub fn open_beneath(root: &Path, relative: &Path) -> Result<File, SourceOpenError> {
+    open_beneath_sized(root, relative).map(|(file, _)| file)
+}
+
+/// [`open_beneath`], also returning the file's size as the check read it
+/// (the inode returned is the one checked), so the caller needs no `fstat`
+/// of its own before reading.
+pub fn open_beneath_sized(root: &Path, relative: &Path) -> Result<(File, u64), SourceOpenError> {
     let dir = open_root(root)?;
     let checked = match openat2_beneath(&dir, relative, PATH_FLAGS) {
         Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => walk_beneath(&dir, relative)?,
@@ -72,8 +87,10 @@ pub fn open_beneath(root: &Path, relative: &Path) -> Result<File, SourceOpenErro
     };
     let st = fstat(&checked).map_err(SourceOpenError::Io)?;
     check_regular(&st)?;
-    let file = match reopen_through_proc(&checked) {
-        Ok(f) => f,
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    match reopen_through_proc(&checked) {
+        // Opened without O_NONBLOCK: nothing to clear.
+        Ok(f) => return Ok((f, size)),
         // No /proc: resolve again, then make sure it is the inode checked.
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
             let again = match openat2_beneath(&dir, relative, READ_FLAGS) {
@@ -95,12 +112,12 @@ pub fn open_beneath(root: &Path, relative: &Path) -> Result<File, SourceOpenErro
                     "the file was replaced while being opened",
                 )));
             }
-            File::from(again)
+            let file = File::from(again);
+            clear_nonblock(&file).map_err(SourceOpenError::Io)?;
+            Ok((file, u64::try_from(now.st_size).unwrap_or(0)))
         }
-        Err(e) => return Err(classify(e)),
-    };
-    clear_nonblock(&file).map_err(SourceOpenError::Io)?;
-    Ok(file)
+        Err(e) => Err(classify(e)),
+    }
 }
 
 fn open_root(root: &Path) -> Result<OwnedFd, SourceOpenError> {
@@ -222,7 +239,7 @@ fn reopen_through_proc(fd: &OwnedFd) -> io::Result<File> {
     let c = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // SAFETY: a valid NUL-terminated path; the result is checked.
-    let new = unsafe { libc::open(c.as_ptr(), READ_FLAGS) };
+    let new = unsafe { libc::open(c.as_ptr(), PROC_READ_FLAGS) };
     owned(new).map(File::from)
 }
 

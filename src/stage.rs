@@ -53,7 +53,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -63,7 +63,7 @@ use sha2::{Digest, Sha256};
 use crate::durable::{fsync_dir, Writeback};
 use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
 use crate::replicate::fetch::heartbeat;
-use crate::source_open::open_beneath;
+use crate::source_open::open_beneath_sized;
 
 /// Read → hash → write in chunks this large: big enough that syscall and
 /// per-call hashing overhead vanish, small enough to stay in L2/L3.
@@ -172,6 +172,14 @@ pub struct BlobStore {
     /// one blob never share a temp file; the pid in the name is for humans
     /// reading a leftover.
     next_tmp: AtomicU64,
+    /// This process's id, for the temp names (read once: `getpid` is a
+    /// system call per temp otherwise).
+    pid: u32,
+    /// `fan_outs[b]`: the fan-out directory `<root>/<b as hex>` is known
+    /// to exist (created or found by this store), so placing a blob there
+    /// needs no `mkdir`. Fan-out directories are never removed; a rename
+    /// that finds one gone anyway creates it again.
+    fan_outs: Box<[AtomicBool]>,
     /// Open on `root` when a whole group can be made durable with one
     /// `syncfs` (see [`GroupSync`]); `None`: one `fdatasync` per copy.
     group_sync: Option<File>,
@@ -273,6 +281,8 @@ impl BlobStore {
             staged_bytes: AtomicU64::new(0),
             stored_blobs: AtomicU64::new(0),
             next_tmp: AtomicU64::new(0),
+            pid: std::process::id(),
+            fan_outs: (0..256).map(|_| AtomicBool::new(false)).collect(),
             group_sync,
         };
         store.remove_leftover_temps()?;
@@ -374,6 +384,7 @@ impl BlobStore {
                     blob,
                     size,
                     copy: None,
+                    source_after: None,
                 });
             }
         }
@@ -393,6 +404,7 @@ impl BlobStore {
                 size,
                 synced: false,
             }),
+            source_after: Some(copy.source_after),
         })
     }
 
@@ -488,12 +500,7 @@ impl BlobStore {
             let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
             // Ok(true): renamed into place; Ok(false): a parallel copy got
             // there first and this temp is dropped.
-            let result =
-                ensure_dir(&fan_out).and_then(|()| match rename_no_replace(&u.temp.path, &dest) {
-                    Ok(()) => Ok(true),
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                    Err(e) => Err(store_error("renaming into", &dest, e)),
-                });
+            let result = self.place(&u.temp.path, &u.id, &dest);
             match result {
                 Ok(placed_here) => {
                     if placed_here {
@@ -579,7 +586,12 @@ impl BlobStore {
                 }
             };
             match self.copy_verified(&place, file, sync)? {
-                Ok((temp, blob, size)) => {
+                Ok(CopiedFrom {
+                    temp,
+                    blob,
+                    size,
+                    source_after,
+                }) => {
                     if origin == FetchOutcome::FromChangeManagement {
                         tracing::info!(
                             path = %file.path,
@@ -593,6 +605,7 @@ impl BlobStore {
                         temp,
                         blob,
                         size,
+                        source_after,
                     });
                 }
                 Err(problem) => findings.push(format!("{}: {problem}", place.shown().display())),
@@ -651,25 +664,23 @@ impl BlobStore {
         place: &Place,
         file: &FileRef,
         sync: bool,
-    ) -> Result<Result<(TempBlob, BlobId, u64), String>, StageError> {
+    ) -> Result<Result<CopiedFrom, String>, StageError> {
         // Beneath its root, never through a link out of it, and only if it
         // is a regular file (a FIFO or device is refused unopened).
-        let mut src = match open_beneath(&place.root, &place.relative) {
-            Ok(f) => f,
+        // The size comes from the check of that very inode.
+        let (mut src, expected) = match open_beneath_sized(&place.root, &place.relative) {
+            Ok(opened) => opened,
             Err(e) => return Ok(Err(e.to_string())),
         };
         let known = file.known();
-        let expected = match (src.metadata(), known) {
-            (Ok(m), _) if !m.is_file() => return Ok(Err("not a regular file".to_owned())),
-            // Checked before copying so a wrong multi-GiB file costs nothing.
-            (Ok(m), Some((_, size))) if m.len() != size => {
-                return Ok(Err(format!("size {} expected {size}", m.len())))
+        // Checked before copying so a wrong multi-GiB file costs nothing. A
+        // file known only by its checksum must keep the length it had when
+        // opened: growth or shrinking while reading is caught.
+        if let Some((_, size)) = known {
+            if expected != size {
+                return Ok(Err(format!("size {expected} expected {size}")));
             }
-            // A file known only by its checksum must keep the length it had
-            // when opened: growth or shrinking while reading is caught.
-            (Ok(m), _) => m.len(),
-            (Err(e), _) => return Ok(Err(format!("cannot stat: {e}"))),
-        };
+        }
         let check = match stream_check(&file.verify) {
             Ok(check) => check,
             Err(problem) => return Ok(Err(problem)),
@@ -678,7 +689,10 @@ impl BlobStore {
             sha: Sha256::new(),
             check,
         };
-        advise_sequential(&src);
+        if expected > COPY_BUFFER_BYTES as u64 {
+            // Below one buffer the readahead window does not matter.
+            advise_sequential(&src);
+        }
 
         let mut temp = self.create_temp(&file.key())?;
         let copied = match copy_in_kernel(&src, &mut temp, expected, hashing)? {
@@ -691,6 +705,19 @@ impl BlobStore {
         let (got, check) = match copied {
             Ok(digests) => digests,
             Err(problem) => return Ok(Err(problem)),
+        };
+        // `copy_file_range` never reads past `expected`: growth after the
+        // last byte read shows only in the size. The caller also compares
+        // the whole identity with what it listed.
+        let source_after = match src.metadata() {
+            Ok(m) if m.len() > expected => {
+                return Ok(Err(format!(
+                    "size {} expected {expected} (grew while reading)",
+                    m.len()
+                )))
+            }
+            Ok(m) => m,
+            Err(e) => return Ok(Err(format!("cannot stat after the copy: {e}"))),
         };
         if let Some((sha, _)) = known {
             if got != sha {
@@ -705,7 +732,12 @@ impl BlobStore {
         if sync {
             temp.sync_data()?;
         }
-        Ok(Ok((temp, got, expected)))
+        Ok(Ok(CopiedFrom {
+            temp,
+            blob: got,
+            size: expected,
+            source_after,
+        }))
     }
 
     fn create_temp(&self, id: &BlobId) -> Result<TempBlob, StageError> {
@@ -713,11 +745,7 @@ impl BlobStore {
         let path = self
             .tmp_dir
             .join((n % TMP_SHARDS).to_string())
-            .join(format!(
-                "{}.{}.{n}{TMP_SUFFIX}",
-                id.to_hex(),
-                std::process::id()
-            ));
+            .join(format!("{}.{}.{n}{TMP_SUFFIX}", id.to_hex(), self.pid));
         // Readable too: after an in-kernel copy the temp is hashed back.
         let file = OpenOptions::new()
             .read(true)
@@ -739,14 +767,9 @@ impl BlobStore {
     fn install(&self, mut temp: TempBlob, id: &BlobId, size: u64) -> Result<(), StageError> {
         let dest = self.path(id);
         let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
-        ensure_dir(&fan_out)?;
-        match rename_no_replace(&temp.path, &dest) {
-            Ok(()) => {
-                temp.keep = true;
-                self.count_placed(size);
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(store_error("renaming into", &dest, e)),
+        if self.place(&temp.path, id, &dest)? {
+            temp.keep = true;
+            self.count_placed(size);
         }
         if let Err(e) = fsync_dir(&fan_out) {
             // The blob may not survive a crash, yet `contains` would report
@@ -757,6 +780,31 @@ impl BlobStore {
             return Err(store_error("syncing directory", &fan_out, e));
         }
         Ok(())
+    }
+
+    /// Renames the temp at `temp` to `dest`, the path of blob `id`, unless
+    /// a blob is there already: `Ok(true)` when renamed, `Ok(false)` when
+    /// a parallel copy got there first. Creates the fan-out directory
+    /// first unless this store already knows it exists; the rename (or
+    /// the directory's creation) is not durable yet.
+    fn place(&self, temp: &Path, id: &BlobId, dest: &Path) -> Result<bool, StageError> {
+        let fan_out = dest.parent().unwrap_or(&self.root);
+        let known = &self.fan_outs[usize::from(id.0[0])];
+        if !known.load(Ordering::Relaxed) {
+            ensure_dir(fan_out)?;
+            known.store(true, Ordering::Relaxed);
+        }
+        let mut result = rename_no_replace(temp, dest);
+        if matches!(&result, Err(e) if e.kind() == io::ErrorKind::NotFound) && temp.exists() {
+            // The fan-out directory was removed behind the store's back.
+            ensure_dir(fan_out)?;
+            result = rename_no_replace(temp, dest);
+        }
+        match result {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(store_error("renaming into", dest, e)),
+        }
     }
 
     fn sync_fan_out_dir(&self, id: &BlobId) -> Result<(), StageError> {
@@ -987,17 +1035,7 @@ fn copy_in_kernel(
     if let Some(problem) = check_length(copied, expected, true) {
         return Ok(Ok(Err(problem)));
     }
-    // copy_file_range never reads past `expected`; growth shows in the size.
-    match src.metadata() {
-        Ok(m) if m.len() > expected => {
-            return Ok(Ok(Err(format!(
-                "size {} expected {expected} (grew while reading)",
-                m.len()
-            ))))
-        }
-        Ok(_) => {}
-        Err(e) => return Ok(Ok(Err(format!("cannot stat after the copy: {e}")))),
-    }
+    // Growth after the last byte: the caller's `fstat` (copy_verified).
     Ok(Ok(Ok(hashing.finish())))
 }
 
@@ -1365,6 +1403,16 @@ struct Copied {
     temp: TempBlob,
     blob: BlobId,
     size: u64,
+    source_after: fs::Metadata,
+}
+
+/// A verified copy from one place ([`BlobStore::copy_verified`]).
+struct CopiedFrom {
+    temp: TempBlob,
+    blob: BlobId,
+    size: u64,
+    /// The source's metadata through the descriptor read, after the copy.
+    source_after: fs::Metadata,
 }
 
 /// What [`BlobStore::fetch_unsynced`] found.
@@ -1376,6 +1424,11 @@ pub struct Fetched {
     pub size: u64,
     /// The copy to publish; `None` when the blob was already stored.
     pub copy: Option<Unsynced>,
+    /// The source file's metadata, read through the descriptor the bytes
+    /// were copied from, after the copy; `None` when nothing was copied.
+    /// A caller that listed the file compares its identity with this
+    /// instead of a `stat` of the path.
+    pub source_after: Option<fs::Metadata>,
 }
 
 /// True for an absolute local path with no `.`, `..` or empty component.
@@ -1951,6 +2004,26 @@ mod tests {
             (outcome, none.is_none()),
             (FetchOutcome::AlreadyPresent, true)
         );
+    }
+
+    #[test]
+    fn a_fan_out_directory_removed_behind_the_store_is_created_again() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let a = file_ref("d/a", b"alpha");
+        put(&fx.src, "d/a", b"alpha");
+        store.fetch(&a, &fx.src, None).unwrap();
+        // The store now knows `a`'s fan-out directory exists; take it away
+        // (with the blob), then place the blob again both ways.
+        let fan_out = store.path(&a.key()).parent().unwrap().to_path_buf();
+        fs::remove_dir_all(&fan_out).unwrap();
+        store.fetch(&a, &fx.src, None).unwrap();
+        assert_eq!(fs::read(store.path(&a.key())).unwrap(), b"alpha");
+        fs::remove_dir_all(&fan_out).unwrap();
+        let copy = store.fetch_unsynced(&a, &fx.src, None).unwrap().copy;
+        store.publish(vec![copy.unwrap()]).unwrap();
+        assert_eq!(fs::read(store.path(&a.key())).unwrap(), b"alpha");
+        assert_eq!(temp_count(&fx.state), 0);
     }
 
     #[test]

@@ -17,8 +17,10 @@
 //! way every blob is durable at its path
 //! before the group's `staged.log` lines are written, and before the
 //! driver writes any journal record naming it. A file that changed while
-//! it was copied (size, mtime or ctime differ after the copy) or vanished
-//! is not staged: its table is listed again in a later round.
+//! it was copied (size, mtime or ctime differ after the copy, read with
+//! `fstat` through the descriptor copied from; an inode number other than
+//! the one listed: the path was replaced) or vanished is not staged: its
+//! table is listed again in a later round.
 //!
 //! `<state>/bootstrap/staged.log` remembers each staged file as
 //! `<sha256> <size> <mtime ns> <ctime ns> <inode> <settled> <path>`,
@@ -368,9 +370,13 @@ impl FileStager {
             .blobs
             .fetch_unsynced(&file, &f.source_dir, None)
             .map_err(|e| e.to_string())?;
-        let after = std::fs::metadata(&f.path)
-            .map_err(|e| format!("{} is gone after its copy: {e}", f.path.display()))?;
-        if fetched.size != f.size || identity(&after) != (f.size, f.mtime_ns, f.ctime_ns, f.ino) {
+        // Through the descriptor copied from: the same inode as listed
+        // (inode number), unchanged since (size, mtime, ctime).
+        let after = fetched
+            .source_after
+            .as_ref()
+            .ok_or_else(|| format!("{}: no copy to publish", f.path.display()))?;
+        if fetched.size != f.size || identity(after) != (f.size, f.mtime_ns, f.ctime_ns, f.ino) {
             return Err(format!("{} changed while it was copied", f.path.display()));
         }
         let copy = fetched

@@ -449,8 +449,8 @@ impl Driver<'_> {
             databases.push(name(db, "database").map_err(BootstrapError::Failed)?);
         }
         let all: Vec<&TableMeta> = snap.tables.iter().collect();
-        let bases = self.list_round(0, &snap, &all)?;
-        let through = self.settle_and_catch_up(&mut events)?;
+        let (bases, listed) = self.list_round(0, &snap, &all)?;
+        let through = self.settle_and_catch_up(&mut events, listed)?;
         plan.seed(snap.event_id, &databases, bases, through)
             .map_err(|e| BootstrapError::Failed(e.to_string()))?;
         self.merge_through(&mut plan, &mut events, through)?;
@@ -479,8 +479,8 @@ impl Driver<'_> {
                 tables = wanted.len(),
                 "bootstrap: listing tables again that changed while they were listed"
             );
-            let bases = self.list_round(round, &snap, &wanted)?;
-            let through = self.settle_and_catch_up(&mut events)?;
+            let (bases, listed) = self.list_round(round, &snap, &wanted)?;
+            let through = self.settle_and_catch_up(&mut events, listed)?;
             plan.rebase(round, snap.event_id, bases, through)
                 .map_err(|e| BootstrapError::Failed(e.to_string()))?;
             self.merge_through(&mut plan, &mut events, through)?;
@@ -499,19 +499,22 @@ impl Driver<'_> {
         })
     }
 
-    /// Lists and stages `tables` of `snap`, in chunks.
+    /// Lists and stages `tables` of `snap`, in chunks. Returns the bases
+    /// and when the round's last listing ended (the staging of the last
+    /// chunk comes after it).
     fn list_round(
         &mut self,
         round: u32,
         snap: &Snapshot,
         tables: &[&TableMeta],
-    ) -> Result<Vec<TableBase>, BootstrapError> {
+    ) -> Result<(Vec<TableBase>, Instant), BootstrapError> {
         self.progress.set_phase("listing");
         let partitions = tables.iter().map(|t| t.partitions.len() as u64).sum();
         self.progress
             .start_round(round, snap.event_id, tables.len() as u64, partitions);
         let mut bases = Vec::with_capacity(tables.len());
         let mut rest = tables;
+        let mut listed_at = Instant::now();
         while !rest.is_empty() {
             self.check_stop()?;
             let mut listed = Vec::new();
@@ -532,13 +535,14 @@ impl Driver<'_> {
                 }
                 listed.push((*t, found, first));
             }
+            listed_at = Instant::now();
             let staged = self.stager.stage(&files, self.progress);
             for (t, found, first) in listed {
                 bases.push(self.base(snap.event_id, t, found, &staged[first..])?);
                 self.progress.table_listed();
             }
         }
-        Ok(bases)
+        Ok((bases, listed_at))
     }
 
     /// A table's listing turned into catalog changes' material.
@@ -609,11 +613,19 @@ impl Driver<'_> {
         })
     }
 
-    /// Waits the settle time, then reads every event there is; returns
-    /// the last id read (the end of the round's watch windows).
-    fn settle_and_catch_up(&self, events: &mut Events) -> Result<i64, BootstrapError> {
+    /// Waits until the settle time has passed since the round's last
+    /// listing ended (`listed_at`), then reads every event there is;
+    /// returns the last id read (the end of the round's watch windows).
+    /// What the wait is for (a write's event committing after its files
+    /// landed) only needs it to follow the listing, not the copies, so the
+    /// staging of the last chunk counts towards it.
+    fn settle_and_catch_up(
+        &self,
+        events: &mut Events,
+        listed_at: Instant,
+    ) -> Result<i64, BootstrapError> {
         self.progress.set_phase("events");
-        let until = Instant::now() + self.cfg.settle;
+        let until = listed_at + self.cfg.settle;
         while Instant::now() < until {
             self.check_stop()?;
             std::thread::sleep(Duration::from_millis(20));
