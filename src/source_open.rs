@@ -90,7 +90,7 @@ pub fn open_beneath_sized(root: &Path, relative: &Path) -> Result<(File, u64), S
     let size = u64::try_from(st.st_size).unwrap_or(0);
     match reopen_through_proc(&checked) {
         // Opened without O_NONBLOCK: nothing to clear.
-        Ok(f) => return Ok((f, size)),
+        Ok(f) => Ok((f, size)),
         // No /proc: resolve again, then make sure it is the inode checked.
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
             let again = match openat2_beneath(&dir, relative, READ_FLAGS) {
