@@ -353,13 +353,12 @@ impl BlobStore {
                 return Ok(FetchOutcome::AlreadyPresent);
             }
         }
-        let copy = self.copy_from_first_usable(file, source_root, cm_root, true)?;
+        let (origin, copy) = self.copy_from_first_usable(file, source_root, cm_root, true)?;
         if file.known().is_none() && self.contains(&copy.blob) {
             self.sync_fan_out_dir(&copy.blob)?;
             return Ok(FetchOutcome::AlreadyPresent);
         }
-        let (origin, blob, size) = (copy.origin, copy.blob, copy.size);
-        self.install(copy.temp, &blob, size)?;
+        self.install(copy.temp, &copy.blob, copy.size)?;
         Ok(origin)
     }
 
@@ -384,18 +383,17 @@ impl BlobStore {
                     blob,
                     size,
                     copy: None,
-                    source_after: None,
                 });
             }
         }
-        let copy = self.copy_from_first_usable(file, source_root, cm_root, false)?;
+        let (origin, copy) = self.copy_from_first_usable(file, source_root, cm_root, false)?;
         let (blob, size) = (copy.blob, copy.size);
         // A file learnt by reading keeps its copy even when the blob is
         // stored already: no tree names that blob for this file yet, so GC
         // may remove it before the stager records what the file resolved
         // to; publishing the copy puts it back (or finds it still there).
         Ok(Fetched {
-            outcome: copy.origin,
+            outcome: origin,
             blob,
             size,
             copy: Some(Unsynced {
@@ -403,8 +401,8 @@ impl BlobStore {
                 id: blob,
                 size,
                 synced: false,
+                source_after: copy.source_after,
             }),
-            source_after: Some(copy.source_after),
         })
     }
 
@@ -563,7 +561,7 @@ impl BlobStore {
         source_root: &Path,
         cm_root: Option<&Path>,
         sync: bool,
-    ) -> Result<Copied, StageError> {
+    ) -> Result<(FetchOutcome, Copied), StageError> {
         let path_ok = match file.known() {
             Some(_) => is_valid_source_path(&file.path),
             // Hive files carry the absolute local path `--source-map` gave.
@@ -586,12 +584,7 @@ impl BlobStore {
                 }
             };
             match self.copy_verified(&place, file, sync)? {
-                Ok(CopiedFrom {
-                    temp,
-                    blob,
-                    size,
-                    source_after,
-                }) => {
+                Ok(copied) => {
                     if origin == FetchOutcome::FromChangeManagement {
                         tracing::info!(
                             path = %file.path,
@@ -600,13 +593,7 @@ impl BlobStore {
                             "fetched from change management"
                         );
                     }
-                    return Ok(Copied {
-                        origin,
-                        temp,
-                        blob,
-                        size,
-                        source_after,
-                    });
+                    return Ok((origin, copied));
                 }
                 Err(problem) => findings.push(format!("{}: {problem}", place.shown().display())),
             }
@@ -664,7 +651,7 @@ impl BlobStore {
         place: &Place,
         file: &FileRef,
         sync: bool,
-    ) -> Result<Result<CopiedFrom, String>, StageError> {
+    ) -> Result<Result<Copied, String>, StageError> {
         // Beneath its root, never through a link out of it, and only if it
         // is a regular file (a FIFO or device is refused unopened).
         // The size comes from the check of that very inode.
@@ -732,7 +719,7 @@ impl BlobStore {
         if sync {
             temp.sync_data()?;
         }
-        Ok(Ok(CopiedFrom {
+        Ok(Ok(Copied {
             temp,
             blob: got,
             size: expected,
@@ -1397,17 +1384,9 @@ fn stream_check(verify: &Verify) -> Result<Option<Box<dyn StreamCheck>>, String>
     }
 }
 
-/// A usable copy of a file in `tmp/`, with its content's sha256 and size.
+/// A verified copy of a file in `tmp/` ([`BlobStore::copy_verified`]),
+/// with its content's sha256 and size.
 struct Copied {
-    origin: FetchOutcome,
-    temp: TempBlob,
-    blob: BlobId,
-    size: u64,
-    source_after: fs::Metadata,
-}
-
-/// A verified copy from one place ([`BlobStore::copy_verified`]).
-struct CopiedFrom {
     temp: TempBlob,
     blob: BlobId,
     size: u64,
@@ -1424,11 +1403,6 @@ pub struct Fetched {
     pub size: u64,
     /// The copy to publish; `None` when the blob was already stored.
     pub copy: Option<Unsynced>,
-    /// The source file's metadata, read through the descriptor the bytes
-    /// were copied from, after the copy; `None` when nothing was copied.
-    /// A caller that listed the file compares its identity with this
-    /// instead of a `stat` of the path.
-    pub source_after: Option<fs::Metadata>,
 }
 
 /// True for an absolute local path with no `.`, `..` or empty component.
@@ -1449,11 +1423,20 @@ pub struct Unsynced {
     size: u64,
     /// Already fdatasynced by [`Unsynced::sync_data`]: publish skips it.
     synced: bool,
+    /// The source's metadata through the descriptor read, after the copy.
+    source_after: fs::Metadata,
 }
 
 impl Unsynced {
     pub fn id(&self) -> BlobId {
         self.id
+    }
+
+    /// The source file's metadata, read through the descriptor the bytes
+    /// were copied from, after the copy: a caller that listed the file
+    /// compares its identity with this instead of a `stat` of the path.
+    pub fn source_after(&self) -> &fs::Metadata {
+        &self.source_after
     }
 
     /// `fdatasync`s the copy now, so that [`BlobStore::publish`] only

@@ -370,18 +370,15 @@ impl FileStager {
             .blobs
             .fetch_unsynced(&file, &f.source_dir, None)
             .map_err(|e| e.to_string())?;
-        // Through the descriptor copied from: the same inode as listed
-        // (inode number), unchanged since (size, mtime, ctime).
-        let after = fetched
-            .source_after
-            .as_ref()
-            .ok_or_else(|| format!("{}: no copy to publish", f.path.display()))?;
-        if fetched.size != f.size || identity(after) != (f.size, f.mtime_ns, f.ctime_ns, f.ino) {
-            return Err(format!("{} changed while it was copied", f.path.display()));
-        }
         let copy = fetched
             .copy
             .ok_or_else(|| format!("{}: no copy to publish", f.path.display()))?;
+        // Through the descriptor copied from: the same inode as listed
+        // (inode number), unchanged since (size, mtime, ctime).
+        let after = identity(copy.source_after());
+        if fetched.size != f.size || after != (f.size, f.mtime_ns, f.ctime_ns, f.ino) {
+            return Err(format!("{} changed while it was copied", f.path.display()));
+        }
         Ok((fetched.blob, fetched.size, copy))
     }
 
