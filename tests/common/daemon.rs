@@ -623,7 +623,12 @@ pub fn blob_store_bytes(state: &Path) -> u64 {
             continue;
         }
         for b in fs::read_dir(e.path()).expect("blob shard") {
-            total += b.expect("blob").metadata().expect("blob metadata").len();
+            // GC may remove a listed blob before its stat: it no longer counts.
+            match b.expect("blob").metadata() {
+                Ok(m) => total += m.len(),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => panic!("blob metadata: {err}"),
+            }
         }
     }
     total
