@@ -1786,7 +1786,7 @@ impl Checkpointer {
         let removed = match oldest {
             Some(through) => self
                 .compactor
-                .remove_through(through)
+                .remove_through(through, Some(&self.stop))
                 .map_err(|e| format!("compacting the journal: {e}"))?,
             None => 0,
         };

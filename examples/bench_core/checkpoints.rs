@@ -705,6 +705,58 @@ fn thread_times() -> BTreeMap<String, (u64, u64)> {
     out
 }
 
+/// Every 5 ms until `done`: the disk's counters (`/sys/block/vda/stat`:
+/// write ios, sectors, ms; in flight; discard ios, sectors; flush ios, ms)
+/// and the state and wait channel of the daemon's main threads, as `s`
+/// lines in ms from `base` (STAGEFS_BENCH_SERIES).
+fn sample_io(base: Instant, done: &AtomicBool) -> String {
+    let mut tids: Vec<(String, String)> = Vec::new();
+    if let Ok(tasks) = fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let dir = task.path();
+            let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            let comm = comm.trim();
+            if ["ingest", "stager", "checkpoint"].contains(&comm) {
+                tids.push((comm.to_owned(), dir.to_string_lossy().into_owned()));
+            }
+        }
+    }
+    let mut out = String::new();
+    while !done.load(Ordering::Acquire) {
+        let t = base.elapsed().as_secs_f64() * 1e3;
+        let stat = fs::read_to_string("/sys/block/vda/stat").unwrap_or_default();
+        let f: Vec<&str> = stat.split_whitespace().collect();
+        let pick = |i: usize| f.get(i).copied().unwrap_or("0");
+        out.push_str(&format!(
+            "s {t:.1} {} {} {} {} {} {} {} {}",
+            pick(4),
+            pick(6),
+            pick(7),
+            pick(8),
+            pick(11),
+            pick(13),
+            pick(15),
+            pick(16)
+        ));
+        for (name, dir) in &tids {
+            let st = fs::read_to_string(format!("{dir}/stat")).unwrap_or_default();
+            let state = st
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                .unwrap_or("?");
+            let wchan = fs::read_to_string(format!("{dir}/wchan")).unwrap_or_default();
+            out.push_str(&format!(
+                " {name}:{state}:{}",
+                if wchan.is_empty() { "-" } else { &wchan }
+            ));
+        }
+        out.push('\n');
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    out
+}
+
 /// Appends `n` `add_partition` events from id `first` at `rate` per
 /// second, one line per write, and returns each one's append → visible lag.
 fn timed_events(replica: &Replica, events: &Path, first: u64, n: u64, rate: u64) -> Res<Timings> {
@@ -737,10 +789,31 @@ fn timed_events(replica: &Replica, events: &Path, first: u64, n: u64, rate: u64)
     let mut next = 0u64; // index of the first event not seen visible
     let deadline = Instant::now() + Duration::from_secs(n / rate + 600);
     let mut polls = 0u64;
+    // STAGEFS_BENCH_SERIES=DIR: every event's (appended, lag) and every
+    // checkpoint's (start, end), in ms from the first append, to a file.
+    let series = std::env::var_os("STAGEFS_BENCH_SERIES").map(PathBuf::from);
+    let epoch_ms = stagefs::status::now_ms() - base.elapsed().as_millis() as i64;
+    let mut ckpts: Vec<(i64, f64)> = Vec::new();
+    let mut last_written = replica
+        .progress()
+        .checkpoint_written_ms
+        .load(Ordering::Relaxed);
+    let sampler = series.as_ref().map(|_| {
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || sample_io(base, &done))
+    });
     while next < n {
         polls += 1;
         let visible = replica.catalog().snapshot().visible.state_id.0;
         let now = base.elapsed().as_nanos() as u64;
+        let written = replica
+            .progress()
+            .checkpoint_written_ms
+            .load(Ordering::Relaxed);
+        if written != last_written {
+            last_written = written;
+            ckpts.push((written - epoch_ms, now as f64 / 1e6));
+        }
         while next < n && first + next <= visible {
             let at = appended[next as usize].load(Ordering::Acquire);
             if at == 0 {
@@ -761,5 +834,18 @@ fn timed_events(replica: &Replica, events: &Path, first: u64, n: u64, rate: u64)
     }
     writer.join().map_err(|_| "writer panicked")??;
     debug_assert!(done.load(Ordering::Acquire));
+    if let Some(dir) = series {
+        let mut out = sampler
+            .map(|s| s.join().unwrap_or_default())
+            .unwrap_or_default();
+        for (i, lag) in lags.iter().enumerate() {
+            let at = (appended[i].load(Ordering::Acquire) - 1) as f64 / 1e6;
+            out.push_str(&format!("e {at:.3} {:.3}\n", lag.as_secs_f64() * 1e3));
+        }
+        for (start, end) in &ckpts {
+            out.push_str(&format!("c {start} {end:.3}\n"));
+        }
+        fs::write(dir.join(format!("series-{first}.txt")), out)?;
+    }
     Ok(Timings(lags))
 }

@@ -9,7 +9,9 @@
 //!
 //! File reads never pass a segment's durable length as published under the
 //! journal lock, so unsynced or half-written bytes are never interpreted.
-//! Used by the stager (live) and by replay at startup.
+//! Each open segment is registered in the journal's state while a reader
+//! holds it ([`Holding`]), so compaction can tell the segments nobody reads
+//! any more. Used by the stager (live) and by replay at startup.
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::event::StateId;
 
 use super::segment::{self, RecordHeader, HEADER_LEN, MAX_PAYLOAD, RECORD_HEADER_LEN};
-use super::{JournalError, Record, Shared};
+use super::{JournalError, Record, Shared, State};
 
 /// Read buffer for segment files: large enough that catching up costs few
 /// syscalls, small enough for a handful of followers.
@@ -48,6 +50,7 @@ enum Wait {
 }
 
 /// What to do with segment files, decided under the lock, done outside it.
+#[derive(Clone, Copy)]
 enum FileStep {
     /// The current reader has durable bytes left.
     Read,
@@ -108,7 +111,7 @@ impl Follower {
                 }
             }
 
-            let st = self.shared.lock();
+            let mut st = self.shared.lock();
             if st.closed {
                 return Ok(None);
             }
@@ -181,13 +184,20 @@ impl Follower {
                     limit: seg.len,
                 },
             };
+            let holding = match step {
+                FileStep::Open { first_id, .. } => {
+                    Some(Holding::new(&mut st, &self.shared, first_id))
+                }
+                FileStep::Read => None,
+            };
             drop(st);
-            if let FileStep::Open { first_id, limit } = step {
+            if let (FileStep::Open { first_id, limit }, Some(holding)) = (step, holding) {
                 self.reader = Some(SegmentReader::open(
                     &self.shared.dir,
                     first_id,
                     limit,
                     self.cursor,
+                    holding,
                 )?);
             }
         }
@@ -198,6 +208,36 @@ impl Follower {
             path: self.shared.dir.clone(),
             offset: 0,
             reason: format!("journal index inconsistent: {what}"),
+        }
+    }
+}
+
+/// A segment registered as open by a reader, from before it is opened
+/// (under the journal lock, while the segment is still in the index) until
+/// the reader is dropped.
+struct Holding {
+    shared: Arc<Shared>,
+    first_id: StateId,
+}
+
+impl Holding {
+    fn new(st: &mut State, shared: &Arc<Shared>, first_id: StateId) -> Holding {
+        *st.open_readers.entry(first_id).or_insert(0) += 1;
+        Holding {
+            shared: Arc::clone(shared),
+            first_id,
+        }
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        if let Some(n) = st.open_readers.get_mut(&self.first_id) {
+            *n -= 1;
+            if *n == 0 {
+                st.open_readers.remove(&self.first_id);
+            }
         }
     }
 }
@@ -216,6 +256,7 @@ struct SegmentReader {
     /// Set when `limit` grew: the buffer may hold bytes read while they were
     /// beyond the old limit (possibly half-written), so refill from `pos`.
     refill: bool,
+    _holding: Holding,
 }
 
 impl SegmentReader {
@@ -224,6 +265,7 @@ impl SegmentReader {
         first_id: StateId,
         limit: u64,
         after: StateId,
+        holding: Holding,
     ) -> Result<SegmentReader, JournalError> {
         let path = segment::segment_path(dir, first_id);
         let file = File::open(&path)
@@ -248,6 +290,7 @@ impl SegmentReader {
             limit,
             after,
             refill: false,
+            _holding: holding,
         })
     }
 

@@ -32,7 +32,7 @@ mod segment;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -222,6 +222,9 @@ struct State {
     ring_base: StateId,
     /// Durable segments, ordered by first id.
     segments: Vec<SegmentInfo>,
+    /// Followers holding each segment open (by first id; absent: none), so
+    /// compaction knows which removed segments nobody reads any more.
+    open_readers: HashMap<StateId, usize>,
     closed: bool,
 }
 
@@ -317,6 +320,7 @@ impl Journal {
                 ring_bytes: 0,
                 ring_base: base,
                 segments: recovered.segments,
+                open_readers: HashMap::new(),
                 closed: false,
             }),
             published: Condvar::new(),
@@ -661,9 +665,21 @@ impl Compactor {
     /// Deletes every segment all of whose records are at or below
     /// `through`: a segment goes when the next one starts at or before
     /// `through + 1` (so with gaps in the ids a segment may stay one round
-    /// longer). Returns the number of segments removed. Followers that
-    /// already read a removed segment keep their open descriptor.
-    pub fn remove_through(&self, through: StateId) -> Result<usize, JournalError> {
+    /// longer). Returns the number of segments removed.
+    ///
+    /// A segment no follower holds open is renamed out of the journal's
+    /// names and then cut in steps ([`crate::durable::remove_in_steps`]):
+    /// freeing 64 MiB at once makes the device discard it in one go, and
+    /// every commit's flush waits behind that. One a follower still holds
+    /// is unlinked at once (its reader keeps the open descriptor, and the
+    /// blocks are freed when it closes). Once `stop` is set, the rest goes
+    /// at once. A rename left behind by a crash is removed by the next
+    /// [`Journal::open`].
+    pub fn remove_through(
+        &self,
+        through: StateId,
+        stop: Option<&AtomicBool>,
+    ) -> Result<usize, JournalError> {
         let doomed: Vec<StateId> = {
             let st = self.shared.lock();
             st.segments
@@ -682,15 +698,31 @@ impl Compactor {
             crate::durable::write_atomic(&floor, format!("{}\n", through.0).as_bytes())
                 .map_err(|e| JournalError::io("record journal compaction", &floor, e))?;
         }
-        {
+        let held: Vec<bool> = {
             // Out of the index first: a follower never opens a segment
-            // that is about to disappear.
+            // that is about to disappear, so one that nobody holds now
+            // stays unread.
             let mut st = self.shared.lock();
             st.segments.retain(|s| !doomed.contains(&s.first_id));
-        }
-        for first in &doomed {
+            doomed
+                .iter()
+                .map(|first| st.open_readers.get(first).is_some_and(|&n| n > 0))
+                .collect()
+        };
+        let mut in_steps = Vec::new();
+        for (first, held) in doomed.iter().zip(held) {
             let path = segment::segment_path(dir, *first);
-            match std::fs::remove_file(&path) {
+            let result = if held {
+                std::fs::remove_file(&path)
+            } else {
+                let removing = segment::removing_path(&path);
+                let renamed = std::fs::rename(&path, &removing);
+                if renamed.is_ok() {
+                    in_steps.push(removing);
+                }
+                renamed
+            };
+            match result {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
@@ -703,6 +735,10 @@ impl Compactor {
             }
         }
         fsync_dir(dir).map_err(|e| JournalError::io("fsync journal directory", dir, e))?;
+        for path in &in_steps {
+            crate::durable::remove_in_steps(path, stop)
+                .map_err(|e| JournalError::io("remove compacted journal segment", path, e))?;
+        }
         tracing::info!(
             segments = doomed.len(),
             through = through.0,

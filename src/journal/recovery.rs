@@ -71,6 +71,8 @@ pub(super) fn recover(
                 .map_err(|e| JournalError::io("fsync parent of journal directory", parent, e))?;
         }
     }
+    // A compaction cut short by a crash: its records are below the floor.
+    segment::remove_leftover_removals(dir)?;
     let found = segment::list_segments(dir)?;
 
     let mut report = RecoveryReport::default();

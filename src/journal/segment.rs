@@ -46,6 +46,50 @@ pub(super) fn parse_segment_name(name: &OsStr) -> Option<StateId> {
     digits.parse().ok().map(StateId)
 }
 
+/// Where compaction renames a segment it cuts in steps: not a segment
+/// name, so nothing reads it as one if a crash leaves it behind.
+pub(super) fn removing_path(segment: &Path) -> PathBuf {
+    let mut name = segment.as_os_str().to_owned();
+    name.push(REMOVING_SUFFIX);
+    PathBuf::from(name)
+}
+
+const REMOVING_SUFFIX: &str = ".removing";
+
+/// Removes what an interrupted compaction left (see [`removing_path`]);
+/// every record in such a file is at or below the compaction floor.
+pub(super) fn remove_leftover_removals(dir: &Path) -> Result<usize, JournalError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(JournalError::io("list journal directory", dir, e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(|e| JournalError::io("list journal directory", dir, e))?;
+        let name = entry.file_name();
+        let is_leftover = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(REMOVING_SUFFIX))
+            .is_some_and(|seg| parse_segment_name(OsStr::new(seg)).is_some());
+        if is_leftover {
+            let path = entry.path();
+            match fs::remove_file(&path) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(JournalError::io(
+                        "remove an interrupted compaction's segment",
+                        &path,
+                        e,
+                    ))
+                }
+            }
+        }
+    }
+    Ok(removed)
+}
+
 /// Segment files in `dir`, ordered by first id.
 pub(super) fn list_segments(dir: &Path) -> Result<Vec<(StateId, PathBuf)>, JournalError> {
     let entries =

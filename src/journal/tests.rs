@@ -881,13 +881,13 @@ fn compaction_removes_only_segments_wholly_at_or_below_the_id_and_never_the_last
     let compactor = j.compactor();
     assert_eq!(compactor.size().segments, 10);
     assert_eq!(super::compacted_through(dir.path()).unwrap(), None);
-    assert_eq!(compactor.remove_through(StateId(5)).unwrap(), 5);
+    assert_eq!(compactor.remove_through(StateId(5), None).unwrap(), 5);
     assert_eq!(compactor.size().first_id, Some(StateId(6)));
     assert_eq!(
         super::compacted_through(dir.path()).unwrap(),
         Some(StateId(5))
     );
-    assert_eq!(compactor.remove_through(StateId(100)).unwrap(), 4);
+    assert_eq!(compactor.remove_through(StateId(100), None).unwrap(), 4);
     let size = compactor.size();
     assert_eq!((size.segments, size.first_id), (1, Some(StateId(10))));
     // The survivors still read back, and a reopened journal agrees.
@@ -899,4 +899,66 @@ fn compaction_removes_only_segments_wholly_at_or_below_the_id_and_never_the_last
     assert_eq!((report.records, report.last_id), (1, Some(StateId(10))));
     let mut f = j.follower(StateId(0));
     assert_eq!(f.try_next().unwrap().unwrap().id, StateId(10));
+}
+
+#[test]
+fn compaction_cuts_unread_segments_away_and_unlinks_one_a_follower_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = 1;
+    // A ring of 2: a follower from 0 reads the first records from files.
+    let (mut j, _) = Journal::open(config(dir.path(), seg, 2)).unwrap();
+    for id in 1..=10 {
+        write_ids(&mut j, [id]);
+    }
+    let mut f = j.follower(StateId(2));
+    assert_eq!(f.try_next().unwrap().unwrap().id, StateId(3));
+    assert_eq!(
+        j.shared.lock().open_readers.get(&StateId(3)),
+        Some(&1),
+        "the follower holds segment 3"
+    );
+    let compactor = j.compactor();
+    assert_eq!(compactor.remove_through(StateId(3), None).unwrap(), 3);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".seg"))
+        .collect();
+    assert_eq!(
+        names.len(),
+        7,
+        "segments 4..=10 stay, nothing else: {names:?}"
+    );
+    assert!(names.iter().all(|n| !n.ends_with(".removing")), "{names:?}");
+    // The follower goes on past the segment it held.
+    for id in 4..=10 {
+        assert_eq!(f.try_next().unwrap().unwrap().id, StateId(id));
+    }
+    drop(f);
+    assert!(j.shared.lock().open_readers.is_empty());
+}
+
+#[test]
+fn opening_removes_segments_an_interrupted_compaction_left_and_keeps_stray_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1, 16)).unwrap();
+    for id in 1..=3 {
+        write_ids(&mut j, [id]);
+    }
+    drop(j);
+    // As if compaction through 1 renamed segment 1 and then the process died.
+    let first = super::segment::segment_path(dir.path(), StateId(1));
+    let removing = super::segment::removing_path(&first);
+    std::fs::rename(&first, &removing).unwrap();
+    let stray = dir.path().join("notes.removing");
+    std::fs::write(&stray, b"not ours").unwrap();
+    let (j, report) = Journal::open(config(dir.path(), 1, 16)).unwrap();
+    assert!(!removing.exists(), "the interrupted removal is finished");
+    assert!(
+        stray.exists(),
+        "a file that is not a segment's is left alone"
+    );
+    assert_eq!(report.last_id, Some(StateId(3)));
+    let mut f = j.follower(StateId(1));
+    assert_eq!(f.try_next().unwrap().unwrap().id, StateId(2));
 }
