@@ -541,11 +541,13 @@ fn a_table_changing_faster_than_it_can_be_listed_is_reported(kind: Kind) {
     let unlisted = r["unlisted"].as_array().expect("unlisted tables");
     assert_eq!(unlisted.len(), 1, "{r}");
     assert_eq!(unlisted[0]["table"], "db0.t3");
+    // Either way the table kept changing under the bootstrap: an event
+    // touched it during a listing, or (when that round's listing won the
+    // race) one of its files changed while it was copied.
+    let reason = unlisted[0]["reason"].as_str().unwrap();
     assert!(
-        unlisted[0]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("while it was being listed"),
+        reason.contains("while it was being listed")
+            || reason.contains("changed while it was copied"),
         "{r}"
     );
     // Nothing was journaled: a mount of this folder shows nothing.
