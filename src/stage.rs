@@ -13,14 +13,18 @@
 //!   a temp file while counting and hashing and compares size and sha256
 //!   with the [`FileRef`]; then either [`BlobStore::fetch`] `sync_data`s it,
 //!   renames it into place (never replacing an existing blob) and fsyncs the
-//!   fan-out directory, or [`BlobStore::fetch_unsynced`] leaves it in `tmp/`
-//!   for [`BlobStore::publish`] to make a whole group durable at once:
+//!   fan-out directory (and `blobs/` when the fan-out directory is new), or
+//!   [`BlobStore::fetch_unsynced`] leaves it in `tmp/` for
+//!   [`BlobStore::publish`] to make a whole group durable at once:
 //!   `fdatasync` of every temp through its own descriptor (in parallel;
 //!   a copy the caller already synced with [`Unsynced::sync_data`] is not
 //!   synced twice), the renames, one fsync per touched fan-out directory
 //!   (in parallel too); or, for a group of [`GROUP_SYNC_MIN`] or more on a
 //!   local disk filesystem ([`GroupSync`]), one `syncfs`, each copy's own
-//!   writeback result, the renames and one more `syncfs`. So a blob present
+//!   writeback result, the renames and one more `syncfs`. A fan-out
+//!   directory a group creates becomes durable in `blobs/` with that
+//!   group's renames (one fsync of `blobs/` among the directory fsyncs, or
+//!   the second `syncfs`), not by a sync of its own. So a blob present
 //!   after a crash is complete, and a blob at its path is durable
 //!   (durability order, step 1).
 //! - Same content is stored once, whatever file names reference it.
@@ -53,7 +57,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -175,15 +179,26 @@ pub struct BlobStore {
     /// This process's id, for the temp names (read once: `getpid` is a
     /// system call per temp otherwise).
     pid: u32,
-    /// `fan_outs[b]`: the fan-out directory `<root>/<b as hex>` is known
-    /// to exist (created or found by this store), so placing a blob there
-    /// needs no `mkdir`. Fan-out directories are never removed; a rename
-    /// that finds one gone anyway creates it again.
-    fan_outs: Box<[AtomicBool]>,
+    /// `fan_outs[b]`: what this store knows of the fan-out directory
+    /// `<root>/<b as hex>` ([`FAN_OUT_UNKNOWN`], [`FAN_OUT_EXISTS`],
+    /// [`FAN_OUT_DURABLE`]). Placing a blob in a directory known to exist
+    /// needs no `mkdir`; one not known durable makes the placing caller
+    /// sync `root` too (once per group, not once per directory). Fan-out
+    /// directories are never removed; a rename that finds one gone anyway
+    /// creates it again.
+    fan_outs: Box<[AtomicU8]>,
     /// Open on `root` when a whole group can be made durable with one
     /// `syncfs` (see [`GroupSync`]); `None`: one `fdatasync` per copy.
     group_sync: Option<File>,
 }
+
+/// [`BlobStore`]`::fan_outs`: not looked at yet by this store.
+const FAN_OUT_UNKNOWN: u8 = 0;
+/// The fan-out directory exists (this store created or found it), but its
+/// entry in `blobs/` may not be durable yet.
+const FAN_OUT_EXISTS: u8 = 1;
+/// The fan-out directory exists and `blobs/` was synced after it did.
+const FAN_OUT_DURABLE: u8 = 2;
 
 /// Copies in one [`BlobStore::publish`] from which a `syncfs` of the
 /// store's filesystem replaces one `fdatasync` per copy. Measured
@@ -282,7 +297,7 @@ impl BlobStore {
             stored_blobs: AtomicU64::new(0),
             next_tmp: AtomicU64::new(0),
             pid: std::process::id(),
-            fan_outs: (0..256).map(|_| AtomicBool::new(false)).collect(),
+            fan_outs: (0..256).map(|_| AtomicU8::new(FAN_OUT_UNKNOWN)).collect(),
             group_sync,
         };
         store.remove_leftover_temps()?;
@@ -493,14 +508,25 @@ impl BlobStore {
         }
         let mut placed = Vec::with_capacity(synced.len());
         let mut touched = std::collections::BTreeSet::new();
+        // Fan-out directories whose entry in `root` is not known durable:
+        // `root` is synced with the renames, and they are marked durable
+        // once that succeeded.
+        let mut new_dirs = Vec::new();
         for mut u in synced {
             let dest = self.path(&u.id);
             let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
-            // Ok(true): renamed into place; Ok(false): a parallel copy got
-            // there first and this temp is dropped.
+            // placed_here: renamed into place (false: a parallel copy got
+            // there first and this temp is dropped).
             let result = self.place(&u.temp.path, &u.id, &dest);
             match result {
-                Ok(placed_here) => {
+                Ok(Placed {
+                    placed_here,
+                    dir_new,
+                }) => {
+                    if dir_new {
+                        new_dirs.push(u.id.0[0]);
+                        touched.insert(self.root.clone());
+                    }
                     if placed_here {
                         u.temp.keep = true;
                         self.count_placed(u.size);
@@ -548,6 +574,9 @@ impl BlobStore {
             }
             failed.extend(placed.iter().map(|(id, _)| *id));
             return Err((store_error("syncing directory", &dir, e), failed));
+        }
+        for b in new_dirs {
+            self.fan_outs[usize::from(b)].store(FAN_OUT_DURABLE, Ordering::Relaxed);
         }
         match first_error {
             Some(e) => Err((e, failed)),
@@ -754,11 +783,22 @@ impl BlobStore {
     fn install(&self, mut temp: TempBlob, id: &BlobId, size: u64) -> Result<(), StageError> {
         let dest = self.path(id);
         let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
-        if self.place(&temp.path, id, &dest)? {
+        let Placed {
+            placed_here,
+            dir_new,
+        } = self.place(&temp.path, id, &dest)?;
+        if placed_here {
             temp.keep = true;
             self.count_placed(size);
         }
-        if let Err(e) = fsync_dir(&fan_out) {
+        let synced = fsync_dir(&fan_out).and_then(|()| {
+            if dir_new {
+                fsync_dir(&self.root)?;
+                self.fan_outs[usize::from(id.0[0])].store(FAN_OUT_DURABLE, Ordering::Relaxed);
+            }
+            Ok(())
+        });
+        if let Err(e) = synced {
             // The blob may not survive a crash, yet `contains` would report
             // it; take it out again so the retry redoes the whole fetch.
             if temp.keep && fs::remove_file(&dest).is_ok() {
@@ -770,33 +810,66 @@ impl BlobStore {
     }
 
     /// Renames the temp at `temp` to `dest`, the path of blob `id`, unless
-    /// a blob is there already: `Ok(true)` when renamed, `Ok(false)` when
-    /// a parallel copy got there first. Creates the fan-out directory
-    /// first unless this store already knows it exists; the rename (or
-    /// the directory's creation) is not durable yet.
-    fn place(&self, temp: &Path, id: &BlobId, dest: &Path) -> Result<bool, StageError> {
+    /// a blob is there already (`placed_here` false: a parallel copy got
+    /// there first). Creates the fan-out directory first unless this store
+    /// already knows it exists. Neither the rename nor the directory's
+    /// entry in `root` is durable yet: `dir_new` says the caller must sync
+    /// `root` as well as the fan-out directory (and may then mark the
+    /// directory [`FAN_OUT_DURABLE`]).
+    fn place(&self, temp: &Path, id: &BlobId, dest: &Path) -> Result<Placed, StageError> {
         let fan_out = dest.parent().unwrap_or(&self.root);
-        let known = &self.fan_outs[usize::from(id.0[0])];
-        if !known.load(Ordering::Relaxed) {
-            ensure_dir(fan_out)?;
-            known.store(true, Ordering::Relaxed);
-        }
+        let state = &self.fan_outs[usize::from(id.0[0])];
+        let mut dir_new = match state.load(Ordering::Relaxed) {
+            FAN_OUT_DURABLE => false,
+            FAN_OUT_EXISTS => true,
+            _ => {
+                // Found or created: either way not known durable (another
+                // thread may have created it a moment ago).
+                create_dir_entry(fan_out)?;
+                let _ = state.compare_exchange(
+                    FAN_OUT_UNKNOWN,
+                    FAN_OUT_EXISTS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                true
+            }
+        };
         let mut result = rename_no_replace(temp, dest);
         if matches!(&result, Err(e) if e.kind() == io::ErrorKind::NotFound) && temp.exists() {
             // The fan-out directory was removed behind the store's back.
-            ensure_dir(fan_out)?;
+            create_dir_entry(fan_out)?;
+            dir_new = true;
             result = rename_no_replace(temp, dest);
         }
         match result {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Ok(()) => Ok(Placed {
+                placed_here: true,
+                dir_new,
+            }),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Placed {
+                placed_here: false,
+                dir_new,
+            }),
             Err(e) => Err(store_error("renaming into", dest, e)),
         }
     }
 
+    /// Makes the fan-out directory of `id` durable with what is in it: its
+    /// own fsync, and one of `root` while the directory is not known
+    /// durable there (a parallel [`BlobStore::publish`] may have created it
+    /// and not synced `root` yet).
     fn sync_fan_out_dir(&self, id: &BlobId) -> Result<(), StageError> {
         let dir = self.root.join(&id.to_hex()[..2]);
-        fsync_dir(&dir).map_err(|e| store_error("syncing directory", &dir, e))
+        fsync_dir(&dir).map_err(|e| store_error("syncing directory", &dir, e))?;
+        let state = &self.fan_outs[usize::from(id.0[0])];
+        if state.load(Ordering::Relaxed) != FAN_OUT_DURABLE {
+            // The directory existed before this sync (the caller found a
+            // blob in it, or removed one from it).
+            fsync_dir(&self.root).map_err(|e| store_error("syncing directory", &self.root, e))?;
+            state.store(FAN_OUT_DURABLE, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// One blob of `len` bytes left the store.
@@ -1705,17 +1778,33 @@ fn store_error(verb: &str, path: &Path, e: io::Error) -> StageError {
 
 /// Creates `dir` if missing and makes its entry durable in the parent.
 fn ensure_dir(dir: &Path) -> Result<(), StageError> {
+    if create_dir_entry(dir)? {
+        let parent = dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        fsync_dir(parent).map_err(|e| store_error("syncing directory", parent, e))?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` if missing (true: created now), without syncing its
+/// parent: the caller makes the entry durable.
+fn create_dir_entry(dir: &Path) -> Result<bool, StageError> {
     match fs::create_dir(dir) {
-        Ok(()) => {
-            let parent = dir
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            fsync_dir(parent).map_err(|e| store_error("syncing directory", parent, e))
-        }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(false),
         Err(e) => Err(store_error("creating directory", dir, e)),
     }
+}
+
+/// What [`BlobStore::place`] did.
+struct Placed {
+    /// The temp was renamed to the blob's path (false: the blob was there).
+    placed_here: bool,
+    /// The fan-out directory's entry in `blobs/` is not known durable: the
+    /// caller syncs `blobs/` too.
+    dir_new: bool,
 }
 
 fn advise_sequential(file: &File) {
@@ -2007,6 +2096,42 @@ mod tests {
         store.publish(vec![copy.unwrap()]).unwrap();
         assert_eq!(fs::read(store.path(&a.key())).unwrap(), b"alpha");
         assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn fan_out_directories_a_group_creates_are_durable_with_its_renames() {
+        let fx = fixture();
+        let store = BlobStore::open(&fx.state).unwrap();
+        let state = |id: &BlobId| store.fan_outs[usize::from(id.0[0])].load(Ordering::Relaxed);
+        // Below and above GROUP_SYNC_MIN: per copy and by filesystem.
+        for (tag, n) in [("few", 3), ("many", GROUP_SYNC_MIN + 8)] {
+            let (blobs, copies) = copies_of(&fx, &store, tag, n);
+            let new: Vec<&BlobId> = blobs
+                .iter()
+                .filter(|b| state(b) == FAN_OUT_UNKNOWN)
+                .collect();
+            assert!(!new.is_empty(), "{tag}: some fan-out directory is new");
+            store.publish(copies).unwrap();
+            for b in &blobs {
+                assert!(store.contains(b), "{tag}");
+                assert_eq!(state(b), FAN_OUT_DURABLE, "{tag}");
+            }
+        }
+        // Placed but not synced: the caller is told to sync `blobs/`.
+        let (blobs, mut copies) = copies_of(&fx, &store, "alone", 40);
+        let i = blobs
+            .iter()
+            .position(|b| state(b) == FAN_OUT_UNKNOWN)
+            .expect("40 random blobs leave some of 256 directories new");
+        let mut copy = copies.swap_remove(i);
+        let placed = store
+            .place(&copy.temp.path, &blobs[i], &store.path(&blobs[i]))
+            .unwrap();
+        copy.temp.keep = true;
+        assert!(placed.placed_here && placed.dir_new);
+        assert_eq!(state(&blobs[i]), FAN_OUT_EXISTS);
+        store.sync_fan_out_dir(&blobs[i]).unwrap();
+        assert_eq!(state(&blobs[i]), FAN_OUT_DURABLE);
     }
 
     #[test]

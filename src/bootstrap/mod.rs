@@ -14,7 +14,8 @@
 //!    by [`acid`]; undecidable ones make the table untrusted) and every
 //!    file is staged
 //!    ([`listing`]: copied into the blob store with its sha256, published
-//!    durably in groups).
+//!    durably in groups). Tables go in chunks; a lister thread lists the
+//!    next chunk while the driver stages the one before.
 //! 3. The events after X are read (the notification log, decoded exactly
 //!    as incremental replication decodes them) and merged with the
 //!    listings by [`plan::Plan`]: a table an event touched before its
@@ -501,7 +502,9 @@ impl Driver<'_> {
 
     /// Lists and stages `tables` of `snap`, in chunks. Returns the bases
     /// and when the round's last listing ended (the staging of the last
-    /// chunk comes after it).
+    /// chunk comes after it). A lister thread lists one chunk ahead, so
+    /// chunk N+1 is listed while chunk N is staged; the chunks are staged
+    /// and turned into bases in order.
     fn list_round(
         &mut self,
         round: u32,
@@ -512,37 +515,43 @@ impl Driver<'_> {
         let partitions = tables.iter().map(|t| t.partitions.len() as u64).sum();
         self.progress
             .start_round(round, snap.event_id, tables.len() as u64, partitions);
-        let mut bases = Vec::with_capacity(tables.len());
-        let mut rest = tables;
-        let mut listed_at = Instant::now();
-        while !rest.is_empty() {
-            self.check_stop()?;
-            let mut listed = Vec::new();
-            let mut files: Vec<ListedFile> = Vec::new();
-            while let Some((t, more)) = rest.split_first() {
-                if listed.len() >= self.cfg.tables_per_chunk.max(1)
-                    || files.len() >= self.cfg.files_per_chunk.max(1)
-                {
-                    break;
-                }
-                rest = more;
-                let found = list_table(t, &self.cfg.hive.source_map)?;
-                let first = files.len();
-                if let Ok(locations) = &found {
-                    for loc in locations {
-                        files.extend(loc.files.iter().map(|(_, f)| f.clone()));
+        let limits = (
+            self.cfg.tables_per_chunk.max(1),
+            self.cfg.files_per_chunk.max(1),
+        );
+        let (map, stop) = (&self.cfg.hive.source_map, self.stop);
+        std::thread::scope(|scope| {
+            // Room for one listed chunk: the lister is at most one ahead.
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Chunk, BootstrapError>>(1);
+            scope.spawn(move || {
+                let mut rest = tables;
+                while !rest.is_empty() {
+                    let chunk = if stop() {
+                        Err(BootstrapError::Stopped)
+                    } else {
+                        list_chunk(&mut rest, map, limits)
+                    };
+                    let failed = chunk.is_err();
+                    // A closed channel: the driver returned (an error).
+                    if tx.send(chunk).is_err() || failed {
+                        return;
                     }
                 }
-                listed.push((*t, found, first));
+            });
+            let mut bases = Vec::with_capacity(tables.len());
+            let mut listed_at = Instant::now();
+            for chunk in rx {
+                let chunk = chunk?;
+                self.check_stop()?;
+                listed_at = chunk.listed_at;
+                let staged = self.stager.stage(&chunk.files, self.progress);
+                for (t, found, first) in chunk.tables {
+                    bases.push(self.base(snap.event_id, t, found, &staged[first..])?);
+                    self.progress.table_listed();
+                }
             }
-            listed_at = Instant::now();
-            let staged = self.stager.stage(&files, self.progress);
-            for (t, found, first) in listed {
-                bases.push(self.base(snap.event_id, t, found, &staged[first..])?);
-                self.progress.table_listed();
-            }
-        }
-        Ok((bases, listed_at))
+            Ok((bases, listed_at))
+        })
     }
 
     /// A table's listing turned into catalog changes' material.
@@ -714,6 +723,47 @@ impl Driver<'_> {
         }
         Ok(())
     }
+}
+
+/// Tables listed together, with every file of theirs in one list.
+struct Chunk<'t> {
+    /// Each table, its listing, and where its files start in `files`.
+    tables: Vec<TableListing<'t>>,
+    files: Vec<ListedFile>,
+    /// When the chunk's listing ended.
+    listed_at: Instant,
+}
+
+type TableListing<'t> = (&'t TableMeta, Result<Vec<LocationFiles>, String>, usize);
+
+/// Lists the next tables of `rest` (taking them off it) until the chunk
+/// holds `tables_per_chunk` tables or `files_per_chunk` files.
+fn list_chunk<'t>(
+    rest: &mut &[&'t TableMeta],
+    map: &crate::source::hive::map::SourceMap,
+    (tables_per_chunk, files_per_chunk): (usize, usize),
+) -> Result<Chunk<'t>, BootstrapError> {
+    let mut tables = Vec::new();
+    let mut files: Vec<ListedFile> = Vec::new();
+    while let Some((t, more)) = rest.split_first() {
+        if tables.len() >= tables_per_chunk || files.len() >= files_per_chunk {
+            break;
+        }
+        *rest = more;
+        let found = list_table(t, map)?;
+        let first = files.len();
+        if let Ok(locations) = &found {
+            for loc in locations {
+                files.extend(loc.files.iter().map(|(_, f)| f.clone()));
+            }
+        }
+        tables.push((*t, found, first));
+    }
+    Ok(Chunk {
+        tables,
+        files,
+        listed_at: Instant::now(),
+    })
 }
 
 /// One listed location: its partition (None: unpartitioned) and files
