@@ -586,17 +586,23 @@ fn follower_wakes_on_sync_and_close_ends_waits() {
     let dir = tempfile::tempdir().unwrap();
     let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
     let mut f = j.follower(StateId(0));
+    let (got_first, first_seen) = std::sync::mpsc::channel();
     let waiter = thread::spawn(move || {
         let first = f
             .next_timeout(Duration::from_secs(10))
             .unwrap()
             .map(|r| r.id);
+        let _ = got_first.send(());
         let started = Instant::now();
         let after_close = f.next_timeout(Duration::from_secs(10)).unwrap();
         (first, after_close.is_none(), started.elapsed())
     });
     thread::sleep(Duration::from_millis(20));
     write_ids(&mut j, 1..=1);
+    // Close only once the record was read (a closed journal ends reads,
+    // so a waiter starved until after the close would see none), and
+    // while the waiter is (usually) waiting for the next one.
+    first_seen.recv_timeout(Duration::from_secs(10)).unwrap();
     thread::sleep(Duration::from_millis(20));
     j.close();
     let (first, ended, waited) = waiter.join().unwrap();
