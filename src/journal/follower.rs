@@ -50,7 +50,6 @@ enum Wait {
 }
 
 /// What to do with segment files, decided under the lock, done outside it.
-#[derive(Clone, Copy)]
 enum FileStep {
     /// The current reader has durable bytes left.
     Read,
@@ -184,14 +183,18 @@ impl Follower {
                     limit: seg.len,
                 },
             };
-            let holding = match step {
-                FileStep::Open { first_id, .. } => {
-                    Some(Holding::new(&mut st, &self.shared, first_id))
-                }
+            // Registered before the lock is released, while the segment
+            // is still in the index.
+            let open = match step {
+                FileStep::Open { first_id, limit } => Some((
+                    first_id,
+                    limit,
+                    Holding::new(&mut st, &self.shared, first_id),
+                )),
                 FileStep::Read => None,
             };
             drop(st);
-            if let (FileStep::Open { first_id, limit }, Some(holding)) = (step, holding) {
+            if let Some((first_id, limit, holding)) = open {
                 self.reader = Some(SegmentReader::open(
                     &self.shared.dir,
                     first_id,

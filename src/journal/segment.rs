@@ -58,13 +58,9 @@ const REMOVING_SUFFIX: &str = ".removing";
 
 /// Removes what an interrupted compaction left (see [`removing_path`]);
 /// every record in such a file is at or below the compaction floor.
-pub(super) fn remove_leftover_removals(dir: &Path) -> Result<usize, JournalError> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(JournalError::io("list journal directory", dir, e)),
-    };
-    let mut removed = 0;
+pub(super) fn remove_leftover_removals(dir: &Path) -> Result<(), JournalError> {
+    let entries =
+        fs::read_dir(dir).map_err(|e| JournalError::io("list journal directory", dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| JournalError::io("list journal directory", dir, e))?;
         let name = entry.file_name();
@@ -72,22 +68,22 @@ pub(super) fn remove_leftover_removals(dir: &Path) -> Result<usize, JournalError
             .to_str()
             .and_then(|n| n.strip_suffix(REMOVING_SUFFIX))
             .is_some_and(|seg| parse_segment_name(OsStr::new(seg)).is_some());
-        if is_leftover {
-            let path = entry.path();
-            match fs::remove_file(&path) {
-                Ok(()) => removed += 1,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(JournalError::io(
-                        "remove an interrupted compaction's segment",
-                        &path,
-                        e,
-                    ))
-                }
+        if !is_leftover {
+            continue;
+        }
+        let path = entry.path();
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(JournalError::io(
+                    "remove an interrupted compaction's segment",
+                    &path,
+                    e,
+                ))
             }
+            _ => {}
         }
     }
-    Ok(removed)
+    Ok(())
 }
 
 /// Segment files in `dir`, ordered by first id.
