@@ -364,13 +364,13 @@ impl BlobStore {
                 // A parallel fetch may have renamed this blob in without having
                 // fsynced the directory yet; syncing here keeps "Ok means
                 // durable" true for every caller. On a clean directory it is cheap.
-                self.sync_fan_out_dir(&id)?;
+                self.sync_fan_out_dir(&id, false)?;
                 return Ok(FetchOutcome::AlreadyPresent);
             }
         }
         let (origin, copy) = self.copy_from_first_usable(file, source_root, cm_root, true)?;
         if file.known().is_none() && self.contains(&copy.blob) {
-            self.sync_fan_out_dir(&copy.blob)?;
+            self.sync_fan_out_dir(&copy.blob, false)?;
             return Ok(FetchOutcome::AlreadyPresent);
         }
         self.install(copy.temp, &copy.blob, copy.size)?;
@@ -524,7 +524,7 @@ impl BlobStore {
                     dir_new,
                 }) => {
                     if dir_new {
-                        new_dirs.push(u.id.0[0]);
+                        new_dirs.push(u.id);
                         touched.insert(self.root.clone());
                     }
                     if placed_here {
@@ -575,8 +575,8 @@ impl BlobStore {
             failed.extend(placed.iter().map(|(id, _)| *id));
             return Err((store_error("syncing directory", &dir, e), failed));
         }
-        for b in new_dirs {
-            self.fan_outs[usize::from(b)].store(FAN_OUT_DURABLE, Ordering::Relaxed);
+        for id in &new_dirs {
+            self.fan_out(id).store(FAN_OUT_DURABLE, Ordering::Relaxed);
         }
         match first_error {
             Some(e) => Err((e, failed)),
@@ -657,7 +657,7 @@ impl BlobStore {
             Err(e) => return Err(store_error("removing", &path, e)),
         }
         self.subtract_staged(len);
-        self.sync_fan_out_dir(id)?;
+        self.sync_fan_out_dir(id, false)?;
         Ok(len)
     }
 
@@ -782,7 +782,6 @@ impl BlobStore {
     /// of the same content got there first, this temp is simply dropped.
     fn install(&self, mut temp: TempBlob, id: &BlobId, size: u64) -> Result<(), StageError> {
         let dest = self.path(id);
-        let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
         let Placed {
             placed_here,
             dir_new,
@@ -791,20 +790,13 @@ impl BlobStore {
             temp.keep = true;
             self.count_placed(size);
         }
-        let synced = fsync_dir(&fan_out).and_then(|()| {
-            if dir_new {
-                fsync_dir(&self.root)?;
-                self.fan_outs[usize::from(id.0[0])].store(FAN_OUT_DURABLE, Ordering::Relaxed);
-            }
-            Ok(())
-        });
-        if let Err(e) = synced {
+        if let Err(e) = self.sync_fan_out_dir(id, dir_new) {
             // The blob may not survive a crash, yet `contains` would report
             // it; take it out again so the retry redoes the whole fetch.
             if temp.keep && fs::remove_file(&dest).is_ok() {
                 self.subtract_staged(size);
             }
-            return Err(store_error("syncing directory", &fan_out, e));
+            return Err(e);
         }
         Ok(())
     }
@@ -818,7 +810,7 @@ impl BlobStore {
     /// directory [`FAN_OUT_DURABLE`]).
     fn place(&self, temp: &Path, id: &BlobId, dest: &Path) -> Result<Placed, StageError> {
         let fan_out = dest.parent().unwrap_or(&self.root);
-        let state = &self.fan_outs[usize::from(id.0[0])];
+        let state = self.fan_out(id);
         let mut dir_new = match state.load(Ordering::Relaxed) {
             FAN_OUT_DURABLE => false,
             FAN_OUT_EXISTS => true,
@@ -856,20 +848,26 @@ impl BlobStore {
     }
 
     /// Makes the fan-out directory of `id` durable with what is in it: its
-    /// own fsync, and one of `root` while the directory is not known
-    /// durable there (a parallel [`BlobStore::publish`] may have created it
-    /// and not synced `root` yet).
-    fn sync_fan_out_dir(&self, id: &BlobId) -> Result<(), StageError> {
+    /// own fsync, and one of `root` when [`BlobStore::place`] said
+    /// `dir_new` or while the directory is not known durable there (a
+    /// parallel [`BlobStore::publish`] may have created it and not synced
+    /// `root` yet).
+    fn sync_fan_out_dir(&self, id: &BlobId, dir_new: bool) -> Result<(), StageError> {
         let dir = self.root.join(&id.to_hex()[..2]);
         fsync_dir(&dir).map_err(|e| store_error("syncing directory", &dir, e))?;
-        let state = &self.fan_outs[usize::from(id.0[0])];
-        if state.load(Ordering::Relaxed) != FAN_OUT_DURABLE {
-            // The directory existed before this sync (the caller found a
-            // blob in it, or removed one from it).
+        let state = self.fan_out(id);
+        if dir_new || state.load(Ordering::Relaxed) != FAN_OUT_DURABLE {
+            // The directory existed before this sync (the caller placed,
+            // found or removed a blob in it).
             fsync_dir(&self.root).map_err(|e| store_error("syncing directory", &self.root, e))?;
             state.store(FAN_OUT_DURABLE, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// What this store knows of the fan-out directory of `id`.
+    fn fan_out(&self, id: &BlobId) -> &AtomicU8 {
+        &self.fan_outs[usize::from(id.0[0])]
     }
 
     /// One blob of `len` bytes left the store.
@@ -2102,7 +2100,7 @@ mod tests {
     fn fan_out_directories_a_group_creates_are_durable_with_its_renames() {
         let fx = fixture();
         let store = BlobStore::open(&fx.state).unwrap();
-        let state = |id: &BlobId| store.fan_outs[usize::from(id.0[0])].load(Ordering::Relaxed);
+        let state = |id: &BlobId| store.fan_out(id).load(Ordering::Relaxed);
         // Below and above GROUP_SYNC_MIN: per copy and by filesystem.
         for (tag, n) in [("few", 3), ("many", GROUP_SYNC_MIN + 8)] {
             let (blobs, copies) = copies_of(&fx, &store, tag, n);
@@ -2130,7 +2128,7 @@ mod tests {
         copy.temp.keep = true;
         assert!(placed.placed_here && placed.dir_new);
         assert_eq!(state(&blobs[i]), FAN_OUT_EXISTS);
-        store.sync_fan_out_dir(&blobs[i]).unwrap();
+        store.sync_fan_out_dir(&blobs[i], false).unwrap();
         assert_eq!(state(&blobs[i]), FAN_OUT_DURABLE);
     }
 
