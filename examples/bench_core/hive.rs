@@ -209,7 +209,8 @@ fn thread_cpu_seconds() -> f64 {
 }
 
 /// The loop of `replicate::run_ingest` without a stager: `HiveSource::poll`
-/// (which hands the rows to its decoding threads, `--decode-threads`,
+/// (rows read ahead on their own thread, `rows_ahead`; it hands the rows
+/// to its decoding threads, `--decode-threads`,
 /// default one per core up to 4), decode + map, validate (one
 /// serialisation, hashed and journaled), append, group fsync per poll.
 /// Reports events/s and the CPU per event of the ingest thread and of the
@@ -227,18 +228,24 @@ fn ingest_thread(
     let _ = fs::remove_dir_all(&dir);
     let (mut journal, _) = Journal::open(JournalConfig::new(dir.clone()))?;
     let (cpu, thread_cpu, t) = (cpu_seconds(), thread_cpu_seconds(), Instant::now());
-    let mut source = HiveSource::new(Box::new(FileRows::open(rows)?), &cfg, 0);
+    // As the daemon opens it: rows read ahead on their own thread.
+    let mut source = HiveSource::open(&cfg, 0)?;
     let mut validator = Validator::new(Arc::new(Tree::empty()));
     let mut n = 0u64;
+    let (mut tpoll, mut tsync, mut tdec) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     loop {
+        let t0 = Instant::now();
         let batch = source.poll(4096).map_err(|e| format!("{e:?}"))?;
+        tpoll += t0.elapsed();
         if batch.is_empty() {
             break;
         }
         for r in &batch {
+            let t0 = Instant::now();
             let event = source
                 .decode(r, validator.latest())
                 .map_err(|e| format!("{e:?}"))?;
+            tdec += t0.elapsed();
             let canonical = serde_json::to_vec(&event)?;
             let Verdict::Accepted(acc) = validator
                 .check_canonical(event, &canonical, None, None)
@@ -250,9 +257,12 @@ fn ingest_thread(
             journal.append(acc.event.id, &payload)?;
             n += 1;
         }
+        let t0 = Instant::now();
         journal.sync()?;
+        tsync += t0.elapsed();
     }
     let secs = t.elapsed().as_secs_f64();
+
     let per = |s: f64| s * 1e6 / n as f64;
     let (thread_us, process_us) = (
         per(thread_cpu_seconds() - thread_cpu),
@@ -262,11 +272,16 @@ fn ingest_thread(
     if n != last.0 {
         return Err(format!("ingested {n} events, expected {}", last.0).into());
     }
+    let share = |d: Duration| 100.0 * d.as_secs_f64() / secs;
     let text = format!(
         "{} events/s; CPU per event: ingest thread {thread_us:.1} µs, whole process {process_us:.1} µs \
-         ({decode_threads} decoding threads; load {})",
+         ({decode_threads} decoding threads; load {}); ingest thread's wall time in poll {:.0} %, \
+         decode (waiting for the decoding threads included) {:.0} %, group fsync {:.0} %",
         grouped((n as f64 / secs) as u64),
-        load1()
+        load1(),
+        share(tpoll),
+        share(tdec),
+        share(tsync)
     );
     eprintln!("hive-ingest ingest thread + decoding threads, no stager: {text}");
     row(

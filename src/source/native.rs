@@ -44,6 +44,17 @@ pub struct SourceLine {
     pub next: LogPosition,
 }
 
+/// One complete line borrowed from the log's read buffer
+/// ([`SourceLog::poll_each`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LineRef<'a> {
+    /// The line without its newline (and `\r`).
+    pub bytes: &'a [u8],
+    /// The position just after the line: its file, and in `line` its
+    /// 1-based line number.
+    pub next: &'a LogPosition,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
     #[error("reading the events folder {path}: {source}")]
@@ -161,27 +172,49 @@ impl SourceLog {
     /// Up to `max` complete lines available now (empty when caught up).
     pub fn poll(&mut self, max: usize) -> Result<Vec<SourceLine>, IngestError> {
         let mut out = Vec::new();
+        self.poll_each(max, |line| {
+            out.push(SourceLine {
+                bytes: line.bytes.to_vec(),
+                file: line.next.file.clone(),
+                line: line.next.line,
+                next: line.next.clone(),
+            });
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// [`SourceLog::poll`] without copying: hands each complete line
+    /// available now, borrowed from the read buffer, to `visit`, up to
+    /// `max` lines or until `visit` returns false (that line counts as
+    /// read). Returns how many lines were visited; an error comes after
+    /// the good lines, at the next call.
+    pub fn poll_each(
+        &mut self,
+        max: usize,
+        mut visit: impl FnMut(LineRef<'_>) -> bool,
+    ) -> Result<usize, IngestError> {
+        let mut taken = 0;
         loop {
-            self.take_lines(max, &mut out);
-            if out.len() >= max {
-                return Ok(out);
+            if self.take_lines(max, &mut taken, &mut visit) || taken >= max {
+                return Ok(taken);
             }
             match self.fill() {
                 Ok(0) => {}
                 Ok(_) => continue,
                 // Hand over the good lines first; the error comes back on
                 // the next poll, at the line it is about.
-                Err(_) if !out.is_empty() => return Ok(out),
+                Err(_) if taken > 0 => return Ok(taken),
                 Err(e) => return Err(e),
             }
             // At the end of the current file. An unterminated line holds us
             // here: it counts once its newline arrives.
             if !self.buf.is_empty() {
-                return Ok(out);
+                return Ok(taken);
             }
             let files = self.log_files()?;
             let Some(next) = files.into_iter().find(|f| *f > self.pos.file) else {
-                return Ok(out);
+                return Ok(taken);
             };
             // The writer finishes a file before it starts the next one, so
             // one more read after seeing the next file catches the last
@@ -278,10 +311,18 @@ impl SourceLog {
         Ok(n)
     }
 
-    fn take_lines(&mut self, max: usize, out: &mut Vec<SourceLine>) {
+    /// Visits the complete lines in `buf` (counting them in `taken`, up to
+    /// `max`); true when `visit` asked to stop.
+    fn take_lines(
+        &mut self,
+        max: usize,
+        taken: &mut usize,
+        visit: &mut dyn FnMut(LineRef<'_>) -> bool,
+    ) -> bool {
         let mut start = (self.pos.offset - self.buf_offset) as usize;
-        while out.len() < max {
-            let Some(nl) = self.buf[start..].iter().position(|&b| b == b'\n') else {
+        let mut stopped = false;
+        while !stopped && *taken < max {
+            let Some(nl) = memchr::memchr(b'\n', &self.buf[start..]) else {
                 break;
             };
             let end = start + nl;
@@ -292,11 +333,10 @@ impl SourceLog {
             self.pos.offset += (nl + 1) as u64;
             self.pos.line += 1;
             if !line.iter().all(u8::is_ascii_whitespace) {
-                out.push(SourceLine {
-                    bytes: line.to_vec(),
-                    file: self.pos.file.clone(),
-                    line: self.pos.line,
-                    next: self.pos.clone(),
+                *taken += 1;
+                stopped = !visit(LineRef {
+                    bytes: line,
+                    next: &self.pos,
                 });
             }
             start = end + 1;
@@ -304,6 +344,7 @@ impl SourceLog {
         // Drop consumed bytes so the buffer holds at most one partial line.
         self.buf.drain(..start);
         self.buf_offset = self.pos.offset;
+        stopped
     }
 }
 

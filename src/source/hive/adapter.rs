@@ -101,6 +101,21 @@ pub struct HiveSource {
     txn_log: Option<bool>,
     /// Decodes the polled rows' messages on other threads.
     ahead: DecodeAhead,
+    /// The batch after the one the last poll returned, read (and handed to
+    /// the decoding threads) at that poll: the next poll returns it.
+    next: Option<Batch>,
+}
+
+/// Rows read from the row source and checked, not returned by a poll yet.
+struct Batch {
+    /// `last_read` before these rows.
+    after: i64,
+    /// The poll's limit they were read for.
+    limit: usize,
+    /// Rows with consecutive ids after `after`.
+    rows: Vec<NotificationRow>,
+    /// A gap or repeated id right after `rows` (and the missing ids of a gap).
+    broken: Option<(Rejection, Option<(i64, i64)>)>,
 }
 
 impl HiveSource {
@@ -111,6 +126,11 @@ impl HiveSource {
             HiveRows::Metastore(url) => {
                 super::metastore::connect(url, std::env::var(super::metastore::PASSWORD_ENV).ok())?
             }
+        };
+        // The next batch is read while this one is decoded and journaled.
+        let rows = match super::rows_ahead::RowsAhead::spawn(rows) {
+            Ok(ahead) => Box::new(ahead),
+            Err(rows) => rows,
         };
         Ok(HiveSource::new(rows, cfg, after))
     }
@@ -130,6 +150,76 @@ impl HiveSource {
             gap: None,
             txn_log: None,
             ahead: DecodeAhead::new(cfg.decode_threads, &cfg.source_map),
+            next: None,
+        }
+    }
+
+    /// Reads the rows after `last_read`, checks their ids (stopping at a
+    /// gap or a repeat) and starts decoding them.
+    fn read_batch(&mut self, limit: usize) -> Result<Batch, SourceError> {
+        let after = self.last_read;
+        let rows = match self.rows.poll(after, limit) {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.error = Some(e.to_string());
+                return Err(row_error(e));
+            }
+        };
+        self.error = None;
+        if let Ok(newest) = self.rows.newest_event_id() {
+            self.newest = newest;
+        }
+        let mut good = Vec::with_capacity(rows.len());
+        let mut broken = None;
+        for row in rows {
+            let expected = self.last_read + 1;
+            if row.event_id != expected {
+                let mut gap = None;
+                let reason = if row.event_id > expected {
+                    gap = Some((expected, row.event_id - 1));
+                    format!(
+                        "events {expected}..{} are missing from the metastore: re-bootstrap \
+                         (restart with --bootstrap, or stop the daemon and run `stagefs bootstrap` \
+                         with the same flags)",
+                        row.event_id - 1
+                    )
+                } else {
+                    format!(
+                        "event {} was read again after event {} (a repeated id: the notification log is corrupt)",
+                        row.event_id, self.last_read
+                    )
+                };
+                let state_id = u64::try_from(row.event_id)
+                    .ok()
+                    .filter(|&i| i > 0)
+                    .map(StateId);
+                let rejection = Rejection {
+                    state_id,
+                    file: None,
+                    line: None,
+                    reason,
+                };
+                broken = Some((rejection, gap));
+                break;
+            }
+            self.last_read = row.event_id;
+            good.push(row);
+        }
+        self.ahead.submit(&good);
+        Ok(Batch {
+            after,
+            limit,
+            rows: good,
+            broken,
+        })
+    }
+
+    /// Forgets the batch read ahead (and what was decoded of it): the next
+    /// poll reads from the row source again.
+    fn forget_next(&mut self) {
+        if let Some(next) = self.next.take() {
+            self.last_read = next.after;
+            self.ahead.discard();
         }
     }
 
@@ -197,57 +287,38 @@ impl Source for HiveSource {
             return Err(SourceError::Fatal(r.clone()));
         }
         let limit = self.batch.min(max.max(1));
-        let rows = match self.rows.poll(self.last_read, limit) {
-            Ok(rows) => rows,
-            Err(e) => {
-                self.error = Some(e.to_string());
-                return Err(row_error(e));
-            }
+        if self.next.as_ref().is_some_and(|b| b.limit != limit) {
+            self.forget_next();
+        }
+        let batch = match self.next.take() {
+            Some(batch) => batch,
+            None => self.read_batch(limit)?,
         };
-        self.error = None;
-        if let Ok(newest) = self.rows.newest_event_id() {
-            self.newest = newest;
+        if let Some((rejection, gap)) = batch.broken {
+            // Reported now when nothing good came before it, else at the
+            // next poll, after the good rows are journaled.
+            self.broken = Some(rejection);
+            self.gap = gap;
         }
-        let mut good = Vec::with_capacity(rows.len());
-        for row in rows {
-            let expected = self.last_read + 1;
-            if row.event_id != expected {
-                let reason = if row.event_id > expected {
-                    self.gap = Some((expected, row.event_id - 1));
-                    format!(
-                        "events {expected}..{} are missing from the metastore: re-bootstrap \
-                         (restart with --bootstrap, or stop the daemon and run `stagefs bootstrap` \
-                         with the same flags)",
-                        row.event_id - 1
-                    )
-                } else {
-                    format!(
-                        "event {} was read again after event {} (a repeated id: the notification log is corrupt)",
-                        row.event_id, self.last_read
-                    )
-                };
-                let state_id = u64::try_from(row.event_id)
-                    .ok()
-                    .filter(|&i| i > 0)
-                    .map(StateId);
-                self.broken = Some(Rejection {
-                    state_id,
-                    file: None,
-                    line: None,
-                    reason,
-                });
-                break;
-            }
-            self.last_read = row.event_id;
-            good.push(row);
+        if batch.rows.is_empty() {
+            return match &self.broken {
+                Some(r) => Err(SourceError::Fatal(r.clone())),
+                None => Ok(Vec::new()),
+            };
         }
-        match (&self.broken, good.is_empty()) {
-            (Some(r), true) => Err(SourceError::Fatal(r.clone())),
-            _ => {
-                self.ahead.submit(&good);
-                Ok(good)
+        // A full batch: the next one is read now and decoded while this one
+        // is validated and journaled. A failure to read it is not reported
+        // here: the next poll reads again and reports what it gets.
+        if self.broken.is_none() && batch.rows.len() >= limit {
+            match self.read_batch(limit) {
+                Ok(next) if !next.rows.is_empty() || next.broken.is_some() => {
+                    self.next = Some(next)
+                }
+                // Nothing more yet: the next poll asks the source afresh.
+                _ => {}
             }
         }
+        Ok(batch.rows)
     }
 
     fn decode(&mut self, row: &NotificationRow, latest: &Tree) -> Result<Event, DecodeError> {
@@ -355,6 +426,7 @@ impl Source for HiveSource {
         if !self.rows.rewind() {
             return false;
         }
+        self.next = None;
         self.last_read = hive_event_id;
         self.broken = None;
         self.ahead.discard();
@@ -1441,6 +1513,101 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(outcomes(&rows, 2), inline, "2 decoding threads");
+    }
+
+    #[test]
+    fn a_gap_found_while_reading_ahead_comes_after_the_rows_before_it() {
+        let rows: Vec<NotificationRow> = (1..=10).chain(13..=20).map(row).collect();
+        let flaky = Flaky {
+            rows,
+            failures: 0,
+            txn_log: true,
+        };
+        let mut cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
+        cfg.batch = 4;
+        let mut src = HiveSource::new(Box::new(flaky), &cfg, 0);
+        let mut seen = Vec::new();
+        let rejection = loop {
+            match src.poll(100) {
+                Ok(got) => {
+                    // The gap is known with the rows right before it (as
+                    // without reading ahead), not with the batch before.
+                    let last = got.last().map(|r| r.event_id);
+                    let expected = (last == Some(10)).then_some((11, 12));
+                    assert_eq!(src.gap(), expected, "after a poll ending at {last:?}");
+                    for r in &got {
+                        src.decode(r, &Tree::empty()).unwrap();
+                        seen.push(r.event_id);
+                    }
+                }
+                Err(SourceError::Fatal(r)) => break r,
+                Err(other) => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(seen, (1..=10).collect::<Vec<_>>());
+        assert!(
+            rejection.reason.contains("events 11..12 are missing"),
+            "{rejection}"
+        );
+        assert_eq!(src.gap(), Some((11, 12)));
+        // Stays stopped there.
+        assert!(matches!(src.poll(100), Err(SourceError::Fatal(_))));
+    }
+
+    #[test]
+    fn a_failed_read_ahead_is_read_again_by_the_next_poll() {
+        /// Fails every second poll after the first.
+        struct Alternating {
+            rows: Vec<NotificationRow>,
+            polls: u32,
+        }
+        impl RowSource for Alternating {
+            fn poll(
+                &mut self,
+                after: i64,
+                limit: usize,
+            ) -> Result<Vec<NotificationRow>, RowSourceError> {
+                self.polls += 1;
+                if self.polls % 2 == 0 {
+                    return Err(RowSourceError::Unavailable("connection reset".into()));
+                }
+                Ok(self
+                    .rows
+                    .iter()
+                    .filter(|r| r.event_id > after)
+                    .take(limit)
+                    .cloned()
+                    .collect())
+            }
+            fn txn_writes(
+                &mut self,
+                _: i64,
+            ) -> Result<Vec<super::super::model::TxnWriteRow>, RowSourceError> {
+                Ok(Vec::new())
+            }
+            fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
+                Ok(None)
+            }
+            fn describe(&self) -> String {
+                "alternating".into()
+            }
+        }
+        let mut cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
+        cfg.batch = 3;
+        let rows = Alternating {
+            rows: (1..=7).map(row).collect(),
+            polls: 0,
+        };
+        let mut src = HiveSource::new(Box::new(rows), &cfg, 0);
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            match src.poll(100) {
+                Ok(got) => seen.extend(got.iter().map(|r| r.event_id)),
+                Err(SourceError::Transient(e)) => assert!(e.contains("connection reset"), "{e}"),
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(seen, (1..=7).collect::<Vec<_>>());
     }
 
     #[test]

@@ -22,9 +22,12 @@
 //!   at the same row as when it decoded the row itself, so a bad row
 //!   after good ones stops replication at the same event, after the good
 //!   ones are journaled;
-//! - bounded: at most one submission (one poll, at most the adapter's batch
-//!   of rows) is in flight; a new submission first discards what was not
-//!   taken (rows read past a rejection, re-read after a rewind);
+//! - bounded: at most two submissions (the adapter's batch being taken and
+//!   the one it read ahead, each at most its batch of rows) are in flight; a
+//!   submission continues the one before it (rows are assigned to workers
+//!   round-robin across submissions), and the adapter discards what it will
+//!   not take (rows read past a rejection, re-read after a rewind, a batch
+//!   read ahead and forgotten);
 //! - a row that was not submitted, or whose worker is gone, is decoded on
 //!   the calling thread.
 //!
@@ -84,6 +87,8 @@ pub struct DecodeAhead {
     workers: Vec<Worker>,
     /// Submitted rows not taken yet, in submission (id) order: (event id, worker).
     pending: VecDeque<(i64, usize)>,
+    /// The worker of the next submitted row.
+    next_worker: usize,
 }
 
 impl DecodeAhead {
@@ -121,18 +126,19 @@ impl DecodeAhead {
         DecodeAhead {
             workers,
             pending: VecDeque::new(),
+            next_worker: 0,
         }
     }
 
-    /// Starts decoding `rows` (in id order), after discarding the results
-    /// of an earlier submission that were not taken.
+    /// Starts decoding `rows` (in id order, after every row submitted and
+    /// not taken or discarded yet).
     pub fn submit(&mut self, rows: &[NotificationRow]) {
-        self.discard();
         if self.workers.is_empty() {
             return;
         }
-        for (i, row) in rows.iter().enumerate() {
-            let w = i % self.workers.len();
+        for row in rows {
+            let w = self.next_worker % self.workers.len();
+            self.next_worker = (w + 1) % self.workers.len();
             let sent = self.workers[w]
                 .jobs
                 .as_ref()

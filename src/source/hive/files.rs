@@ -59,8 +59,29 @@ impl FileRows {
     /// Reads what the files hold now into `ready` / `txns`, stopping at
     /// `want` ready rows above `after`.
     fn read(&mut self, after: i64, want: usize) -> Result<(), RowSourceError> {
-        while self.bad.is_none() && self.ready.len() < want {
-            let lines = self.log.poll(LINES_PER_READ).map_err(|e| match e {
+        let FileRows {
+            log,
+            ready,
+            txns,
+            bad,
+            ..
+        } = self;
+        while bad.is_none() && ready.len() < want {
+            // Each line parsed straight from the read buffer (no copy).
+            let read = log.poll_each(LINES_PER_READ, |line| {
+                match parse_line(line.bytes) {
+                    Ok(Row::Notification(row)) if row.event_id > after => ready.push_back(row),
+                    Ok(Row::Notification(_)) => {}
+                    Ok(Row::TxnWrite(row)) => txns.entry(row.txn_id).or_default().push(row),
+                    Err(reason) => {
+                        let location = format!("{}:{}", line.next.file, line.next.line);
+                        *bad = Some(RowSourceError::BadRow { location, reason });
+                        return false;
+                    }
+                }
+                true
+            });
+            let read = read.map_err(|e| match e {
                 crate::source::native::IngestError::LineTooLong { file, line, max } => {
                     RowSourceError::BadRow {
                         location: format!("{file}:{line}"),
@@ -69,20 +90,8 @@ impl FileRows {
                 }
                 other => RowSourceError::Unavailable(other.to_string()),
             })?;
-            if lines.is_empty() {
+            if read == 0 {
                 return Ok(());
-            }
-            for line in lines {
-                match parse_line(&line.bytes) {
-                    Ok(Row::Notification(row)) if row.event_id > after => self.ready.push_back(row),
-                    Ok(Row::Notification(_)) => {}
-                    Ok(Row::TxnWrite(row)) => self.txns.entry(row.txn_id).or_default().push(row),
-                    Err(reason) => {
-                        let location = format!("{}:{}", line.file, line.line);
-                        self.bad = Some(RowSourceError::BadRow { location, reason });
-                        break;
-                    }
-                }
             }
         }
         Ok(())

@@ -10,7 +10,8 @@
 //! Following: [`files`] reads rows from `--hive-events` exports,
 //! [`metastore`] from the metastore database; [`map`] is `--source-map`;
 //! [`adapter`] turns rows into stagefs events (the [`crate::source::Source`]),
-//! with [`ahead`] decoding the polled rows' messages on worker threads.
+//! with [`ahead`] decoding the polled rows' messages on worker threads and
+//! [`rows_ahead`] reading the next batch of rows on a thread of its own.
 
 pub mod adapter;
 pub mod ahead;
@@ -20,6 +21,7 @@ pub mod map;
 pub mod message;
 pub mod metastore;
 pub mod model;
+pub mod rows_ahead;
 pub mod thrift;
 pub mod uri;
 
