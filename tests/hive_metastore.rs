@@ -164,7 +164,7 @@ fn rows_come_back_in_event_id_order_with_exact_values(server: &DbServer) {
             cat_name: None,
             db_name: None,
             tbl_name: None,
-            message: Some(sample("14_open_txn.json")),
+            message: Some(sample("14_open_txn.json").into()),
             message_format: Some("json-0.2".into()),
         };
         writer.insert_row(&row);

@@ -112,7 +112,7 @@ impl MetastoreWriter {
             cat_name: row.cat_name.clone(),
             db_name: row.db_name.clone(),
             tbl_name: row.tbl_name.clone(),
-            message: row.message.clone(),
+            message: row.message.as_deref().map(str::to_owned),
             message_format: row.message_format.clone(),
         };
         let stored = self.append(&event);
@@ -337,7 +337,7 @@ fn stored(event: &NewEvent, event_id: i64, nl_id: i64) -> NotificationRow {
         cat_name: event.cat_name.clone(),
         db_name: event.db_name.clone(),
         tbl_name: event.tbl_name.clone(),
-        message: event.message.clone(),
+        message: event.message.as_deref().map(Into::into),
         message_format: event.message_format.clone(),
     }
 }
@@ -355,7 +355,7 @@ fn insert_pg(tx: &mut postgres::Transaction<'_>, log: &str, row: &NotificationRo
             &row.cat_name,
             &row.db_name,
             &row.tbl_name,
-            &row.message,
+            &row.message.as_deref(),
             &row.message_format,
         ],
     )
@@ -376,7 +376,7 @@ fn insert_mysql(tx: &mut mysql::Transaction<'_>, log: &str, row: &NotificationRo
             row.cat_name.clone().into(),
             row.db_name.clone().into(),
             row.tbl_name.clone().into(),
-            row.message.clone().into(),
+            row.message.as_deref().map(str::to_owned).into(),
             row.message_format.clone().into(),
         ]),
     )

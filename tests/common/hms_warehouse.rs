@@ -523,7 +523,7 @@ impl HmsWarehouse {
                             &r.cat_name,
                             &r.db_name,
                             &r.tbl_name,
-                            &r.message,
+                            &r.message.as_deref(),
                             &r.message_format,
                         ],
                     )

@@ -1469,16 +1469,19 @@ mod tests {
             },
             NotificationRow {
                 event_type: "CREATE_TABLE".into(),
-                message: Some(format!(r#"{{"tableObjJson": {table}}}"#)),
+                message: Some(format!(r#"{{"tableObjJson": {table}}}"#).into()),
                 ..row(2)
             },
         ];
         let insert = |id: i64, files: &[String]| NotificationRow {
             event_type: "INSERT".into(),
-            message: Some(format!(
-                r#"{{"tableObjJson": {table}, "replace": "false", "files": {}}}"#,
-                serde_json::to_string(files).unwrap()
-            )),
+            message: Some(
+                format!(
+                    r#"{{"tableObjJson": {table}, "replace": "false", "files": {}}}"#,
+                    serde_json::to_string(files).unwrap()
+                )
+                .into(),
+            ),
             ..row(id)
         };
         for id in 3..=200 {
@@ -1615,7 +1618,7 @@ mod tests {
         let mut rows: Vec<NotificationRow> = (1..=300)
             .map(|id| NotificationRow {
                 event_type: "CREATE_DATABASE".into(),
-                message: Some(format!(r#"{{"db": "d{id}"}}"#)),
+                message: Some(format!(r#"{{"db": "d{id}"}}"#).into()),
                 ..row(id)
             })
             .collect();

@@ -571,7 +571,7 @@ fn notification_row(values: Vec<Cell>, after: i64) -> Result<NotificationRow, Ro
         cat_name: cells.text(4)?,
         db_name: cells.text(5)?,
         tbl_name: cells.text(6)?,
-        message: cells.text(7)?,
+        message: cells.text(7)?.map(std::sync::Arc::from),
         message_format: cells.text(8)?,
     })
 }

@@ -15,6 +15,7 @@
 //! Nothing here does I/O.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -37,8 +38,9 @@ pub struct NotificationRow {
     pub db_name: Option<String>,
     #[serde(rename = "TBL_NAME", default)]
     pub tbl_name: Option<String>,
+    /// Shared, so that handing the row to a decoding thread copies no text.
     #[serde(rename = "MESSAGE", default)]
-    pub message: Option<String>,
+    pub message: Option<Arc<str>>,
     /// `json-0.2`, `gzip(json-2.0)`, `gzip`, or NULL (plain JSON).
     #[serde(rename = "MESSAGE_FORMAT", default)]
     pub message_format: Option<String>,
