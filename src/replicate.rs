@@ -59,6 +59,7 @@ use crate::stage::{backoff, BlobStore, FetchOutcome, Fetched, StageError, Unsync
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
 
 pub mod fetch;
+mod syncer;
 
 use fetch::{FetchPool, Finished, PoolConfig};
 
@@ -862,11 +863,33 @@ fn run_ingest<S: Source>(
         }
         last_error = error;
     };
+    // The last batch's fdatasync, running while the next batch is read
+    // (see `syncer`); settled before anything that waits.
+    let syncer = syncer::Syncer::start();
+    let mut in_flight: Option<syncer::InFlight> = None;
+    let settle = |in_flight: &mut Option<syncer::InFlight>| -> bool {
+        let Some(f) = in_flight.take() else {
+            return true;
+        };
+        let mut j = match journal.lock() {
+            Ok(j) => j,
+            Err(p) => p.into_inner(),
+        };
+        syncer::settle(syncer.as_ref(), &mut j, f, &[], handoff, progress, stop).is_ok()
+    };
     while !stop.load(Ordering::Relaxed) {
         if backlog.is_empty() {
+            // A poll that may wait (a query, an idle source) comes after the
+            // last batch is published.
+            if !source.more_ready() && !settle(&mut in_flight) {
+                return;
+            }
             match source.poll(INGEST_BATCH) {
                 Ok(records) => backlog.extend(records),
                 Err(SourceError::Fatal(r)) => {
+                    if !settle(&mut in_flight) {
+                        return;
+                    }
                     progress.set_source(source.report());
                     if let Some(at) = on_fatal(&mut source, &mut validator) {
                         hold.taken_through = at;
@@ -879,6 +902,9 @@ fn run_ingest<S: Source>(
                     continue;
                 }
                 Err(SourceError::Transient(msg)) => {
+                    if !settle(&mut in_flight) {
+                        return;
+                    }
                     report_error(progress, Some(msg), &mut failures);
                     progress.set_source(source.report());
                     sleep_unless_stopped(source_backoff(failures), stop);
@@ -888,6 +914,9 @@ fn run_ingest<S: Source>(
             }
         }
         if backlog.is_empty() {
+            if !settle(&mut in_flight) {
+                return;
+            }
             report_error(progress, None, &mut failures);
             // Re-read after a rejection and nothing is wrong any more
             // (the bad record was removed): the hold is over.
@@ -980,24 +1009,64 @@ fn run_ingest<S: Source>(
         if let Some(record) = &last_taken {
             hold.taken_through = source.position_after(record);
         }
-        if let Err(e) = j.sync() {
-            // Not durable, never published, but already accepted by the
-            // validator: write the same records again once the journal
-            // can take them (space freed, say).
-            if !rewrite_journal_until_synced(&mut j, &appended, e, progress, stop) {
-                return;
+        let this = syncer::Batch {
+            accepted: batch,
+            appended,
+            last_id: validator.last_id(),
+            last_time,
+        };
+        // The batch before was fsynced while this one was read: it is
+        // published first (and, if its sync failed, written again together
+        // with this batch's records).
+        let mut durable = false;
+        if let Some(prev) = in_flight.take() {
+            match syncer::settle(
+                syncer.as_ref(),
+                &mut j,
+                prev,
+                &this.appended,
+                handoff,
+                progress,
+                stop,
+            ) {
+                Ok(d) => durable = d,
+                Err(syncer::Stopped) => return,
+            }
+        }
+        if durable {
+            syncer::publish(this, handoff, progress);
+        } else {
+            match j.begin_sync() {
+                Ok(None) => syncer::publish(this, handoff, progress),
+                Ok(Some(ticket)) => {
+                    match syncer::start_sync(
+                        syncer.as_ref(),
+                        &mut j,
+                        ticket,
+                        this,
+                        handoff,
+                        progress,
+                        stop,
+                    ) {
+                        Ok(f) => in_flight = f,
+                        Err(syncer::Stopped) => return,
+                    }
+                }
+                Err(e) => {
+                    // Not durable, never published, but already accepted by
+                    // the validator: write the same records again once the
+                    // journal can take them (space freed, say).
+                    if !rewrite_journal_until_synced(&mut j, &this.appended, e, progress, stop) {
+                        return;
+                    }
+                    syncer::publish(this, handoff, progress);
+                }
             }
         }
         drop(j);
-        handoff.push(batch);
-        progress
-            .events_accepted
-            .fetch_add(accepted, Ordering::Relaxed);
-        progress
-            .latest
-            .store(validator.last_id().0, Ordering::Relaxed);
-        if last_time != UNKNOWN_TIME {
-            progress.latest_time_ms.store(last_time, Ordering::Relaxed);
+        // What waits below comes after the batch is published.
+        if (failed.is_some() || rejected.is_some() || retry.is_some()) && !settle(&mut in_flight) {
+            return;
         }
         progress.set_source(source.report());
         if accepted > 0 {

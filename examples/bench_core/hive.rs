@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use stagefs::catalog::Tree;
 use stagefs::event::{Event, StateId};
 use stagefs::hive_writer::HiveWriter;
-use stagefs::journal::{Journal, JournalConfig};
+use stagefs::journal::{Journal, JournalConfig, SyncTicket};
 use stagefs::replicate::{journal_payload, JournalEntry, Replica, ReplicaConfig};
 use stagefs::source::hive::ahead;
 use stagefs::source::hive::checksum::ChecksumVerifier;
@@ -232,8 +232,14 @@ fn ingest_thread(
     let mut source = HiveSource::open(&cfg, 0)?;
     let mut validator = Validator::new(Arc::new(Tree::empty()));
     let mut n = 0u64;
+    let mut syncing = Syncing::new();
     let (mut tpoll, mut tsync, mut tdec) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     loop {
+        let t0 = Instant::now();
+        if !source.more_ready() {
+            syncing.settle(&mut journal)?;
+        }
+        tsync += t0.elapsed();
         let t0 = Instant::now();
         let batch = source.poll(4096).map_err(|e| format!("{e:?}"))?;
         tpoll += t0.elapsed();
@@ -257,10 +263,14 @@ fn ingest_thread(
             journal.append(acc.event.id, &payload)?;
             n += 1;
         }
+        // As run_ingest (replicate::syncer): the batch before is settled,
+        // this one's fdatasync runs while the next batch is read.
         let t0 = Instant::now();
-        journal.sync()?;
+        syncing.settle(&mut journal)?;
+        syncing.start(&mut journal)?;
         tsync += t0.elapsed();
     }
+    syncing.settle(&mut journal)?;
     let secs = t.elapsed().as_secs_f64();
 
     let per = |s: f64| s * 1e6 / n as f64;
@@ -292,6 +302,61 @@ fn ingest_thread(
     );
     fs::remove_dir_all(&dir)?;
     Ok(())
+}
+
+/// The journal fdatasyncs of the ingest loop on their own thread, one batch
+/// in flight (what `replicate::syncer` does for `run_ingest`).
+struct Syncing {
+    jobs: Option<std::sync::mpsc::Sender<SyncTicket>>,
+    done: std::sync::mpsc::Receiver<(SyncTicket, std::io::Result<()>)>,
+    in_flight: bool,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Syncing {
+    fn new() -> Syncing {
+        let (jobs, rx) = std::sync::mpsc::channel::<SyncTicket>();
+        let (tx, done) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            for t in rx {
+                let r = t.sync_data();
+                if tx.send((t, r)).is_err() {
+                    return;
+                }
+            }
+        });
+        Syncing {
+            jobs: Some(jobs),
+            done,
+            in_flight: false,
+            thread: Some(thread),
+        }
+    }
+
+    fn start(&mut self, journal: &mut Journal) -> Res<()> {
+        if let (Some(t), Some(jobs)) = (journal.begin_sync()?, &self.jobs) {
+            jobs.send(t)?;
+            self.in_flight = true;
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self, journal: &mut Journal) -> Res<()> {
+        if std::mem::take(&mut self.in_flight) {
+            let (t, r) = self.done.recv()?;
+            journal.finish_sync(t, r)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Syncing {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The ingest steps of `replicate::run_ingest`, on one thread, each timed.

@@ -282,6 +282,32 @@ pub struct Journal {
     /// Segments created by a write whose sync has not succeeded yet:
     /// [`Journal::reset_after_failure`] removes them.
     unsynced_segments: Vec<PathBuf>,
+    /// A segment was created since the directory was last fsynced.
+    dir_unsynced: bool,
+    /// A [`SyncTicket`] is out (begun, not finished).
+    in_flight: bool,
+}
+
+/// Records written to the active segment whose fdatasync is still to come
+/// ([`Journal::begin_sync`]); holds its own handle of the segment file.
+pub struct SyncTicket {
+    file: File,
+    path: PathBuf,
+    written: Vec<SegmentInfo>,
+    records: Vec<Pending>,
+    last: StateId,
+}
+
+impl SyncTicket {
+    /// fdatasyncs the segment the records were written to (any thread).
+    pub fn sync_data(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// The newest id the ticket makes durable.
+    pub fn last_id(&self) -> StateId {
+        self.last
+    }
 }
 
 impl Journal {
@@ -340,6 +366,8 @@ impl Journal {
             last_durable: report.last_id,
             failed: None,
             unsynced_segments: Vec::new(),
+            dir_unsynced: false,
+            in_flight: false,
         };
         Ok((journal, report))
     }
@@ -379,11 +407,35 @@ impl Journal {
     /// segment was created), then publishes them to the ring and wakes
     /// followers. A no-op when nothing is buffered.
     pub fn sync(&mut self) -> Result<(), JournalError> {
+        match self.begin_sync()? {
+            None => Ok(()),
+            Some(ticket) => {
+                let synced = ticket.sync_data();
+                self.finish_sync(ticket, synced)
+            }
+        }
+    }
+
+    /// [`Journal::sync`] in two steps, so that the final fdatasync can run
+    /// on another thread while more records are appended: writes the
+    /// buffered records to their segment files (a sealed segment and a new
+    /// segment's directory entry are synced here, as in `sync`) and returns
+    /// the ticket whose [`SyncTicket::sync_data`] makes them durable; pass
+    /// its outcome to [`Journal::finish_sync`], which publishes them. Records
+    /// appended meanwhile wait for the next sync. One ticket at a time:
+    /// until it is finished, `begin_sync` and `sync` refuse. `None` when
+    /// nothing is buffered.
+    pub fn begin_sync(&mut self) -> Result<Option<SyncTicket>, JournalError> {
         if let Some(why) = &self.failed {
             return Err(JournalError::Failed(why.clone()));
         }
+        if self.in_flight {
+            return Err(JournalError::Failed(
+                "a journal sync was begun while the previous one was not finished".into(),
+            ));
+        }
         if self.pending.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let written = match self.write_pending() {
             Ok(written) => written,
@@ -393,7 +445,70 @@ impl Journal {
                 return Err(e);
             }
         };
-        self.publish(written);
+        let Some(active) = &self.active else {
+            // write_pending leaves an active segment whenever it wrote.
+            let e = JournalError::Failed("no active journal segment after a write".into());
+            self.failed = Some(e.to_string());
+            return Err(e);
+        };
+        let file = match active.file.try_clone() {
+            Ok(f) => f,
+            Err(e) => {
+                let e = JournalError::io("duplicate the journal segment handle", &active.path, e);
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        };
+        // Keep the buffer's allocation for the next batch unless one huge
+        // batch blew it up.
+        self.buf.clear();
+        if self.buf.capacity() > 4 * DEFAULT_SEGMENT_BYTES as usize {
+            self.buf.shrink_to(DEFAULT_SEGMENT_BYTES as usize);
+        }
+        self.in_flight = true;
+        Ok(Some(SyncTicket {
+            file,
+            path: active.path.clone(),
+            written,
+            records: std::mem::take(&mut self.pending),
+            last: self.last_appended,
+        }))
+    }
+
+    /// The ticket of the sync in flight was lost (the thread syncing it
+    /// ended): its records are not known durable, so the writer refuses
+    /// further writes until [`Journal::reset_after_failure`]. Returns the
+    /// error to report.
+    pub fn sync_lost(&mut self) -> JournalError {
+        self.in_flight = false;
+        let e = JournalError::Failed("the journal sync thread stopped".into());
+        self.failed = Some(e.to_string());
+        e
+    }
+
+    /// Ends the sync `ticket` was begun for, with the outcome of its
+    /// [`SyncTicket::sync_data`]: publishes its records to followers, or on
+    /// failure refuses further writes until [`Journal::reset_after_failure`]
+    /// (which forgets every record not durable: the ticket's and those
+    /// appended since).
+    pub fn finish_sync(
+        &mut self,
+        ticket: SyncTicket,
+        synced: std::io::Result<()>,
+    ) -> Result<(), JournalError> {
+        self.in_flight = false;
+        if let Err(e) = synced {
+            let e = JournalError::io("fdatasync journal segment", &ticket.path, e);
+            tracing::error!(error = %e, "journal sync failed; refusing further writes");
+            self.failed = Some(e.to_string());
+            return Err(e);
+        }
+        if let Err(e) = self.sync_new_segments() {
+            tracing::error!(error = %e, "journal sync failed; refusing further writes");
+            self.failed = Some(e.to_string());
+            return Err(e);
+        }
+        self.publish(ticket.written, ticket.records, ticket.last);
         Ok(())
     }
 
@@ -448,13 +563,16 @@ impl Journal {
             });
         }
         self.last_appended = self.last_durable.unwrap_or_default();
+        self.dir_unsynced = false;
         self.failed = None;
         tracing::info!(dir = %dir.display(), "journal writable again after a failure");
         Ok(())
     }
 
-    /// Writes and fsyncs `pending`, rotating segments as they fill. Returns
-    /// the index entries to publish, in segment order.
+    /// Writes `pending`, rotating segments as they fill (a sealed segment is
+    /// fdatasynced before its successor gets records); the last segment's
+    /// fdatasync and the directory's are left to the caller. Returns the
+    /// index entries to publish, in segment order.
     fn write_pending(&mut self) -> Result<Vec<SegmentInfo>, JournalError> {
         let mut written: Vec<SegmentInfo> = Vec::new();
         let mut created_segment = false;
@@ -510,18 +628,21 @@ impl Journal {
             self.active = Some(active);
             start = end;
         }
-        if let Some(active) = &self.active {
-            active
-                .file
-                .sync_data()
-                .map_err(|e| JournalError::io("fdatasync journal segment", &active.path, e))?;
-        }
-        if created_segment {
+        self.dir_unsynced |= created_segment;
+        Ok(written)
+    }
+
+    /// After the active segment's fdatasync: the directory entries of the
+    /// segments the write created become durable too (then nothing written
+    /// is lost to a crash).
+    fn sync_new_segments(&mut self) -> Result<(), JournalError> {
+        if self.dir_unsynced {
             fsync_dir(&self.shared.dir)
                 .map_err(|e| JournalError::io("fsync journal directory", &self.shared.dir, e))?;
+            self.dir_unsynced = false;
         }
         self.unsynced_segments.clear();
-        Ok(written)
+        Ok(())
     }
 
     fn create_segment(&self, first_id: StateId) -> Result<ActiveSegment, JournalError> {
@@ -550,7 +671,7 @@ impl Journal {
     }
 
     /// Makes synced records visible: index lengths, ring, then wake-up.
-    fn publish(&mut self, written: Vec<SegmentInfo>) {
+    fn publish(&mut self, written: Vec<SegmentInfo>, mut records: Vec<Pending>, last: StateId) {
         let shared = Arc::clone(&self.shared);
         let mut st = shared.lock();
         for w in written {
@@ -561,13 +682,13 @@ impl Journal {
         }
         // Only the newest ring_capacity records of the batch can stay; the
         // rest would be evicted at once, so skip straight past them.
-        let keep_from = self.pending.len().saturating_sub(self.ring_capacity);
+        let keep_from = records.len().saturating_sub(self.ring_capacity);
         if keep_from > 0 {
             st.ring.clear();
             st.ring_bytes = 0;
-            st.ring_base = self.pending[keep_from - 1].record.id;
+            st.ring_base = records[keep_from - 1].record.id;
         }
-        for p in self.pending.drain(keep_from..) {
+        for p in records.drain(keep_from..) {
             let bytes = p.record.payload.len();
             while !st.ring.is_empty()
                 && (st.ring.len() >= self.ring_capacity || st.ring_bytes + bytes > self.ring_bytes)
@@ -585,18 +706,11 @@ impl Journal {
             st.ring_bytes += bytes;
             st.ring.push_back(p.record);
         }
-        self.pending.clear();
         shared.ring_base.store(st.ring_base.0, Ordering::Release);
         drop(st);
         shared.published.notify_all();
 
-        self.last_durable = Some(self.last_appended);
-        // Keep the buffer's allocation for the next batch unless one huge
-        // batch blew it up.
-        self.buf.clear();
-        if self.buf.capacity() > 4 * DEFAULT_SEGMENT_BYTES as usize {
-            self.buf.shrink_to(DEFAULT_SEGMENT_BYTES as usize);
-        }
+        self.last_durable = Some(last);
         shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
     }
 

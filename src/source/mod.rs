@@ -153,6 +153,13 @@ pub trait Source: Send {
     /// How long to sleep when caught up.
     fn idle_wait(&self) -> std::time::Duration;
 
+    /// Whether the next [`Source::poll`] returns at once with records read
+    /// already (the Hive source's batch read ahead): the ingest loop then
+    /// leaves the previous batch's fsync running while it polls.
+    fn more_ready(&self) -> bool {
+        false
+    }
+
     /// After a rejection: checks whether the source may hold something new
     /// from `at` (the position after the last record ingest took, so the
     /// rejected record is the next one) — a corrected line or row. When it

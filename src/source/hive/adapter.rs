@@ -419,6 +419,10 @@ impl Source for HiveSource {
         self.poll_interval
     }
 
+    fn more_ready(&self) -> bool {
+        self.next.as_ref().is_some_and(|b| !b.rows.is_empty())
+    }
+
     fn reread_from(&mut self, at: &Position) -> bool {
         let &Position::Hive { hive_event_id } = at else {
             return false;

@@ -1,0 +1,200 @@
+//! The ingest loop's group fsync, overlapped with the next batch: a batch's
+//! journal records are written at the end of the batch, their fdatasync
+//! runs on the syncer thread while the ingest thread reads, decodes and
+//! validates the next batch, and the batch is published (handed to the
+//! stager, `Progress::latest`) once it is durable.
+//!
+//! Invariants:
+//! - nothing is published before it is durable: [`publish`] runs only after
+//!   the batch's `Journal::finish_sync` succeeded, or after
+//!   `rewrite_journal_until_synced` made its records durable again;
+//! - batches are published in journal order: at most one batch is in
+//!   flight ([`InFlight`]), and it is settled before the next batch's sync
+//!   begins, before ingest waits for anything (an idle source, a backoff, a
+//!   held rejection, a re-bootstrap) and before it stops;
+//! - a failed fdatasync loses nothing: the batch in flight and every record
+//!   appended since are written again, in order, until a sync succeeds
+//!   (the same retry as a failed synchronous sync).
+//!
+//! Used by `replicate::run_ingest` only.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+
+use super::{rewrite_journal_until_synced, Handoff};
+use crate::catalog::tree::UNKNOWN_TIME;
+use crate::event::StateId;
+use crate::journal::{Journal, JournalError, SyncTicket};
+use crate::source::Accepted;
+use crate::status::Progress;
+
+/// A batch whose records are in the journal but not yet published.
+pub(super) struct Batch {
+    pub accepted: Vec<(Accepted, usize)>,
+    /// The journal records of `accepted`, to write again if the sync fails.
+    pub appended: Vec<(StateId, Vec<u8>)>,
+    /// The validator's newest id after the batch (`Progress::latest`).
+    pub last_id: StateId,
+    /// Source time of the batch's newest event, or [`UNKNOWN_TIME`].
+    pub last_time: i64,
+}
+
+/// The batch whose fdatasync the syncer thread is doing.
+pub(super) struct InFlight(Batch);
+
+/// Hands the batch to the stager and moves `Progress::latest`: only for a
+/// batch whose records are durable.
+pub(super) fn publish(batch: Batch, handoff: &Handoff, progress: &Progress) {
+    let n = batch.accepted.len() as u64;
+    handoff.push(batch.accepted);
+    progress.events_accepted.fetch_add(n, Ordering::Relaxed);
+    progress.latest.store(batch.last_id.0, Ordering::Relaxed);
+    if batch.last_time != UNKNOWN_TIME {
+        progress
+            .latest_time_ms
+            .store(batch.last_time, Ordering::Relaxed);
+    }
+}
+
+/// The thread doing the fdatasyncs.
+pub(super) struct Syncer {
+    jobs: Option<Sender<SyncTicket>>,
+    done: Receiver<(SyncTicket, io::Result<()>)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Syncer {
+    /// Starts the thread; None when it cannot be started (every sync is
+    /// then done on the ingest thread, as before).
+    pub fn start() -> Option<Syncer> {
+        let (jobs, job_rx) = mpsc::channel::<SyncTicket>();
+        let (done_tx, done) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("stagefs-journal-sync".into())
+            .spawn(move || {
+                for ticket in job_rx {
+                    let synced = ticket.sync_data();
+                    if done_tx.send((ticket, synced)).is_err() {
+                        return;
+                    }
+                }
+            });
+        match spawned {
+            Ok(thread) => Some(Syncer {
+                jobs: Some(jobs),
+                done,
+                thread: Some(thread),
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the journal sync thread; syncing on the ingest thread");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Ends the sync begun for `batch`'s records with `ticket`: starts its
+/// fdatasync on `syncer` (returning the batch in flight), or, without a
+/// syncer, syncs and publishes it here. None when it is published (or
+/// shutdown interrupted a failed sync's retry: `stopped` tells).
+pub(super) fn start_sync(
+    syncer: Option<&Syncer>,
+    j: &mut Journal,
+    ticket: SyncTicket,
+    batch: Batch,
+    handoff: &Handoff,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> Result<Option<InFlight>, Stopped> {
+    let ticket = match syncer.and_then(|s| s.jobs.as_ref()) {
+        Some(jobs) => match jobs.send(ticket) {
+            Ok(()) => return Ok(Some(InFlight(batch))),
+            // The thread is gone: sync here.
+            Err(mpsc::SendError(ticket)) => ticket,
+        },
+        None => ticket,
+    };
+    let synced = ticket.sync_data();
+    finish(j, ticket, synced, batch, &[], handoff, progress, stop).map(|_| None)
+}
+
+/// Shutdown came while a failed sync was being retried.
+#[derive(Debug)]
+pub(super) struct Stopped;
+
+/// Waits for the batch in flight to be durable and publishes it. `since`
+/// are the records appended after it (not synced yet): when the sync
+/// failed they are written again with it, and `Ok(true)` says they are
+/// durable now too.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn settle(
+    syncer: Option<&Syncer>,
+    j: &mut Journal,
+    in_flight: InFlight,
+    since: &[(StateId, Vec<u8>)],
+    handoff: &Handoff,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> Result<bool, Stopped> {
+    let InFlight(batch) = in_flight;
+    match syncer.and_then(|s| s.done.recv().ok()) {
+        Some((ticket, synced)) => finish(j, ticket, synced, batch, since, handoff, progress, stop),
+        None => {
+            // The thread ended with the ticket (a sync does not panic, so
+            // this is not expected): the records were written but are not
+            // known durable; write them again.
+            let e = j.sync_lost();
+            rewrite(j, batch, since, e, handoff, progress, stop)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    j: &mut Journal,
+    ticket: SyncTicket,
+    synced: io::Result<()>,
+    batch: Batch,
+    since: &[(StateId, Vec<u8>)],
+    handoff: &Handoff,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> Result<bool, Stopped> {
+    match j.finish_sync(ticket, synced) {
+        Ok(()) => {
+            publish(batch, handoff, progress);
+            Ok(false)
+        }
+        Err(e) => rewrite(j, batch, since, e, handoff, progress, stop),
+    }
+}
+
+/// After a failed sync: writes the batch's records and `since` again until
+/// they are durable, then publishes the batch.
+fn rewrite(
+    j: &mut Journal,
+    batch: Batch,
+    since: &[(StateId, Vec<u8>)],
+    error: JournalError,
+    handoff: &Handoff,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> Result<bool, Stopped> {
+    let records: Vec<(StateId, Vec<u8>)> = batch.appended.iter().chain(since).cloned().collect();
+    if !rewrite_journal_until_synced(j, &records, error, progress, stop) {
+        return Err(Stopped);
+    }
+    publish(batch, handoff, progress);
+    Ok(!since.is_empty())
+}
