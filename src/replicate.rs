@@ -1094,6 +1094,8 @@ fn run_ingest<S: Source>(
             report_error(progress, None, &mut failures);
         }
     }
+    // Shutdown: what is durable is published (a restart finds it either way).
+    settle(&mut in_flight);
 }
 
 /// Journals a re-bootstrap (the ingest thread, the journal's only writer):
