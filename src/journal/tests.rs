@@ -672,6 +672,87 @@ fn writer_resumes_after_a_failure_once_reset_to_the_durable_end() {
 }
 
 #[test]
+fn a_sync_in_two_steps_publishes_only_its_records_once_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small segments: the records rotate through several files.
+    let (mut j, _) = Journal::open(config(dir.path(), 200, 64)).unwrap();
+    write_ids(&mut j, 1..=2);
+    let mut f = j.follower(StateId(0));
+    assert_eq!(drain(&mut f), vec![1, 2]);
+    for id in 3..=9 {
+        j.append(StateId(id), &payload(id)).unwrap();
+    }
+    let ticket = j.begin_sync().unwrap().expect("records to sync");
+    assert_eq!(ticket.last_id(), StateId(9));
+    // Appending goes on while the fdatasync runs on another thread; a
+    // second sync must wait for this one.
+    let syncing = thread::spawn(move || {
+        let synced = ticket.sync_data();
+        (ticket, synced)
+    });
+    j.append(StateId(10), &payload(10)).unwrap();
+    assert!(matches!(j.sync(), Err(JournalError::Failed(_))));
+    assert!(
+        drain(&mut f).is_empty(),
+        "nothing published before the sync"
+    );
+    let (ticket, synced) = syncing.join().unwrap();
+    j.finish_sync(ticket, synced).unwrap();
+    assert_eq!(j.last_id(), Some(StateId(9)));
+    assert_eq!(drain(&mut f), (3..=9).collect::<Vec<_>>());
+    j.sync().unwrap();
+    assert_eq!(drain(&mut f), vec![10]);
+    drop((f, j));
+    let (j, report) = Journal::open(config(dir.path(), 200, 64)).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (10, 0));
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=10).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_failed_two_step_sync_loses_nothing_once_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 64)).unwrap();
+    write_ids(&mut j, 1..=2);
+    for id in 3..=5 {
+        j.append(StateId(id), &payload(id)).unwrap();
+    }
+    let ticket = j.begin_sync().unwrap().unwrap();
+    // Records appended while the sync was out, then the sync fails.
+    j.append(StateId(6), &payload(6)).unwrap();
+    let failed = std::io::Error::other("simulated fdatasync failure");
+    assert!(j.finish_sync(ticket, Err(failed)).is_err());
+    assert!(matches!(
+        j.append(StateId(7), b"x"),
+        Err(JournalError::Failed(_))
+    ));
+    assert_eq!(j.last_id(), Some(StateId(2)));
+    let mut f = j.follower(StateId(0));
+    assert_eq!(drain(&mut f), vec![1, 2]);
+    // What the ingest loop does: reset, write the group and what followed.
+    j.reset_after_failure().unwrap();
+    write_ids(&mut j, 3..=6);
+    assert_eq!(drain(&mut f), (3..=6).collect::<Vec<_>>());
+    drop((f, j));
+    let (j, report) = Journal::open(config(dir.path(), 1 << 20, 64)).unwrap();
+    assert_eq!((report.records, report.truncated_bytes), (6, 0));
+    assert_eq!(
+        drain(&mut j.follower(StateId(0))),
+        (1..=6).collect::<Vec<_>>()
+    );
+    // A lost ticket fails the writer the same way.
+    let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 64)).unwrap();
+    j.append(StateId(7), &payload(7)).unwrap();
+    drop(j.begin_sync().unwrap());
+    assert!(matches!(j.sync_lost(), JournalError::Failed(_)));
+    j.reset_after_failure().unwrap();
+    write_ids(&mut j, 7..=7);
+    assert_eq!(j.last_id(), Some(StateId(7)));
+}
+
+#[test]
 fn reset_after_a_failure_truncates_unsynced_bytes_of_the_last_segment() {
     let dir = tempfile::tempdir().unwrap();
     let (mut j, _) = Journal::open(config(dir.path(), 1 << 20, 8)).unwrap();
