@@ -18,11 +18,13 @@
 //! row it polls; does no I/O.
 
 use std::borrow::Cow;
-use std::io::Read;
+use std::cell::RefCell;
+use std::io::{Cursor, Read};
 
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
+use flate2::bufread::GzDecoder;
 use serde_json::{Map, Value};
 
 use super::model::{
@@ -246,22 +248,59 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
+/// A gzip decoder over a reusable input buffer. One per thread (see
+/// [`GUNZIP`]): creating a decoder allocates (and zeroes) zlib's inflate
+/// state and its 32 KiB window, which costs more than inflating a typical
+/// message; [`GzDecoder::reset`] keeps them.
+type Gunzip = GzDecoder<Cursor<Vec<u8>>>;
+
+thread_local! {
+    /// This thread's [`Gunzip`], created at its first gzip message.
+    static GUNZIP: RefCell<Option<Gunzip>> = const { RefCell::new(None) };
+}
+
+/// The decoded base64 of a message kept for the next one only up to this
+/// capacity (a rare huge message does not pin its buffer to the thread).
+const KEEP_INPUT_CAPACITY: usize = 1 << 20;
+
 fn gunzip_base64(message: &str, format: &str, limit: u64) -> Result<String> {
+    GUNZIP.with(|slot| match slot.try_borrow_mut() {
+        Ok(mut slot) => {
+            let gz = slot.get_or_insert_with(|| GzDecoder::new(Cursor::new(Vec::new())));
+            gunzip_base64_with(gz, message, format, limit)
+        }
+        // Not reentrant; a fresh decoder if it ever were.
+        Err(_) => gunzip_base64_with(
+            &mut GzDecoder::new(Cursor::new(Vec::new())),
+            message,
+            format,
+            limit,
+        ),
+    })
+}
+
+fn gunzip_base64_with(gz: &mut Gunzip, message: &str, format: &str, limit: u64) -> Result<String> {
     let trimmed = message.trim();
     let compact: Cow<str> = if trimmed.bytes().any(|b| b.is_ascii_whitespace()) {
         Cow::Owned(trimmed.split_ascii_whitespace().collect())
     } else {
         Cow::Borrowed(trimmed)
     };
-    let compressed = BASE64
-        .decode(compact.as_bytes())
+    let mut compressed = std::mem::take(gz.get_mut()).into_inner();
+    compressed.clear();
+    if compressed.capacity() > KEEP_INPUT_CAPACITY {
+        compressed = Vec::new();
+    }
+    BASE64
+        .decode_vec(compact.as_bytes(), &mut compressed)
         .map_err(|e| DecodeError::BadBase64 {
             format: format.to_string(),
             reason: e.to_string(),
         })?;
     let mut out = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit as usize));
-    // bufread: the slice is the buffer (no 32 KiB BufReader per message).
-    flate2::bufread::MultiGzDecoder::new(compressed.as_slice())
+    // The buffer is the decoder's input (no 32 KiB BufReader per message).
+    gz.reset(Cursor::new(compressed));
+    Members(gz)
         .take(limit.saturating_add(1))
         .read_to_end(&mut out)
         .map_err(|e| DecodeError::BadGzip {
@@ -278,6 +317,30 @@ fn gunzip_base64(message: &str, format: &str, limit: u64) -> Result<String> {
         format: format.to_string(),
         reason: e.utf8_error().to_string(),
     })
+}
+
+/// Every gzip member of the decoder's input in turn, exactly as
+/// `flate2::bufread::MultiGzDecoder` reads them (which cannot be reset):
+/// after a member whose trailer (CRC32, ISIZE) checked, the end of the
+/// input ends the stream; anything else must be the next member, whose
+/// header is parsed afresh (a reset keeps the position in the input).
+struct Members<'a>(&'a mut Gunzip);
+
+impl Read for Members<'_> {
+    fn read(&mut self, into: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let n = self.0.read(into)?;
+            if n > 0 || into.is_empty() {
+                return Ok(n);
+            }
+            let input = self.0.get_ref();
+            if input.position() >= input.get_ref().len() as u64 {
+                return Ok(0);
+            }
+            let rest = std::mem::take(self.0.get_mut());
+            self.0.reset(rest);
+        }
+    }
 }
 
 fn non_empty(s: Option<&str>) -> Option<&str> {
@@ -589,6 +652,68 @@ mod tests {
             }
         );
         assert!(decode_text_limited(&b64, Some("gzip"), 4 << 20).is_ok());
+    }
+
+    /// What `flate2::bufread::MultiGzDecoder` gives for `gz` (a fresh
+    /// decoder per message, as before decoders were reused per thread).
+    fn multi_gz_reference(gz: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        flate2::bufread::MultiGzDecoder::new(gz)
+            .read_to_end(&mut out)
+            .map(|_| out)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn reused_decoder_reads_members_headers_and_corruption_as_multigzdecoder() {
+        use flate2::{Compression, GzBuilder};
+        use std::io::Write;
+        let member = |data: &[u8], b: GzBuilder| {
+            let mut enc = b.write(Vec::new(), Compression::default());
+            enc.write_all(data).unwrap();
+            enc.finish().unwrap()
+        };
+        let one = member(br#"{"a":"first"}"#, GzBuilder::new());
+        let flagged = member(
+            br#"{"b":2}"#,
+            GzBuilder::new()
+                .filename("m.json")
+                .comment("c")
+                .extra(vec![1, 2]),
+        );
+        let two = [one.clone(), flagged.clone()].concat();
+        let mut inputs = vec![
+            one.clone(),
+            flagged.clone(),
+            two.clone(),
+            [two.clone(), member(b"", GzBuilder::new())].concat(),
+            [one.clone(), vec![0]].concat(),
+            [one.clone(), b"garbage".to_vec()].concat(),
+            [one.clone(), vec![0x1f, 0x8b, 8, 0]].concat(),
+            Vec::new(),
+        ];
+        for i in 0..two.len() {
+            inputs.push(two[..i].to_vec());
+            let mut flipped = two.clone();
+            flipped[i] ^= 0x21;
+            inputs.push(flipped);
+        }
+        // Good and bad messages alternate on this thread's one decoder.
+        for gz in inputs.iter().flat_map(|bad| [bad, &two]) {
+            let b64 = BASE64.encode(gz);
+            let got = decode_text(&b64, Some("gzip"));
+            let want = multi_gz_reference(gz);
+            match (got, want) {
+                (Ok(text), Ok(bytes)) => assert_eq!(text.as_bytes(), bytes, "{gz:?}"),
+                (Err(DecodeError::BadGzip { reason, .. }), Err(want)) => {
+                    assert_eq!(reason, want, "{gz:?}")
+                }
+                (Err(DecodeError::BadUtf8 { .. }), Ok(bytes)) => {
+                    assert!(std::str::from_utf8(&bytes).is_err())
+                }
+                (got, want) => panic!("{gz:?}: {got:?} but MultiGzDecoder gives {want:?}"),
+            }
+        }
     }
 
     #[test]
