@@ -1324,6 +1324,15 @@ mod tests {
         assert!(err.contains("does not match its partition keys"), "{err}");
     }
 
+    /// The first `limit` of `rows` with ids above `after` (a poll).
+    fn rows_after(rows: &[NotificationRow], after: i64, limit: usize) -> Vec<NotificationRow> {
+        rows.iter()
+            .filter(|r| r.event_id > after)
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
     /// Rows that fail as unavailable `failures` times, then come; without
     /// `txn_log`, a source older than Hive 3.2 (asking for a transaction's
     /// writes is then a mistake).
@@ -1343,13 +1352,7 @@ mod tests {
                 self.failures -= 1;
                 return Err(RowSourceError::Unavailable("connection refused".into()));
             }
-            Ok(self
-                .rows
-                .iter()
-                .filter(|r| r.event_id > after)
-                .take(limit)
-                .cloned()
-                .collect())
+            Ok(rows_after(&self.rows, after, limit))
         }
         fn txn_writes(
             &mut self,
@@ -1578,13 +1581,7 @@ mod tests {
                 if self.polls % 2 == 0 {
                     return Err(RowSourceError::Unavailable("connection reset".into()));
                 }
-                Ok(self
-                    .rows
-                    .iter()
-                    .filter(|r| r.event_id > after)
-                    .take(limit)
-                    .cloned()
-                    .collect())
+                Ok(rows_after(&self.rows, after, limit))
             }
             fn txn_writes(
                 &mut self,
