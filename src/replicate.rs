@@ -830,9 +830,9 @@ fn run_ingest<S: Source>(
 ) {
     let IngestTo {
         journal,
-        handoff,
         progress,
         stop,
+        ..
     } = to;
     // Records read but not journaled yet: kept across a retry of the first.
     let mut backlog: VecDeque<S::Record> = VecDeque::new();
@@ -875,7 +875,7 @@ fn run_ingest<S: Source>(
             Ok(j) => j,
             Err(p) => p.into_inner(),
         };
-        syncer::settle(syncer.as_ref(), &mut j, f, &[], handoff, progress, stop).is_ok()
+        syncer::settle(syncer.as_ref(), &mut j, f, &[], to).is_ok()
     };
     while !stop.load(Ordering::Relaxed) {
         if backlog.is_empty() {
@@ -1015,53 +1015,8 @@ fn run_ingest<S: Source>(
             last_id: validator.last_id(),
             last_time,
         };
-        // The batch before was fsynced while this one was read: it is
-        // published first (and, if its sync failed, written again together
-        // with this batch's records).
-        let mut durable = false;
-        if let Some(prev) = in_flight.take() {
-            match syncer::settle(
-                syncer.as_ref(),
-                &mut j,
-                prev,
-                &this.appended,
-                handoff,
-                progress,
-                stop,
-            ) {
-                Ok(d) => durable = d,
-                Err(syncer::Stopped) => return,
-            }
-        }
-        if durable {
-            syncer::publish(this, handoff, progress);
-        } else {
-            match j.begin_sync() {
-                Ok(None) => syncer::publish(this, handoff, progress),
-                Ok(Some(ticket)) => {
-                    match syncer::start_sync(
-                        syncer.as_ref(),
-                        &mut j,
-                        ticket,
-                        this,
-                        handoff,
-                        progress,
-                        stop,
-                    ) {
-                        Ok(f) => in_flight = f,
-                        Err(syncer::Stopped) => return,
-                    }
-                }
-                Err(e) => {
-                    // Not durable, never published, but already accepted by
-                    // the validator: write the same records again once the
-                    // journal can take them (space freed, say).
-                    if !rewrite_journal_until_synced(&mut j, &this.appended, e, progress, stop) {
-                        return;
-                    }
-                    syncer::publish(this, handoff, progress);
-                }
-            }
+        if syncer::end_batch(syncer.as_ref(), &mut j, &mut in_flight, this, to).is_err() {
+            return;
         }
         drop(j);
         // What waits below comes after the batch is published.

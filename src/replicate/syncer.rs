@@ -19,16 +19,15 @@
 //! Used by `replicate::run_ingest` only.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
-use super::{rewrite_journal_until_synced, Handoff};
+use super::{rewrite_journal_until_synced, IngestTo};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::event::StateId;
 use crate::journal::{Journal, JournalError, SyncTicket};
 use crate::source::Accepted;
-use crate::status::Progress;
 
 /// A batch whose records are in the journal but not yet published.
 pub(super) struct Batch {
@@ -46,9 +45,10 @@ pub(super) struct InFlight(Batch);
 
 /// Hands the batch to the stager and moves `Progress::latest`: only for a
 /// batch whose records are durable.
-pub(super) fn publish(batch: Batch, handoff: &Handoff, progress: &Progress) {
+fn publish(batch: Batch, to: IngestTo<'_>) {
+    let progress = to.progress;
     let n = batch.accepted.len() as u64;
-    handoff.push(batch.accepted);
+    to.handoff.push(batch.accepted);
     progress.events_accepted.fetch_add(n, Ordering::Relaxed);
     progress.latest.store(batch.last_id.0, Ordering::Relaxed);
     if batch.last_time != UNKNOWN_TIME {
@@ -104,29 +104,50 @@ impl Drop for Syncer {
     }
 }
 
-/// Ends the sync begun for `batch`'s records with `ticket`: starts its
-/// fdatasync on `syncer` (returning the batch in flight), or, without a
-/// syncer, syncs and publishes it here. None when it is published (or
-/// shutdown interrupted a failed sync's retry: `stopped` tells).
-pub(super) fn start_sync(
+/// Ends a batch whose records the ingest thread appended (the journal
+/// locked as `j`): the batch in flight before it is settled and published
+/// first (and, if its sync failed, written again together with this
+/// batch's records); then this batch's fdatasync starts on `syncer`
+/// (leaving it in `in_flight`), or, without a syncer or with nothing to
+/// sync, it is made durable and published here. `Err` on shutdown during a
+/// failed sync's retry.
+pub(super) fn end_batch(
     syncer: Option<&Syncer>,
     j: &mut Journal,
-    ticket: SyncTicket,
+    in_flight: &mut Option<InFlight>,
     batch: Batch,
-    handoff: &Handoff,
-    progress: &Progress,
-    stop: &AtomicBool,
-) -> Result<Option<InFlight>, Stopped> {
+    to: IngestTo<'_>,
+) -> Result<(), Stopped> {
+    if let Some(prev) = in_flight.take() {
+        if settle(syncer, j, prev, &batch.appended, to)? {
+            publish(batch, to);
+            return Ok(());
+        }
+    }
+    let ticket = match j.begin_sync() {
+        Ok(None) => {
+            publish(batch, to);
+            return Ok(());
+        }
+        Ok(Some(ticket)) => ticket,
+        // Not durable, never published, but already accepted by the
+        // validator: write the same records again once the journal can
+        // take them (space freed, say).
+        Err(e) => return rewrite(j, batch, &[], e, to).map(|_| ()),
+    };
     let ticket = match syncer.and_then(|s| s.jobs.as_ref()) {
         Some(jobs) => match jobs.send(ticket) {
-            Ok(()) => return Ok(Some(InFlight(batch))),
+            Ok(()) => {
+                *in_flight = Some(InFlight(batch));
+                return Ok(());
+            }
             // The thread is gone: sync here.
             Err(mpsc::SendError(ticket)) => ticket,
         },
         None => ticket,
     };
     let synced = ticket.sync_data();
-    finish(j, ticket, synced, batch, &[], handoff, progress, stop).map(|_| None)
+    finish(j, ticket, synced, batch, &[], to).map(|_| ())
 }
 
 /// Shutdown came while a failed sync was being retried.
@@ -137,46 +158,40 @@ pub(super) struct Stopped;
 /// are the records appended after it (not synced yet): when the sync
 /// failed they are written again with it, and `Ok(true)` says they are
 /// durable now too.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn settle(
     syncer: Option<&Syncer>,
     j: &mut Journal,
     in_flight: InFlight,
     since: &[(StateId, Vec<u8>)],
-    handoff: &Handoff,
-    progress: &Progress,
-    stop: &AtomicBool,
+    to: IngestTo<'_>,
 ) -> Result<bool, Stopped> {
     let InFlight(batch) = in_flight;
     match syncer.and_then(|s| s.done.recv().ok()) {
-        Some((ticket, synced)) => finish(j, ticket, synced, batch, since, handoff, progress, stop),
+        Some((ticket, synced)) => finish(j, ticket, synced, batch, since, to),
         None => {
             // The thread ended with the ticket (a sync does not panic, so
             // this is not expected): the records were written but are not
             // known durable; write them again.
             let e = j.sync_lost();
-            rewrite(j, batch, since, e, handoff, progress, stop)
+            rewrite(j, batch, since, e, to)
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn finish(
     j: &mut Journal,
     ticket: SyncTicket,
     synced: io::Result<()>,
     batch: Batch,
     since: &[(StateId, Vec<u8>)],
-    handoff: &Handoff,
-    progress: &Progress,
-    stop: &AtomicBool,
+    to: IngestTo<'_>,
 ) -> Result<bool, Stopped> {
     match j.finish_sync(ticket, synced) {
         Ok(()) => {
-            publish(batch, handoff, progress);
+            publish(batch, to);
             Ok(false)
         }
-        Err(e) => rewrite(j, batch, since, e, handoff, progress, stop),
+        Err(e) => rewrite(j, batch, since, e, to),
     }
 }
 
@@ -187,14 +202,12 @@ fn rewrite(
     batch: Batch,
     since: &[(StateId, Vec<u8>)],
     error: JournalError,
-    handoff: &Handoff,
-    progress: &Progress,
-    stop: &AtomicBool,
+    to: IngestTo<'_>,
 ) -> Result<bool, Stopped> {
     let records: Vec<(StateId, Vec<u8>)> = batch.appended.iter().chain(since).cloned().collect();
-    if !rewrite_journal_until_synced(j, &records, error, progress, stop) {
+    if !rewrite_journal_until_synced(j, &records, error, to.progress, to.stop) {
         return Err(Stopped);
     }
-    publish(batch, handoff, progress);
+    publish(batch, to);
     Ok(!since.is_empty())
 }
