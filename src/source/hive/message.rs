@@ -25,6 +25,8 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
 use flate2::bufread::GzDecoder;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::model::{
@@ -65,6 +67,13 @@ pub enum DecodeError {
 type Result<T> = std::result::Result<T, DecodeError>;
 
 /// What one `NOTIFICATION_LOG` row means.
+///
+/// The message's top-level fields are read without building a JSON tree
+/// (values stay raw text until a field is asked for; a table object seen
+/// on this thread just before is not parsed again, see [`LAST_TABLE`]).
+/// Any failure there decodes the message again through a
+/// `serde_json::Value`, whose error is the one reported: the two readings
+/// differ in cost, never in what they report.
 pub fn decode_message(row: &NotificationRow) -> Result<HiveMessage> {
     let event_type = row.event_type.as_str();
     let Some(message) = row.message.as_deref() else {
@@ -79,14 +88,38 @@ pub fn decode_message(row: &NotificationRow) -> Result<HiveMessage> {
         };
     };
     let text = decode_text(message, row.message_format.as_deref())?;
+    if let Ok(RawFields(fields)) = serde_json::from_str::<RawFields>(&text) {
+        let m = Msg {
+            obj: Obj::Raw(&fields),
+        };
+        if let Ok(decoded) = decode_fields(row, &m) {
+            return Ok(decoded);
+        }
+    }
+    decode_tree(row, &text)
+}
+
+/// [`decode_message`] of the JSON `text` through a `serde_json::Value`
+/// (the reading whose errors are reported).
+fn decode_tree(row: &NotificationRow, text: &str) -> Result<HiveMessage> {
     let value: Value =
-        serde_json::from_str(&text).map_err(|e| DecodeError::BadJson(e.to_string()))?;
+        serde_json::from_str(text).map_err(|e| DecodeError::BadJson(e.to_string()))?;
     let Value::Object(obj) = value else {
         return Err(DecodeError::BadJson(
             "the message is not a JSON object".into(),
         ));
     };
-    let m = Msg { obj: &obj };
+    decode_fields(
+        row,
+        &Msg {
+            obj: Obj::Tree(&obj),
+        },
+    )
+}
+
+/// The message of `row` from its fields.
+fn decode_fields(row: &NotificationRow, m: &Msg<'_>) -> Result<HiveMessage> {
+    let event_type = row.event_type.as_str();
     Ok(match event_type {
         "CREATE_DATABASE" => HiveMessage::CreateDatabase {
             db: m.db_name(row)?,
@@ -100,7 +133,7 @@ pub fn decode_message(row: &NotificationRow) -> Result<HiveMessage> {
         },
         "DROP_TABLE" => {
             let (db, table) = match (m.opt_str("db")?, m.opt_str("table")?) {
-                (Some(db), Some(table)) => (db.to_string(), table.to_string()),
+                (Some(db), Some(table)) => (db.into_owned(), table.into_owned()),
                 _ => match m.opt_str("tableObjJson")? {
                     Some(_) => {
                         let t = m.table("tableObjJson")?;
@@ -170,9 +203,11 @@ pub fn decode_message(row: &NotificationRow) -> Result<HiveMessage> {
 pub fn decode_txn_write(row: &TxnWriteRow) -> Result<TxnWrite> {
     let table_obj = non_empty(row.table_obj.as_deref())
         .ok_or_else(|| DecodeError::MissingField("WNL_TABLE_OBJ".into()))?;
-    let table = thrift::table_from_json(table_obj).map_err(|source| DecodeError::BadThrift {
-        field: "WNL_TABLE_OBJ".into(),
-        source,
+    let table = cached_table(table_obj, || {
+        thrift::table_from_json(table_obj).map_err(|source| DecodeError::BadThrift {
+            field: "WNL_TABLE_OBJ".into(),
+            source,
+        })
     })?;
     let partition = match (
         non_empty(row.partition_obj.as_deref()),
@@ -368,7 +403,7 @@ fn check_partition(table: &HiveTable, p: &HivePartition, field: &str) -> Result<
 
 /// Field access on a message object, with errors naming the field.
 struct Msg<'a> {
-    obj: &'a Map<String, Value>,
+    obj: Obj<'a>,
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -414,35 +449,184 @@ fn array_of<'v>(v: Option<&'v Value>, field: &str) -> Result<&'v [Value]> {
 /// File URIs of a `files` array; an element holding several URIs joined
 /// by `]` (as REPL DUMP writes them) is split.
 fn files_of(items: &[Value], field: &str) -> Result<Vec<FileUri>> {
-    let mut files = Vec::with_capacity(items.len());
+    let mut strs = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let at = format!("{field}[{i}]");
-        let Some(s) = str_of(item, &at)? else {
-            return Err(bad(&at, "null instead of a file URI".into()));
+        strs.push(str_of(item, &format!("{field}[{i}]"))?);
+    }
+    file_uris(strs.into_iter(), field)
+}
+
+/// [`files_of`] for elements read as strings (None for a JSON null).
+fn file_uris<'s>(
+    items: impl ExactSizeIterator<Item = Option<&'s str>>,
+    field: &str,
+) -> Result<Vec<FileUri>> {
+    let mut files = Vec::with_capacity(items.len());
+    for (i, item) in items.enumerate() {
+        let at = || format!("{field}[{i}]");
+        let Some(s) = item else {
+            return Err(bad(&at(), "null instead of a file URI".into()));
         };
-        files.extend(
-            uri::split_files(s).map_err(|source| DecodeError::BadPath { field: at, source })?,
-        );
+        files.extend(uri::split_files(s).map_err(|source| DecodeError::BadPath {
+            field: at(),
+            source,
+        })?);
     }
     Ok(files)
 }
 
+/// A message object's fields: the tree, or each top-level value's raw
+/// text (in order; a repeated key's last value counts, as in the tree).
+#[derive(Clone, Copy)]
+enum Obj<'a> {
+    Tree(&'a Map<String, Value>),
+    Raw(&'a [(Cow<'a, str>, &'a RawValue)]),
+}
+
+/// The top-level fields of a JSON object, values unparsed (but checked to
+/// be JSON).
+struct RawFields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for RawFields<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = RawFields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<RawFields<'de>, A::Error> {
+                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(12));
+                while let Some((Text(key), value)) = map.next_entry::<Text, &RawValue>()? {
+                    fields.push((key, value));
+                }
+                Ok(RawFields(fields))
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// A JSON string, borrowed from the input unless it has escapes.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Str;
+        impl<'de> Visitor<'de> for Str {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                s: &'de str,
+            ) -> std::result::Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(Str)
+    }
+}
+
+/// A field's raw value (the last, if the key repeats).
+fn raw_field<'a>(fields: &[(Cow<'a, str>, &'a RawValue)], name: &str) -> Option<&'a RawValue> {
+    fields
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| *v)
+}
+
+fn parse_raw(raw: &RawValue) -> Result<Value> {
+    serde_json::from_str(raw.get()).map_err(|e| DecodeError::BadJson(e.to_string()))
+}
+
+thread_local! {
+    /// The table object this thread decoded last, by its text (a raw JSON
+    /// string literal, or `WNL_TABLE_OBJ`), with what it decoded to: the
+    /// rows of one table repeat its object, and parsing it is a third of a
+    /// typical INSERT's decoding. A pure function of the text, so a hit is
+    /// exactly a parse.
+    static LAST_TABLE: RefCell<Option<(String, HiveTable)>> = const { RefCell::new(None) };
+}
+
+/// Table objects longer than this are not kept.
+const KEEP_TABLE_TEXT: usize = 256 << 10;
+
+/// The table `key` decodes to: this thread's last one if `key` is its
+/// text, else `parse()` (kept for the next call when it succeeds).
+fn cached_table(key: &str, parse: impl FnOnce() -> Result<HiveTable>) -> Result<HiveTable> {
+    let hit = LAST_TABLE.with(|last| match last.try_borrow() {
+        Ok(last) => last
+            .as_ref()
+            .filter(|(text, _)| text == key)
+            .map(|(_, t)| t.clone()),
+        Err(_) => None,
+    });
+    if let Some(t) = hit {
+        return Ok(t);
+    }
+    let table = parse()?;
+    if key.len() <= KEEP_TABLE_TEXT {
+        LAST_TABLE.with(|last| {
+            if let Ok(mut last) = last.try_borrow_mut() {
+                match last.as_mut() {
+                    Some((text, t)) => {
+                        text.clear();
+                        text.push_str(key);
+                        t.clone_from(&table);
+                    }
+                    None => *last = Some((key.to_owned(), table.clone())),
+                }
+            }
+        });
+    }
+    Ok(table)
+}
+
 impl<'a> Msg<'a> {
-    fn opt_str(&self, field: &str) -> Result<Option<&'a str>> {
-        match self.obj.get(field) {
-            None => Ok(None),
-            Some(v) => str_of(v, field),
+    /// A field's value (parsed from its raw text when the fields are raw).
+    fn value(&self, field: &str) -> Result<Option<Cow<'a, Value>>> {
+        match self.obj {
+            Obj::Tree(m) => Ok(m.get(field).map(Cow::Borrowed)),
+            Obj::Raw(fields) => match raw_field(fields, field) {
+                None => Ok(None),
+                Some(raw) => parse_raw(raw).map(|v| Some(Cow::Owned(v))),
+            },
         }
     }
 
-    fn req_str(&self, field: &str) -> Result<&'a str> {
+    fn opt_str(&self, field: &str) -> Result<Option<Cow<'a, str>>> {
+        match self.obj {
+            Obj::Tree(m) => match m.get(field) {
+                None => Ok(None),
+                Some(v) => Ok(str_of(v, field)?.map(Cow::Borrowed)),
+            },
+            Obj::Raw(fields) => match raw_field(fields, field) {
+                None => Ok(None),
+                Some(raw) if raw.get().starts_with('"') => serde_json::from_str::<Text>(raw.get())
+                    .map(|Text(s)| Some(s))
+                    .map_err(|e| DecodeError::BadJson(e.to_string())),
+                Some(raw) => Ok(str_of(&parse_raw(raw)?, field)?.map(|s| Cow::Owned(s.to_owned()))),
+            },
+        }
+    }
+
+    fn req_str(&self, field: &str) -> Result<Cow<'a, str>> {
         self.opt_str(field)?
             .ok_or_else(|| DecodeError::MissingField(field.to_string()))
     }
 
     /// Hive writes `"true"`/`"false"`; newer writers real booleans; absent is false.
     fn bool(&self, field: &str) -> Result<bool> {
-        match self.obj.get(field) {
+        match self.value(field)?.as_deref() {
             None | Some(Value::Null) => Ok(false),
             Some(Value::Bool(b)) => Ok(*b),
             Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
@@ -455,7 +639,7 @@ impl<'a> Msg<'a> {
     }
 
     fn req_i64(&self, field: &str) -> Result<i64> {
-        match self.obj.get(field) {
+        match self.value(field)?.as_deref() {
             None | Some(Value::Null) => Err(DecodeError::MissingField(field.to_string())),
             Some(Value::Number(n)) => n
                 .as_i64()
@@ -472,16 +656,25 @@ impl<'a> Msg<'a> {
     }
 
     fn table(&self, field: &str) -> Result<HiveTable> {
-        let text = self.req_str(field)?;
-        thrift::table_from_json(text).map_err(|source| DecodeError::BadThrift {
-            field: field.to_string(),
-            source,
-        })
+        let parse = || {
+            let text = self.req_str(field)?;
+            thrift::table_from_json(&text).map_err(|source| DecodeError::BadThrift {
+                field: field.to_string(),
+                source,
+            })
+        };
+        match self.obj {
+            Obj::Raw(fields) => match raw_field(fields, field) {
+                Some(raw) => cached_table(raw.get(), parse),
+                None => parse(),
+            },
+            Obj::Tree(_) => parse(),
+        }
     }
 
     fn partition(&self, field: &str, table: &HiveTable) -> Result<HivePartition> {
         let text = self.req_str(field)?;
-        let p = thrift::partition_from_json(text).map_err(|source| DecodeError::BadThrift {
+        let p = thrift::partition_from_json(&text).map_err(|source| DecodeError::BadThrift {
             field: field.to_string(),
             source,
         })?;
@@ -490,7 +683,16 @@ impl<'a> Msg<'a> {
     }
 
     fn files(&self, field: &str) -> Result<Vec<FileUri>> {
-        files_of(array_of(self.obj.get(field), field)?, field)
+        if let Obj::Raw(fields) = self.obj {
+            // Usually an array of strings: read without a tree.
+            if let Some(raw) = raw_field(fields, field) {
+                if let Ok(items) = serde_json::from_str::<Vec<Text>>(raw.get()) {
+                    return file_uris(items.iter().map(|Text(s)| Some(&**s)), field);
+                }
+            }
+        }
+        let v = self.value(field)?;
+        files_of(array_of(v.as_deref(), field)?, field)
     }
 
     fn db_name(&self, row: &NotificationRow) -> Result<String> {
@@ -498,7 +700,7 @@ impl<'a> Msg<'a> {
             return Ok(db.to_string());
         }
         if let Some(text) = self.opt_str("dbJson")? {
-            return thrift::database_from_json(text)
+            return thrift::database_from_json(&text)
                 .map(|d| d.name)
                 .map_err(|source| DecodeError::BadThrift {
                     field: "dbJson".into(),
@@ -513,7 +715,8 @@ impl<'a> Msg<'a> {
     /// `partitions`: one `{key: value}` object per partition, values raw;
     /// returned in the table's key order.
     fn partition_specs(&self, field: &str, table: &HiveTable) -> Result<Vec<Vec<String>>> {
-        let items = array_of(self.obj.get(field), field)?;
+        let v = self.value(field)?;
+        let items = array_of(v.as_deref(), field)?;
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let at = format!("{field}[{i}]");
@@ -540,7 +743,8 @@ impl<'a> Msg<'a> {
 
     fn add_partition(&self) -> Result<HiveMessage> {
         let table = self.table("tableObjJson")?;
-        let partitions: Vec<HivePartition> = match self.obj.get("partitionListJson") {
+        let list = self.value("partitionListJson")?;
+        let partitions: Vec<HivePartition> = match list.as_deref() {
             None | Some(Value::Null) => self
                 .partition_specs("partitions", &table)?
                 .into_iter()
@@ -575,7 +779,8 @@ impl<'a> Msg<'a> {
                 || (a.is_empty() && b == DEFAULT_PARTITION_NAME)
                 || (b.is_empty() && a == DEFAULT_PARTITION_NAME)
         };
-        for (j, entry) in array_of(self.obj.get("partitionFiles"), "partitionFiles")?
+        let partition_files = self.value("partitionFiles")?;
+        for (j, entry) in array_of(partition_files.as_deref(), "partitionFiles")?
             .iter()
             .enumerate()
         {
@@ -714,6 +919,134 @@ mod tests {
                 (got, want) => panic!("{gz:?}: {got:?} but MultiGzDecoder gives {want:?}"),
             }
         }
+    }
+
+    const EVENT_TYPES: [&str; 12] = [
+        "CREATE_DATABASE",
+        "DROP_DATABASE",
+        "CREATE_TABLE",
+        "DROP_TABLE",
+        "ALTER_TABLE",
+        "ADD_PARTITION",
+        "ALTER_PARTITION",
+        "DROP_PARTITION",
+        "INSERT",
+        "COMMIT_TXN",
+        "OPEN_TXN",
+        "ABORT_TXN",
+    ];
+
+    fn row(event_type: &str, message: &str) -> NotificationRow {
+        NotificationRow {
+            nl_id: None,
+            event_id: 1,
+            event_time: None,
+            event_type: event_type.into(),
+            cat_name: None,
+            db_name: Some("row_db".into()),
+            tbl_name: None,
+            message: Some(message.into()),
+            message_format: Some("json-0.2".into()),
+        }
+    }
+
+    /// The messages of ../shared/hive-samples/ (JSON objects), each with
+    /// every top-level field removed, null, or of each other JSON kind,
+    /// repeated with another value, and cut short.
+    fn sample_variants() -> Vec<String> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/hive-samples");
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("../shared/hive-samples") {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            out.push(text.clone());
+            for cut in [1, text.len() / 2, text.len() - 1] {
+                out.push(text[..cut].to_string());
+            }
+            let others = [
+                Value::Null,
+                Value::Bool(true),
+                serde_json::json!(7),
+                serde_json::json!(1e300),
+                serde_json::json!("x"),
+                serde_json::json!("true"),
+                serde_json::json!([]),
+                serde_json::json!(["hdfs://nn/w/a.db/t/f"]),
+                serde_json::json!([null]),
+                serde_json::json!({}),
+            ];
+            for key in obj.keys() {
+                let mut without = obj.clone();
+                without.remove(key);
+                out.push(Value::Object(without).to_string());
+                for v in &others {
+                    let mut with = obj.clone();
+                    with.insert(key.clone(), v.clone());
+                    out.push(Value::Object(with).to_string());
+                }
+                // The key again, with another value, after the rest.
+                let body = text.trim_end().trim_end_matches('}');
+                out.push(format!(
+                    "{body}, {}: \"again\"}}",
+                    Value::from(key.as_str())
+                ));
+            }
+        }
+        out.extend(
+            [
+                "",
+                "[]",
+                "\"a\"",
+                "{}",
+                "{\"db\":\"d\\u0062\"}",
+                "{\"d\\u0062\":\"escaped key\"}",
+                "{\"db\":\"d\"} x",
+                "{\"txnid\":\"12\"}",
+                "{\"txnid\":1.5}",
+            ]
+            .map(String::from),
+        );
+        out
+    }
+
+    #[test]
+    fn raw_fields_decode_exactly_as_the_json_tree() {
+        let variants = sample_variants();
+        assert!(variants.len() > 500, "{} variants", variants.len());
+        let mut differ = Vec::new();
+        // Twice: the second pass meets each table object in the cache.
+        for _ in 0..2 {
+            for text in &variants {
+                for t in EVENT_TYPES {
+                    let r = row(t, text);
+                    let raw = decode_message(&r);
+                    let tree = decode_tree(&r, text);
+                    if raw != tree {
+                        differ.push(format!("{t} {text}: {raw:?} != {tree:?}"));
+                    }
+                }
+            }
+        }
+        assert!(differ.is_empty(), "{}", differ.join("\n"));
+    }
+
+    #[test]
+    fn a_cached_table_is_the_table_of_its_text() {
+        let a = r#"{"1":{"str":"a"},"2":{"str":"d"},"8":{"lst":["rec",0]}}"#;
+        let b = r#"{"1":{"str":"b"},"2":{"str":"d"},"8":{"lst":["rec",1,{"1":{"str":"k"},"2":{"str":"string"}}]}}"#;
+        for text in [a, b, a, a, b] {
+            let got = cached_table(text, || Ok(thrift::table_from_json(text).unwrap())).unwrap();
+            assert_eq!(got, thrift::table_from_json(text).unwrap());
+        }
+        // A failed parse is not kept.
+        let e = cached_table("{", || Err(DecodeError::MissingField("x".into())));
+        assert!(e.is_err());
+        assert_eq!(
+            cached_table(b, || Err(DecodeError::MissingField("not parsed".into()))).unwrap(),
+            thrift::table_from_json(b).unwrap()
+        );
     }
 
     #[test]
