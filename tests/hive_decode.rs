@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use base64::Engine;
 use proptest::prelude::*;
 use stagefs::source::hive::message::{
-    decode_message, decode_text_limited, decode_txn_write, DecodeError,
+    decode_message, decode_text_limited, decode_txn_write, DecodeError, MESSAGE_EVENT_TYPES,
 };
 use stagefs::source::hive::model::{
     FileUri, HiveMessage, HivePartition, NotificationRow, TxnWriteRow,
@@ -831,20 +831,6 @@ fn bad_file_uris_and_partition_names_are_named() {
 
 // ---- never panics ----
 
-const DATA_EVENTS: &[&str] = &[
-    "CREATE_DATABASE",
-    "DROP_DATABASE",
-    "CREATE_TABLE",
-    "DROP_TABLE",
-    "ALTER_TABLE",
-    "ADD_PARTITION",
-    "ALTER_PARTITION",
-    "DROP_PARTITION",
-    "INSERT",
-    "COMMIT_TXN",
-    "OPEN_TXN",
-];
-
 const FORMATS: &[Option<&str>] = &[None, Some("json-0.2"), Some("gzip(json-2.0)"), Some("gzip")];
 
 fn sample_messages() -> Vec<(String, String)> {
@@ -936,7 +922,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(
         bytes in prop::collection::vec(any::<u8>(), 0..400),
-        ty in prop::sample::select(DATA_EVENTS),
+        ty in prop::sample::select([&MESSAGE_EVENT_TYPES[..], &["OPEN_TXN"]].concat()),
         format in prop::sample::select(FORMATS),
         gzip in any::<bool>(),
     ) {

@@ -383,13 +383,11 @@ fn breakdown(rows: &Path, writer: &HiveWriter, root: &Path, last: StateId) -> Re
     }
     let message = t.elapsed();
     let t = Instant::now();
-    let mut texts = Vec::with_capacity(all.len());
     for r in &all {
-        let text = decode_text(
+        decode_text(
             r.message.as_deref().unwrap_or(""),
             r.message_format.as_deref(),
         )?;
-        texts.push(text.into_owned());
     }
     let gunzip = t.elapsed();
 

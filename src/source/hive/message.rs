@@ -66,6 +66,21 @@ pub enum DecodeError {
 
 type Result<T> = std::result::Result<T, DecodeError>;
 
+/// The event types whose message is read (every other type advances the
+/// state-id only): a row of one of them without a `MESSAGE` is an error.
+pub const MESSAGE_EVENT_TYPES: [&str; 10] = [
+    "CREATE_DATABASE",
+    "DROP_DATABASE",
+    "CREATE_TABLE",
+    "DROP_TABLE",
+    "ALTER_TABLE",
+    "ADD_PARTITION",
+    "ALTER_PARTITION",
+    "DROP_PARTITION",
+    "INSERT",
+    "COMMIT_TXN",
+];
+
 /// What one `NOTIFICATION_LOG` row means.
 ///
 /// The message's top-level fields are read without building a JSON tree
@@ -77,14 +92,12 @@ type Result<T> = std::result::Result<T, DecodeError>;
 pub fn decode_message(row: &NotificationRow) -> Result<HiveMessage> {
     let event_type = row.event_type.as_str();
     let Some(message) = row.message.as_deref() else {
-        return match event_type {
-            "COMMIT_TXN" | "CREATE_DATABASE" | "DROP_DATABASE" | "CREATE_TABLE" | "DROP_TABLE"
-            | "ALTER_TABLE" | "ADD_PARTITION" | "ALTER_PARTITION" | "DROP_PARTITION" | "INSERT" => {
-                Err(DecodeError::MissingField("MESSAGE".into()))
-            }
-            _ => Ok(HiveMessage::NoData {
+        return if MESSAGE_EVENT_TYPES.contains(&event_type) {
+            Err(DecodeError::MissingField("MESSAGE".into()))
+        } else {
+            Ok(HiveMessage::NoData {
                 event_type: row.event_type.clone(),
-            }),
+            })
         };
     };
     let text = decode_text(message, row.message_format.as_deref())?;
@@ -203,7 +216,7 @@ fn decode_fields(row: &NotificationRow, m: &Msg<'_>) -> Result<HiveMessage> {
 pub fn decode_txn_write(row: &TxnWriteRow) -> Result<TxnWrite> {
     let table_obj = non_empty(row.table_obj.as_deref())
         .ok_or_else(|| DecodeError::MissingField("WNL_TABLE_OBJ".into()))?;
-    let table = cached_table(table_obj, || {
+    let table = cached_table(TableText::Json, table_obj, || {
         thrift::table_from_json(table_obj).map_err(|source| DecodeError::BadThrift {
             field: "WNL_TABLE_OBJ".into(),
             source,
@@ -548,26 +561,40 @@ fn parse_raw(raw: &RawValue) -> Result<Value> {
     serde_json::from_str(raw.get()).map_err(|e| DecodeError::BadJson(e.to_string()))
 }
 
+/// How the text a table is cached by writes the table object.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum TableText {
+    /// A JSON string literal holding the Thrift-JSON (a message field's
+    /// raw text, escapes and all).
+    Literal,
+    /// The Thrift-JSON itself (`WNL_TABLE_OBJ`).
+    Json,
+}
+
 thread_local! {
-    /// The table object this thread decoded last, by its text (a raw JSON
-    /// string literal, or `WNL_TABLE_OBJ`), with what it decoded to: the
-    /// rows of one table repeat its object, and parsing it is a third of a
-    /// typical INSERT's decoding. A pure function of the text, so a hit is
-    /// exactly a parse.
-    static LAST_TABLE: RefCell<Option<(String, HiveTable)>> = const { RefCell::new(None) };
+    /// The table object this thread decoded last, by its text and how that
+    /// text writes it, with what it decoded to: the rows of one table
+    /// repeat its object, and parsing it is a third of a typical INSERT's
+    /// decoding. A pure function of the two, so a hit is exactly a parse.
+    static LAST_TABLE: RefCell<Option<(TableText, String, HiveTable)>> = const { RefCell::new(None) };
 }
 
 /// Table objects longer than this are not kept.
 const KEEP_TABLE_TEXT: usize = 256 << 10;
 
-/// The table `key` decodes to: this thread's last one if `key` is its
-/// text, else `parse()` (kept for the next call when it succeeds).
-fn cached_table(key: &str, parse: impl FnOnce() -> Result<HiveTable>) -> Result<HiveTable> {
+/// The table `key` (written as `kind`) decodes to: this thread's last one
+/// if it was decoded from the same, else `parse()` (kept for the next call
+/// when it succeeds).
+fn cached_table(
+    kind: TableText,
+    key: &str,
+    parse: impl FnOnce() -> Result<HiveTable>,
+) -> Result<HiveTable> {
     let hit = LAST_TABLE.with(|last| match last.try_borrow() {
         Ok(last) => last
             .as_ref()
-            .filter(|(text, _)| text == key)
-            .map(|(_, t)| t.clone()),
+            .filter(|(k, text, _)| *k == kind && text == key)
+            .map(|(_, _, t)| t.clone()),
         Err(_) => None,
     });
     if let Some(t) = hit {
@@ -578,12 +605,13 @@ fn cached_table(key: &str, parse: impl FnOnce() -> Result<HiveTable>) -> Result<
         LAST_TABLE.with(|last| {
             if let Ok(mut last) = last.try_borrow_mut() {
                 match last.as_mut() {
-                    Some((text, t)) => {
+                    Some((k, text, t)) => {
+                        *k = kind;
                         text.clear();
                         text.push_str(key);
                         t.clone_from(&table);
                     }
-                    None => *last = Some((key.to_owned(), table.clone())),
+                    None => *last = Some((kind, key.to_owned(), table.clone())),
                 }
             }
         });
@@ -665,7 +693,7 @@ impl<'a> Msg<'a> {
         };
         match self.obj {
             Obj::Raw(fields) => match raw_field(fields, field) {
-                Some(raw) => cached_table(raw.get(), parse),
+                Some(raw) => cached_table(TableText::Literal, raw.get(), parse),
                 None => parse(),
             },
             Obj::Tree(_) => parse(),
@@ -921,21 +949,6 @@ mod tests {
         }
     }
 
-    const EVENT_TYPES: [&str; 12] = [
-        "CREATE_DATABASE",
-        "DROP_DATABASE",
-        "CREATE_TABLE",
-        "DROP_TABLE",
-        "ALTER_TABLE",
-        "ADD_PARTITION",
-        "ALTER_PARTITION",
-        "DROP_PARTITION",
-        "INSERT",
-        "COMMIT_TXN",
-        "OPEN_TXN",
-        "ABORT_TXN",
-    ];
-
     fn row(event_type: &str, message: &str) -> NotificationRow {
         NotificationRow {
             nl_id: None,
@@ -1019,7 +1032,10 @@ mod tests {
         // Twice: the second pass meets each table object in the cache.
         for _ in 0..2 {
             for text in &variants {
-                for t in EVENT_TYPES {
+                for t in MESSAGE_EVENT_TYPES
+                    .into_iter()
+                    .chain(["OPEN_TXN", "ABORT_TXN"])
+                {
                     let r = row(t, text);
                     let raw = decode_message(&r);
                     let tree = decode_tree(&r, text);
@@ -1037,16 +1053,45 @@ mod tests {
         let a = r#"{"1":{"str":"a"},"2":{"str":"d"},"8":{"lst":["rec",0]}}"#;
         let b = r#"{"1":{"str":"b"},"2":{"str":"d"},"8":{"lst":["rec",1,{"1":{"str":"k"},"2":{"str":"string"}}]}}"#;
         for text in [a, b, a, a, b] {
-            let got = cached_table(text, || Ok(thrift::table_from_json(text).unwrap())).unwrap();
+            let got = cached_table(TableText::Json, text, || {
+                Ok(thrift::table_from_json(text).unwrap())
+            })
+            .unwrap();
             assert_eq!(got, thrift::table_from_json(text).unwrap());
         }
         // A failed parse is not kept.
-        let e = cached_table("{", || Err(DecodeError::MissingField("x".into())));
+        let e = cached_table(TableText::Json, "{", || {
+            Err(DecodeError::MissingField("x".into()))
+        });
         assert!(e.is_err());
         assert_eq!(
-            cached_table(b, || Err(DecodeError::MissingField("not parsed".into()))).unwrap(),
+            cached_table(TableText::Json, b, || {
+                Err(DecodeError::MissingField("not parsed".into()))
+            })
+            .unwrap(),
             thrift::table_from_json(b).unwrap()
         );
+    }
+
+    #[test]
+    fn a_table_object_as_a_message_field_is_not_taken_for_a_txn_write_one() {
+        let table = r#"{"1":{"str":"t"},"2":{"str":"d"},"8":{"lst":["rec",0]}}"#;
+        let literal = Value::from(table).to_string();
+        let message = format!(r#"{{"db":"d","table":"t","tableObjJson":{literal},"files":[]}}"#);
+        let HiveMessage::CreateTable { .. } =
+            decode_message(&row("CREATE_TABLE", &message)).unwrap()
+        else {
+            panic!("not a create table");
+        };
+        // The same text as WNL_TABLE_OBJ is a string, not a Table object.
+        let write: TxnWriteRow = serde_json::from_value(serde_json::json!({
+            "WNL_TXNID": 1, "WNL_DATABASE": "d", "WNL_TABLE": "t", "WNL_TABLE_OBJ": literal,
+        }))
+        .unwrap();
+        assert!(matches!(
+            decode_txn_write(&write),
+            Err(DecodeError::BadThrift { .. })
+        ));
     }
 
     #[test]
