@@ -24,8 +24,10 @@
 //!   ([`crate::checkpoint`]). A restart loads the newest readable
 //!   checkpoint and replays only the journal after it.
 //!
-//! GC and the stager agree through [`GcGate`]: the stager publishes its
-//! pending trees and checks blob presence under the gate, and GC never
+//! GC and the stager agree through [`GcGate`]: the stager publishes what
+//! its pending states reference ([`catalog::PendingRefs`]: the visible tree
+//! plus the file entries of their events) and checks blob presence under
+//! the gate, and GC never
 //! deletes a blob the stager referenced after GC took its view of the
 //! trees. Open files need no protection: a reader holds the blob's file
 //! descriptor, so unlinking it does not disturb the read.
@@ -247,8 +249,10 @@ struct HandoffQueue {
 }
 
 /// Entries kept for the stager (like the journal ring, a bound on memory):
-/// at most this many...
-const HANDOFF_CAPACITY: usize = 65_536;
+/// at most this many (each holds its tree: its own copy of the directories
+/// its event changed, ~10 KiB for an INSERT into a table of 100
+/// partitions; a stager further behind than this decodes anyway)...
+const HANDOFF_CAPACITY: usize = 8192;
 /// ...and at most this many bytes of their events' journal payloads.
 const HANDOFF_BYTES: usize = 64 << 20;
 
@@ -306,8 +310,8 @@ struct GateState {
     marking: bool,
     /// Blobs the stager referenced since GC took its view.
     touched: HashSet<BlobId>,
-    /// The stager's pending trees, as of its last batch.
-    pending: Vec<Arc<Tree>>,
+    /// What the stager's pending states reference, as of its last batch.
+    pending: catalog::PendingRefs,
     /// What readers hold, once a mount is serving.
     held: Option<HeldDirs>,
 }
@@ -1343,6 +1347,16 @@ struct Stager {
 }
 
 const STAGER_BATCH: usize = 8192;
+/// Pending states the stager reads ahead of staging while every fetch
+/// goes well. Each pending state keeps its own copy of the directories
+/// its event changed (~10 KiB for an INSERT into a table of 100
+/// partitions), so reading a backlog of 50,000 events at once cost
+/// 500 MiB of fresh memory and, in zeroing those pages, more CPU than
+/// ingest. Past this many the rest waits in the journal (read from its
+/// files later, see `Follower`) while the fetches drain, unless a fetch
+/// is failing: then the stager reads on up to `max_pending`, so the event
+/// that unblocks a waiting state (a drop, an overwrite) is always read.
+const READ_AHEAD_STATES: usize = 4096;
 /// Fetch attempts handed out per fetch thread at most (see `max_in_flight`).
 const FETCHES_QUEUED_PER_THREAD: usize = 64;
 /// At most one commit (one durable commit record) per this interval.
@@ -1398,9 +1412,10 @@ impl Stager {
         let mut n = 0;
         let gate_lock = Arc::clone(&self.gate);
         let mut gate = None;
-        // No bound on pending states here: `Pending` merges past its bound,
-        // so the event that unblocks a waiting state is always read.
-        while n < STAGER_BATCH {
+        // Past `READ_AHEAD_STATES` only while a fetch fails; `Pending`
+        // merges past its own bound, so the event that unblocks a waiting
+        // state is always read.
+        while n < STAGER_BATCH && !self.read_far_enough() {
             let idle =
                 self.in_flight.is_empty() && self.queued.is_empty() && self.retries.is_empty();
             let rec = if n == 0 && idle {
@@ -1450,9 +1465,19 @@ impl Stager {
             n += 1;
         }
         if let Some(mut g) = gate {
-            g.pending = self.pending.trees().cloned().collect();
+            g.pending = self.pending.refs().clone();
         }
         Ok(n)
+    }
+
+    /// Whether reading more events can wait: enough states are pending,
+    /// fetches are under way for them and none is failing (see
+    /// [`READ_AHEAD_STATES`]).
+    fn read_far_enough(&self) -> bool {
+        self.pending.len() >= READ_AHEAD_STATES
+            && !(self.in_flight.is_empty() && self.queued.is_empty())
+            && self.errors.is_empty()
+            && self.retries.is_empty()
     }
 
     /// `blob` is newly missing, or has a new source: attempt it now (a
@@ -1677,7 +1702,7 @@ impl Stager {
                     self.retry_now.remove(&b);
                 }
                 let mut g = self.gate.lock();
-                g.pending = self.pending.trees().cloned().collect();
+                g.pending = self.pending.refs().clone();
                 Ok(())
             }
             Err(e) => {
@@ -1966,9 +1991,12 @@ fn collect_garbage(
     let result = (|| {
         let mut live: HashSet<BlobId> = HashSet::new();
         let mut seen_dirs: HashSet<catalog::NodeId> = HashSet::new();
-        for tree in snapshot.versions.values().chain(pending.iter()) {
+        for tree in snapshot.versions.values() {
             mark(&tree.root, &mut live, &mut seen_dirs);
         }
+        // Pending trees are the visible one (a version) plus the files
+        // their events added: those entries are what they reference.
+        live.extend(pending.blobs());
         for dir in &held_dirs {
             mark(dir, &mut live, &mut seen_dirs);
         }

@@ -298,6 +298,39 @@ fn state_dir() -> tempfile::TempDir {
     }
 }
 
+/// What GC keeps for the stager (the visible tree plus `Pending::refs`)
+/// holds every blob any pending tree references, and every missing blob
+/// still has a source to be read from.
+fn gc_view_covers_pending(catalog: &Catalog, pending: &mut Pending) -> Result<(), TestCaseError> {
+    let mut kept: HashSet<BlobId> = pending.refs().blobs().collect();
+    catalog.snapshot().visible.for_each_file(&mut |f| {
+        kept.insert(f.blob());
+    });
+    for tree in pending.trees() {
+        let mut unkept = None;
+        tree.for_each_file(&mut |f| {
+            if !kept.contains(&f.blob()) {
+                unkept = Some(f.blob());
+            }
+        });
+        prop_assert!(
+            unkept.is_none(),
+            "state {} references {:?}, which GC would not keep",
+            tree.state_id,
+            unkept
+        );
+    }
+    let missing: Vec<BlobId> = pending.missing().copied().collect();
+    for b in missing {
+        prop_assert!(
+            !pending.next_sources(&b).is_empty(),
+            "missing {:?} has no source",
+            b
+        );
+    }
+    Ok(())
+}
+
 /// One case; `max_states` bounds the pending states kept one by one
 /// (`Pending::bounded`), `None` keeps them all.
 fn run_case(
@@ -392,6 +425,7 @@ fn run_case(
                 }
             }
         }
+        gc_view_covers_pending(&catalog, &mut pending)?;
     }
     // Liveness: stage everything that can be staged, then commit.
     for b in waiting.drain(..) {

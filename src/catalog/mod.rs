@@ -28,7 +28,7 @@
 pub mod resolutions;
 pub mod tree;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -550,21 +550,124 @@ impl PendingState {
 #[derive(Debug, Default)]
 struct Sources {
     files: Vec<FileRef>,
-    /// `(path, name, cm_path)` of each of `files`: what `candidate_places`
-    /// looks at.
-    places: HashSet<(String, String, Option<String>)>,
+    /// `(path, name, cm_path)` of each of `files` (what `candidate_places`
+    /// looks at), with how many pending entries name it.
+    places: HashMap<Place, u32>,
     /// Where the next attempt starts (attempts rotate through `files`).
     next: usize,
 }
 
+type Place = (String, String, Option<String>);
+
+fn place_of(file: &FileRef) -> Place {
+    (file.path.clone(), file.name.clone(), file.cm_path.clone())
+}
+
 impl Sources {
-    /// Adds `file` unless its places are known; true when it is new.
+    /// Counts one more entry naming `file`'s place; true when the place is
+    /// new.
     fn add(&mut self, file: &FileRef) -> bool {
-        let place = (file.path.clone(), file.name.clone(), file.cm_path.clone());
-        if !self.places.insert(place) {
+        let count = self.places.entry(place_of(file)).or_insert(0);
+        *count += 1;
+        if *count > 1 {
             return false;
         }
         self.files.push(file.clone());
+        true
+    }
+
+    /// One entry naming `file`'s place is gone (its state committed or no
+    /// longer references it): the place stops being a source with its last
+    /// entry, except the blob's last source, which stays while the blob is
+    /// missing (it is abandoned once no entry names it at all).
+    fn remove(&mut self, file: &FileRef) {
+        let place = place_of(file);
+        let Some(count) = self.places.get_mut(&place) else {
+            return;
+        };
+        if *count > 1 {
+            *count -= 1;
+            return;
+        }
+        if self.files.len() <= 1 {
+            return;
+        }
+        self.places.remove(&place);
+        if let Some(i) = self.files.iter().position(|f| place_of(f) == place) {
+            self.files.remove(i);
+            if self.next > i {
+                self.next -= 1;
+            }
+        }
+    }
+}
+
+/// What the file entries of pending states reference, as GC needs it:
+/// every entry's key ([`AddedFile::blob`]) with how many entries name it
+/// and the resolution cell of one of them. A persistent map: the stager
+/// hands GC a copy per batch in O(1), and it changes by the entries each
+/// event adds and each commit or merge drops, never by a walk of the
+/// pending trees (which share all but a few directories each, so a walk
+/// costs the changed directories' entries once per state).
+#[derive(Clone, Default)]
+pub struct PendingRefs(imbl::HashMap<BlobId, EntryRefs>);
+
+#[derive(Clone)]
+struct EntryRefs {
+    entries: u32,
+    cell: Option<Arc<Resolution>>,
+}
+
+impl PendingRefs {
+    /// The blob each referenced file has now, as [`FileNode::blob`] gives
+    /// it: its content once known, else its key.
+    pub fn blobs(&self) -> impl Iterator<Item = BlobId> + '_ {
+        self.0.iter().map(|(key, r)| {
+            r.cell
+                .as_ref()
+                .and_then(|c| c.get())
+                .map_or(*key, |(blob, _)| blob)
+        })
+    }
+
+    /// Keys named by at least one entry.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn names(&self, key: &BlobId) -> bool {
+        self.0.contains_key(key)
+    }
+
+    fn add(&mut self, f: &AddedFile) {
+        match self.0.get_mut(&f.blob) {
+            Some(r) => r.entries += 1,
+            None => {
+                self.0.insert(
+                    f.blob,
+                    EntryRefs {
+                        entries: 1,
+                        cell: f.resolution.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// One entry naming `f`'s key is gone; true when it was the last.
+    fn remove(&mut self, f: &AddedFile) -> bool {
+        let Some(r) = self.0.get_mut(&f.blob) else {
+            return false;
+        };
+        r.entries = r.entries.saturating_sub(1);
+        if r.entries > 0 {
+            return false;
+        }
+        self.0.remove(&f.blob);
         true
     }
 }
@@ -584,6 +687,14 @@ pub struct Pending {
     /// `added` length of the newest state at its last pruning (merged
     /// states only).
     pruned_at: usize,
+    /// What the entries of `states` name (GC's view, [`Pending::refs`]).
+    refs: PendingRefs,
+    /// The newest state whose event may stop referencing earlier files:
+    /// past it, a state that waits makes every later one wait.
+    last_unreferencing: Option<StateId>,
+    /// Missing blobs no entry names any more (a merge dropped the last
+    /// one), returned by the next [`Pending::committed`].
+    abandoned: Vec<BlobId>,
 }
 
 impl Pending {
@@ -609,6 +720,9 @@ impl Pending {
             missing: HashMap::new(),
             max_states: max_states.max(1),
             pruned_at: 0,
+            refs: PendingRefs::default(),
+            last_unreferencing: None,
+            abandoned: Vec::new(),
         }
     }
 
@@ -652,6 +766,7 @@ impl Pending {
     ) -> Vec<AddedFile> {
         let mut to_fetch = Vec::new();
         for f in &added {
+            self.refs.add(f);
             let new_source = match self.missing.get_mut(&f.blob) {
                 Some(sources) => sources.add(&f.file),
                 None if is_staged(f) => false,
@@ -698,6 +813,9 @@ impl Pending {
                     | Op::TruncateTable
             )
         });
+        if may_unreference {
+            self.last_unreferencing = Some(tree.state_id);
+        }
         if self.states.len() >= self.max_states {
             self.merge_into_newest(tree, added, renamed, may_unreference);
         } else {
@@ -742,9 +860,15 @@ impl Pending {
         // twice the files the newest tree holds, in amortised linear time.
         if newest.added.len() > 2 * self.pruned_at.max(1024) {
             let tree = Arc::clone(&newest.tree);
-            newest
-                .added
-                .retain(|f| still_references(&tree, &f.dir, &f.name, f.blob));
+            let (refs, missing, abandoned) =
+                (&mut self.refs, &mut self.missing, &mut self.abandoned);
+            newest.added.retain(|f| {
+                let keep = still_references(&tree, &f.dir, &f.name, f.blob);
+                if !keep {
+                    forget_entry(f, refs, missing, abandoned);
+                }
+                keep
+            });
             self.pruned_at = newest.added.len();
         }
     }
@@ -758,6 +882,11 @@ impl Pending {
     /// reference it wait for it again, and it is read again from any of
     /// their entries naming it (or from `read_from`, the file it came from).
     pub fn unstaged(&mut self, blob: BlobId, read_from: &FileRef) {
+        if !self.refs.names(&blob) {
+            // Nothing waits for it (its states committed meanwhile).
+            self.abandoned.push(blob);
+            return;
+        }
         let mut sources = Sources::default();
         for f in self.states.iter().flat_map(|s| s.added.iter()) {
             if f.blob == blob {
@@ -815,6 +944,13 @@ impl Pending {
             state.carry(&mut unresolved, &self.missing);
             if unresolved.is_empty() {
                 best = Some(&state.tree);
+            } else if self
+                .last_unreferencing
+                .is_none_or(|last| state.tree.state_id >= last)
+            {
+                // No later event drops a file: whatever waits here waits
+                // in every later state too.
+                break;
             }
         }
         best.cloned()
@@ -843,33 +979,47 @@ impl Pending {
             .front()
             .is_some_and(|s| s.tree.state_id <= state)
         {
-            self.states.pop_front();
+            if let Some(s) = self.states.pop_front() {
+                for f in &s.added {
+                    forget_entry(f, &mut self.refs, &mut self.missing, &mut self.abandoned);
+                }
+            }
         }
         if self.states.is_empty() {
             self.pruned_at = 0;
         }
-        if self.missing.is_empty() {
-            return Vec::new();
-        }
-        let mut needed: HashMap<BlobId, Sources> = HashMap::new();
-        for f in self.states.iter().flat_map(|s| s.added.iter()) {
-            if self.missing.contains_key(&f.blob) {
-                needed.entry(f.blob).or_default().add(&f.file);
-            }
-        }
-        let abandoned: Vec<BlobId> = self
-            .missing
-            .keys()
-            .filter(|b| !needed.contains_key(b))
-            .copied()
-            .collect();
-        self.missing = needed;
-        abandoned
+        std::mem::take(&mut self.abandoned)
     }
 
-    /// Every tree still pending (GC must keep their blobs).
+    /// What the pending states' entries reference (GC keeps their blobs):
+    /// a copy that costs nothing to take.
+    pub fn refs(&self) -> &PendingRefs {
+        &self.refs
+    }
+
+    /// Every tree still pending, oldest first.
     pub fn trees(&self) -> impl Iterator<Item = &Arc<Tree>> {
         self.states.iter().map(|s| &s.tree)
+    }
+}
+
+/// The pending entry `f` is gone: it stops counting as a reference and as
+/// a source of its blob, and a missing blob no entry names any more is
+/// abandoned (nothing waits for it).
+fn forget_entry(
+    f: &AddedFile,
+    refs: &mut PendingRefs,
+    missing: &mut HashMap<BlobId, Sources>,
+    abandoned: &mut Vec<BlobId>,
+) {
+    let last = refs.remove(f);
+    if let Some(sources) = missing.get_mut(&f.blob) {
+        if last {
+            missing.remove(&f.blob);
+            abandoned.push(f.blob);
+        } else {
+            sources.remove(&f.file);
+        }
     }
 }
 

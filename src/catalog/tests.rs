@@ -599,3 +599,57 @@ fn a_merged_state_still_waits_for_a_file_added_before_a_rename() {
     pending.staged(&held_back);
     assert_eq!(pending.newest_complete().unwrap().state_id, StateId(22));
 }
+
+#[test]
+fn pending_refs_name_the_files_of_the_states_not_committed() {
+    let mut pending = with_table(usize::MAX);
+    let (x, y) = (
+        BlobId::from_hex(SHA1).unwrap(),
+        BlobId::from_hex(SHA2).unwrap(),
+    );
+    let refs = |p: &Pending| p.refs().blobs().collect::<std::collections::HashSet<_>>();
+    pending
+        .apply(&add_file(20, "add_files", "blah", "a", "x/f", SHA1), |_| {
+            true
+        })
+        .unwrap();
+    pending
+        .apply(&add_file(21, "add_files", "blah", "b", "y/f", SHA2), |_| {
+            true
+        })
+        .unwrap();
+    pending
+        .apply(&add_file(22, "add_files", "blah", "c", "z/f", SHA1), |_| {
+            true
+        })
+        .unwrap();
+    assert_eq!(refs(&pending), [x, y].into());
+    pending.committed(StateId(21));
+    assert_eq!(refs(&pending), [x].into(), "22 still names x");
+    pending.committed(StateId(22));
+    assert!(pending.refs().is_empty());
+}
+
+#[test]
+fn a_merged_state_that_drops_a_waiting_file_abandons_it_when_pruned() {
+    // 20 waits for X; every later event merges into it.
+    let (mut pending, held_back) = waiting_for_x(1);
+    let drop = ev(
+        r#"{"id": 21, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "a"}}"#,
+    );
+    pending.apply(&drop, |_| true).unwrap();
+    assert!(pending.is_missing(&held_back), "not pruned yet");
+    for i in 0..2100u32 {
+        let e = add_file(22 + i, "add_files", "blah", "b", &format!("b/{i}"), SHA2);
+        pending.apply(&e, |_| true).unwrap();
+    }
+    assert!(
+        !pending.is_missing(&held_back),
+        "pruning dropped its only entry"
+    );
+    assert!(!pending.refs().blobs().any(|b| b == held_back));
+    let newest = pending.newest_complete().unwrap().state_id;
+    assert_eq!(newest, StateId(2121));
+    assert_eq!(pending.committed(newest), vec![held_back]);
+    assert!(pending.committed(newest).is_empty(), "reported once");
+}
