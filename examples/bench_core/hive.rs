@@ -93,16 +93,18 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
     let rows = root.join("rows.jsonl");
     let mut writer = HiveWriter::new(&rows, &source, None, &root.join("hive-cm"), true)?;
 
-    // One content, hard-linked under every name: the files exist and carry
-    // a real HDFS checksum; generating them stays cheap.
+    // A content of its own per file (the id in its first 8 bytes), as in a
+    // warehouse: with one content for all, every fetch after the first
+    // copied a duplicate and unlinked it, and on a no-journal ext4 each
+    // create then scanned past those freshly freed inodes.
     let t = Instant::now();
-    let content: Vec<u8> = (0..payload).map(|i| (i * 31 % 251) as u8).collect();
-    let original = root.join("content.bin");
-    fs::write(&original, &content)?;
-    let sha: String = Sha256::digest(&content)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let base: Vec<u8> = (0..payload).map(|i| (i * 31 % 251) as u8).collect();
+    let content_of = |id: u64| {
+        let mut c = base.clone();
+        let n = c.len().min(8);
+        c[..n].copy_from_slice(&id.to_le_bytes()[..n]);
+        c
+    };
     const PARTS: u64 = 100;
     for p in 0..PARTS {
         fs::create_dir_all(source.join(format!("ing/t/p={p}")))?;
@@ -116,7 +118,12 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
     for k in 0..n {
         let (id, p) = (k + 3, k % PARTS);
         let rel = format!("ing/t/p={p}/f_{id:08}");
-        fs::hard_link(&original, source.join(&rel))?;
+        let content = content_of(id);
+        fs::write(source.join(&rel), &content)?;
+        let sha: String = Sha256::digest(&content)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         lines.push(format!(
             r#"{{"id":{id},"op":"add_files","db":"ing","table":"t","partition":{{"p":"{p}"}},"files":[{{"path":"{rel}","size":{payload},"sha256":"{sha}"}}]}}"#
         ));
@@ -137,6 +144,7 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
     let (mut rates, mut states) = (Vec::new(), Vec::new());
     for rep in 0..reps.min(o.num("pipeline-reps", reps)) {
         let state = root.join(format!("state-{rep}"));
+        let before = threads_cpu_ns();
         let cpu = cpu_seconds();
         let started = Instant::now();
         let replica = hive_replica(&state, &source, hive_config(&rows, &writer)?)?;
@@ -155,12 +163,13 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
         }
         let secs = started.elapsed().as_secs_f64();
         let cpu_us = (cpu_seconds() - cpu) * 1e6 / last.0 as f64;
+        let threads = thread_cpu_by_name(&before, last.0);
         let status = replica.status();
         replica.stop();
         let rate = last.0 as f64 / secs;
         eprintln!(
             "hive-ingest rep {}: {} events journaled in {secs:.2} s = {rate:.0}/s, process CPU {cpu_us:.1} µs/event \
-             with the stager (visible then {}; load {})",
+             with the stager (visible then {}; load {}); by thread: {threads}",
             rep + 1,
             grouped(last.0),
             status.visible,
@@ -208,6 +217,51 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
         rows_bytes >> 20
     ));
     Ok(())
+}
+
+/// CPU nanoseconds each thread of this process has run, by thread id
+/// (`/proc/self/task/*/schedstat`), with its name.
+fn threads_cpu_ns() -> std::collections::HashMap<u32, (String, u64)> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let ns = fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        out.insert(tid, (comm.trim().to_owned(), ns));
+    }
+    out
+}
+
+/// CPU µs per event of each thread name since `before` (threads started
+/// since count from zero; fetch threads summed), largest first.
+fn thread_cpu_by_name(
+    before: &std::collections::HashMap<u32, (String, u64)>,
+    events: u64,
+) -> String {
+    let mut by_name: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for (tid, (name, ns)) in threads_cpu_ns() {
+        let was = before.get(&tid).map_or(0, |(_, ns)| *ns);
+        let name = if name.starts_with("fetch-") {
+            "fetch".to_owned()
+        } else {
+            name
+        };
+        *by_name.entry(name).or_default() += ns.saturating_sub(was);
+    }
+    let mut v: Vec<(String, u64)> = by_name.into_iter().filter(|(_, ns)| *ns > 0).collect();
+    v.sort_by_key(|b| std::cmp::Reverse(b.1));
+    v.iter()
+        .map(|(name, ns)| format!("{name} {:.1}", *ns as f64 / 1e3 / events as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// CPU seconds the calling thread has used.

@@ -27,12 +27,12 @@ use super::{rewrite_journal_until_synced, IngestTo};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::event::StateId;
 use crate::journal::{Journal, JournalError, SyncTicket};
-use crate::source::Accepted;
 
 /// A batch whose records are in the journal but not yet published.
 pub(super) struct Batch {
-    pub accepted: Vec<(Accepted, usize)>,
-    /// The journal records of `accepted`, to write again if the sync fails.
+    /// Events accepted in the batch.
+    pub accepted: u64,
+    /// The batch's journal records, to write again if the sync fails.
     pub appended: Vec<(StateId, Vec<u8>)>,
     /// The validator's newest id after the batch (`Progress::latest`).
     pub last_id: StateId,
@@ -47,9 +47,9 @@ pub(super) struct InFlight(Batch);
 /// batch whose records are durable.
 fn publish(batch: Batch, to: IngestTo<'_>) {
     let progress = to.progress;
-    let n = batch.accepted.len() as u64;
-    to.handoff.push(batch.accepted);
-    progress.events_accepted.fetch_add(n, Ordering::Relaxed);
+    progress
+        .events_accepted
+        .fetch_add(batch.accepted, Ordering::Relaxed);
     progress.latest.store(batch.last_id.0, Ordering::Relaxed);
     if batch.last_time != UNKNOWN_TIME {
         progress
