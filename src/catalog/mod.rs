@@ -988,7 +988,10 @@ impl Pending {
         if self.states.is_empty() {
             self.pruned_at = 0;
         }
-        std::mem::take(&mut self.abandoned)
+        let mut abandoned = std::mem::take(&mut self.abandoned);
+        // One abandoned at a merge may be wanted again by a later event.
+        abandoned.retain(|b| !self.missing.contains_key(b));
+        abandoned
     }
 
     /// What the pending states' entries reference (GC keeps their blobs):

@@ -653,3 +653,24 @@ fn a_merged_state_that_drops_a_waiting_file_abandons_it_when_pruned() {
     assert_eq!(pending.committed(newest), vec![held_back]);
     assert!(pending.committed(newest).is_empty(), "reported once");
 }
+
+#[test]
+fn a_blob_abandoned_at_a_merge_and_named_again_is_not_reported_abandoned() {
+    let (mut pending, held_back) = waiting_for_x(1);
+    let drop = ev(
+        r#"{"id": 21, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "a"}}"#,
+    );
+    pending.apply(&drop, |_| true).unwrap();
+    for i in 0..2100u32 {
+        let e = add_file(22 + i, "add_files", "blah", "b", &format!("b/{i}"), SHA2);
+        pending.apply(&e, |_| true).unwrap();
+    }
+    assert!(!pending.is_missing(&held_back), "abandoned when pruned");
+    // X named again: missing again, wanted by the newest state.
+    let again = add_file(3000, "add_files", "blah", "c", "x/again", SHA1);
+    let fetch = pending.apply(&again, |f| f.blob != held_back).unwrap();
+    assert_eq!(fetch.len(), 1);
+    assert!(pending.is_missing(&held_back));
+    assert!(pending.committed(StateId(20)).is_empty(), "wanted again");
+    assert_eq!(source_paths(&mut pending, &held_back), ["x/again"]);
+}
