@@ -149,18 +149,27 @@ fn workload_through_hive_rows_matches_the_oracle_at_every_retained_state() {
     let mut converter = LogConverter::new(&src.path().join("events"), writer);
     // Converted as the workload writes, as a listener would: every file
     // is still at its source path when its event is written.
-    for _ in 0..150 {
-        workload.step().unwrap();
-        workload.flush().unwrap();
-        converter.pump().unwrap();
-    }
+    let mut steps = |n: usize| {
+        for _ in 0..n {
+            workload.step().unwrap();
+            workload.flush().unwrap();
+            converter.pump().unwrap();
+        }
+        workload.latest()
+    };
+    // Half before the replica starts, half while it runs: at least two
+    // states become visible whatever the commits' pace.
+    let first = steps(75);
     let replica = Replica::start(fx.config(state.path())).unwrap();
-    let latest = workload.latest();
+    wait_for("the first half", Duration::from_secs(30), || {
+        replica.catalog().snapshot().visible.state_id == first
+    });
+    let latest = steps(75);
     wait_for("the last state", Duration::from_secs(30), || {
         replica.catalog().snapshot().visible.state_id == latest
     });
     let snap = replica.catalog().snapshot();
-    assert!(snap.versions.len() > 1);
+    assert!(snap.versions.len() > 1, "{:?}", snap.versions.keys());
     for (id, tree) in &snap.versions {
         let Some(expected) = workload.expected(*id) else {
             continue; // before the first event
