@@ -630,9 +630,9 @@ fn pending_refs_name_the_files_of_the_states_not_committed() {
     assert!(pending.refs().is_empty());
 }
 
-#[test]
-fn a_merged_state_that_drops_a_waiting_file_abandons_it_when_pruned() {
-    // 20 waits for X; every later event merges into it.
+/// State 20 waits for X with every later event merged into it (bound 1):
+/// 21 drops X's partition, then 2,100 files are added (X's entry pruned).
+fn x_dropped_and_pruned() -> (Pending, BlobId) {
     let (mut pending, held_back) = waiting_for_x(1);
     let drop = ev(
         r#"{"id": 21, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "a"}}"#,
@@ -643,6 +643,12 @@ fn a_merged_state_that_drops_a_waiting_file_abandons_it_when_pruned() {
         let e = add_file(22 + i, "add_files", "blah", "b", &format!("b/{i}"), SHA2);
         pending.apply(&e, |_| true).unwrap();
     }
+    (pending, held_back)
+}
+
+#[test]
+fn a_merged_state_that_drops_a_waiting_file_abandons_it_when_pruned() {
+    let (mut pending, held_back) = x_dropped_and_pruned();
     assert!(
         !pending.is_missing(&held_back),
         "pruning dropped its only entry"
@@ -656,15 +662,7 @@ fn a_merged_state_that_drops_a_waiting_file_abandons_it_when_pruned() {
 
 #[test]
 fn a_blob_abandoned_at_a_merge_and_named_again_is_not_reported_abandoned() {
-    let (mut pending, held_back) = waiting_for_x(1);
-    let drop = ev(
-        r#"{"id": 21, "op": "drop_partition", "db": "default", "table": "blah", "partition": {"p": "a"}}"#,
-    );
-    pending.apply(&drop, |_| true).unwrap();
-    for i in 0..2100u32 {
-        let e = add_file(22 + i, "add_files", "blah", "b", &format!("b/{i}"), SHA2);
-        pending.apply(&e, |_| true).unwrap();
-    }
+    let (mut pending, held_back) = x_dropped_and_pruned();
     assert!(!pending.is_missing(&held_back), "abandoned when pruned");
     // X named again: missing again, wanted by the newest state.
     let again = add_file(3000, "add_files", "blah", "c", "x/again", SHA1);
