@@ -826,6 +826,32 @@ fn cpu_seconds() -> f64 {
     get(libc::RUSAGE_SELF) + get(libc::RUSAGE_CHILDREN)
 }
 
+/// CPU time and run-queue wait (ns, from `/proc/self/task/*/schedstat`)
+/// per thread name of this process, summed over threads of one name.
+fn thread_times() -> BTreeMap<String, (u64, u64)> {
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let (Ok(comm), Ok(stat)) = (
+            fs::read_to_string(dir.join("comm")),
+            fs::read_to_string(dir.join("schedstat")),
+        ) else {
+            continue;
+        };
+        let mut it = stat
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0));
+        let (cpu, wait) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        let e = out.entry(comm.trim().to_owned()).or_default();
+        e.0 += cpu;
+        e.1 += wait;
+    }
+    out
+}
+
 /// Runs `f` and returns (MiB/s, CPU seconds per GiB).
 fn measure(total_mib: f64, f: impl FnOnce() -> Res<()>) -> Res<(f64, f64)> {
     let cpu = cpu_seconds();

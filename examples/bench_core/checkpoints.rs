@@ -37,7 +37,7 @@ use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::workload::Rng;
 
 use super::{
-    add_files, build_tree, file_ref, grouped, note, row, rss_bytes, wait_visible,
+    add_files, build_tree, file_ref, grouped, note, row, rss_bytes, thread_times, wait_visible,
     write_metadata_log, Opts, Res, Timings,
 };
 
@@ -678,32 +678,6 @@ pub fn lag_child(o: &Opts) -> Res<()> {
 /// report over their timed events (`ckpt-write`: the checkpoint thread's
 /// writer, where a build has one).
 const THREADS: [&str; 4] = ["ingest", "stager", "checkpoint", "ckpt-write"];
-
-/// CPU time and run-queue wait (ns, from `/proc/self/task/*/schedstat`)
-/// per thread name of this process, summed over threads of one name.
-fn thread_times() -> BTreeMap<String, (u64, u64)> {
-    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
-        return out;
-    };
-    for task in tasks.flatten() {
-        let dir = task.path();
-        let (Ok(comm), Ok(stat)) = (
-            fs::read_to_string(dir.join("comm")),
-            fs::read_to_string(dir.join("schedstat")),
-        ) else {
-            continue;
-        };
-        let mut it = stat
-            .split_whitespace()
-            .map(|v| v.parse::<u64>().unwrap_or(0));
-        let (cpu, wait) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
-        let e = out.entry(comm.trim().to_owned()).or_default();
-        e.0 += cpu;
-        e.1 += wait;
-    }
-    out
-}
 
 /// Every 5 ms until `done`: the disk's counters (`/sys/block/vda/stat`:
 /// write ios, sectors, ms; in flight; discard ios, sectors; flush ios, ms)

@@ -15,6 +15,7 @@
 //! project's DbNotificationListener stand-in) are generated before any clock
 //! starts.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -37,8 +38,8 @@ use stagefs::source::hive::{HiveConfig, HiveRows, HiveSource};
 use stagefs::source::{Source, Validator, Verdict};
 
 use super::{
-    cpu_seconds, grouped, measure, median, note, row, sh, wait_visible, write_random_files, Opts,
-    Res,
+    cpu_seconds, grouped, measure, median, note, row, sh, thread_times, wait_visible,
+    write_random_files, Opts, Res,
 };
 
 /// Median and range of `v`, formatted `median (min–max)` with `digits`.
@@ -144,7 +145,7 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
     let (mut rates, mut states) = (Vec::new(), Vec::new());
     for rep in 0..reps.min(o.num("pipeline-reps", reps)) {
         let state = root.join(format!("state-{rep}"));
-        let before = threads_cpu_ns();
+        let before = thread_times();
         let cpu = cpu_seconds();
         let started = Instant::now();
         let replica = hive_replica(&state, &source, hive_config(&rows, &writer)?)?;
@@ -219,36 +220,12 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
     Ok(())
 }
 
-/// CPU nanoseconds each thread of this process has run, by thread id
-/// (`/proc/self/task/*/schedstat`), with its name.
-fn threads_cpu_ns() -> std::collections::HashMap<u32, (String, u64)> {
-    let mut out = std::collections::HashMap::new();
-    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let Ok(tid) = t.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        let ns = fs::read_to_string(t.path().join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0);
-        out.insert(tid, (comm.trim().to_owned(), ns));
-    }
-    out
-}
-
-/// CPU µs per event of each thread name since `before` (threads started
-/// since count from zero; fetch threads summed), largest first.
-fn thread_cpu_by_name(
-    before: &std::collections::HashMap<u32, (String, u64)>,
-    events: u64,
-) -> String {
-    let mut by_name: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-    for (tid, (name, ns)) in threads_cpu_ns() {
-        let was = before.get(&tid).map_or(0, |(_, ns)| *ns);
+/// CPU µs per event of each thread name since `before` ([`thread_times`];
+/// the fetch threads summed), largest first.
+fn thread_cpu_by_name(before: &BTreeMap<String, (u64, u64)>, events: u64) -> String {
+    let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
+    for (name, (ns, _)) in thread_times() {
+        let was = before.get(&name).map_or(0, |(ns, _)| *ns);
         let name = if name.starts_with("fetch-") {
             "fetch".to_owned()
         } else {
