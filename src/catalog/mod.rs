@@ -593,7 +593,11 @@ impl Sources {
             return;
         }
         self.places.remove(&place);
-        if let Some(i) = self.files.iter().position(|f| place_of(f) == place) {
+        let at_place = |f: &FileRef| {
+            (f.path.as_str(), f.name.as_str(), f.cm_path.as_deref())
+                == (place.0.as_str(), place.1.as_str(), place.2.as_deref())
+        };
+        if let Some(i) = self.files.iter().position(at_place) {
             self.files.remove(i);
             if self.next > i {
                 self.next -= 1;
@@ -628,11 +632,6 @@ impl PendingRefs {
                 .and_then(|c| c.get())
                 .map_or(*key, |(blob, _)| blob)
         })
-    }
-
-    /// Keys named by at least one entry.
-    pub fn len(&self) -> usize {
-        self.0.len()
     }
 
     pub fn is_empty(&self) -> bool {
