@@ -532,8 +532,11 @@ impl Replica {
         let cfg = Arc::new(cfg);
 
         let mut threads = Vec::new();
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            spawn_supervised(name, f, &progress, &stop)
+        let background = Cpu::below(BACKGROUND_NICE);
+        // Checkpoints go last: the stager's commits are what readers wait for.
+        let lowest = Cpu::below(19);
+        let spawn = |name: &str, cpu: Cpu, f: Box<dyn FnOnce() + Send>| {
+            spawn_supervised(name, cpu, f, &progress, &stop)
                 .map_err(|e| ReplicaError::Io(format!("starting the {name} thread"), e))
         };
         {
@@ -627,7 +630,7 @@ impl Replica {
                     })
                 }
             };
-            threads.push(spawn("ingest", ingest)?);
+            threads.push(spawn("ingest", Cpu::Foreground, ingest)?);
         }
         let fetches = {
             let (blobs, fetch_cfg) = (Arc::clone(&blobs), Arc::clone(&cfg));
@@ -641,8 +644,9 @@ impl Replica {
                     .map(|(i, fetched)| (job.files[i].clone(), fetched))
             });
             let (progress, stop) = (Arc::clone(&progress), Arc::clone(&stop));
-            let spawn: fetch::Spawn =
-                Arc::new(move |name: &str, f| spawn_supervised(name, f, &progress, &stop));
+            let spawn: fetch::Spawn = Arc::new(move |name: &str, f| {
+                spawn_supervised(name, background, f, &progress, &stop)
+            });
             let pool = PoolConfig {
                 threads: cfg.fetch_threads,
                 timeout: cfg.fetch_timeout,
@@ -672,7 +676,7 @@ impl Replica {
                 unsynced: HashMap::new(),
                 stop: Arc::clone(&stop),
             };
-            threads.push(spawn("stager", Box::new(move || stager.run()))?);
+            threads.push(spawn("stager", background, Box::new(move || stager.run()))?);
         }
         {
             let (catalog, blobs, progress, gate, stop, cfg) = (
@@ -686,6 +690,7 @@ impl Replica {
             let hold = Arc::clone(&gc_hold);
             threads.push(spawn(
                 "gc",
+                background,
                 Box::new(move || run_gc(&cfg, &catalog, &blobs, &progress, &gate, &hold, &stop)),
             )?);
         }
@@ -699,7 +704,11 @@ impl Replica {
                 stop: Arc::clone(&stop),
                 last: base,
             };
-            threads.push(spawn("checkpoint", Box::new(move || checkpointer.run()))?);
+            threads.push(spawn(
+                "checkpoint",
+                lowest,
+                Box::new(move || checkpointer.run()),
+            )?);
         }
 
         Ok(Replica {
@@ -784,12 +793,14 @@ impl Drop for Replica {
 /// serving it) until a restart, rather than running on with a part missing.
 fn spawn_supervised(
     name: &str,
+    cpu: Cpu,
     f: Box<dyn FnOnce() + Send>,
     progress: &Arc<Progress>,
     stop: &Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
     let (progress, stop, thread) = (Arc::clone(progress), Arc::clone(stop), name.to_owned());
     std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+        cpu.apply(&thread);
         let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
             return;
         };
@@ -810,6 +821,62 @@ fn spawn_supervised(
         });
         stop.store(true, Ordering::SeqCst);
     })
+}
+
+/// How a pipeline thread shares the CPU with the process's other threads.
+#[derive(Clone, Copy, Debug)]
+enum Cpu {
+    /// Ingest: what the source logged is journaled first, at the source's
+    /// pace (a Hive backlog before the metastore's cleaner drops it).
+    Foreground,
+    /// Work that can wait a moment: the stager, its fetch threads and GC
+    /// ([`BACKGROUND_NICE`] above the thread that started the replica),
+    /// checkpoints (19). While ingest catches up on a backlog, or the FUSE
+    /// threads serve readers, they take the CPU left over; on an idle CPU
+    /// they run as fast as ever. Nice values are per thread on Linux;
+    /// under autogroups (the default) or a cgroup of its own they weigh
+    /// only against stagefs's own threads.
+    Background(libc::c_int),
+}
+
+/// How much lower the background threads' priority is: nice +10 gives a
+/// thread ~1/10 of a normal thread's share of a CPU both want (CFS
+/// weights 110 vs 1,024), never none.
+const BACKGROUND_NICE: libc::c_int = 10;
+
+impl Cpu {
+    /// [`Cpu::Background`] `by` above the calling thread's nice value
+    /// (at most 19, the lowest priority).
+    fn below(by: libc::c_int) -> Cpu {
+        // SAFETY: `__errno_location` is this thread's errno; `getpriority`
+        // returns -1 both for nice -1 and for an error, which errno tells
+        // apart. With `who` 0 it reads the calling thread (per thread on
+        // Linux).
+        let now = unsafe {
+            *libc::__errno_location() = 0;
+            let n = libc::getpriority(libc::PRIO_PROCESS, 0);
+            if n == -1 && *libc::__errno_location() != 0 {
+                0
+            } else {
+                n
+            }
+        };
+        Cpu::Background((now + by).min(19))
+    }
+
+    /// Gives the calling thread this priority. Failing (a sandbox that
+    /// forbids it) only costs speed: logged, not fatal.
+    fn apply(self, thread: &str) {
+        let Cpu::Background(nice) = self else {
+            return;
+        };
+        // SAFETY: with `who` 0, setpriority changes only the calling
+        // thread's nice value (Linux keeps it per thread).
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
+            let e = std::io::Error::last_os_error();
+            warn!(thread, nice, error = %e, "could not lower the thread's CPU priority; it competes with ingest as an equal");
+        }
+    }
 }
 
 const INGEST_BATCH: usize = 4096;
@@ -1765,15 +1832,6 @@ struct Checkpointer {
 
 impl Checkpointer {
     fn run(mut self) {
-        // Checkpoints are background work: when the CPUs are busy, ingest
-        // and the stager (whose commits readers wait for) go first. A
-        // failure only leaves the thread at normal priority.
-        // SAFETY: plain syscalls on the calling thread.
-        let niced =
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
-        if niced != 0 {
-            debug!(error = %std::io::Error::last_os_error(), "checkpoint thread keeps its priority");
-        }
         // Since the last checkpoint (or the start).
         let mut since = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {

@@ -261,6 +261,75 @@ fn a_panicking_pipeline_thread_stops_replication_with_a_stalled_reason() {
     replica.stop();
 }
 
+/// The nice value of each thread of this process whose name is in `names`
+/// (`/proc/self/task/*/stat`, field 19).
+fn thread_nices(names: &[&str]) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(task.path().join("comm")),
+            std::fs::read_to_string(task.path().join("stat")),
+        ) else {
+            continue; // ended meanwhile
+        };
+        let comm = comm.trim().to_owned();
+        let matches = names
+            .iter()
+            .any(|n| comm == *n || (n.ends_with('-') && comm.starts_with(n)));
+        // After "pid (comm) ": state is field 3, nice field 19.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        if matches {
+            out.push((comm, fields[16].parse().unwrap()));
+        }
+    }
+    out
+}
+
+/// Staging gives way to ingest: the stager, its fetch threads and GC run
+/// 10 nice levels below the thread that started the replica, checkpoints
+/// at the lowest priority, ingest at that thread's own.
+#[test]
+fn staging_threads_run_at_a_lower_cpu_priority_than_ingest() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let own: i64 = {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        fields[16].parse().unwrap()
+    };
+    let replica = Replica::start(config(state.path(), src.path())).unwrap();
+    wait_for("state 50", Duration::from_secs(10), || {
+        replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+    let expected = |name: &str| match name {
+        "ingest" => own,
+        "checkpoint" => 19,
+        _ => (own + 10).min(19),
+    };
+    let names = ["ingest", "stager", "gc", "checkpoint", "fetch-"];
+    // Other tests' replicas share the names and the rule; a thread that
+    // has just started may not have set its priority yet.
+    let start = Instant::now();
+    loop {
+        let seen = thread_nices(&names);
+        let wrong: Vec<_> = seen.iter().filter(|(n, v)| *v != expected(n)).collect();
+        let all_there = names.iter().all(|n| {
+            seen.iter()
+                .any(|(s, _)| s == n || s.starts_with(n) && n.ends_with('-'))
+        });
+        if wrong.is_empty() && all_there {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "thread priorities (own nice {own}): {seen:?}; wrong: {wrong:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    replica.stop();
+}
+
 /// Appends `events` (one JSON object per line) to the source log in one write.
 fn append_log(root: &Path, events: &[serde_json::Value]) {
     use std::io::Write;

@@ -166,11 +166,19 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
         let cpu_us = (cpu_seconds() - cpu) * 1e6 / last.0 as f64;
         let threads = thread_cpu_by_name(&before, last.0);
         let status = replica.status();
+        // The other half of the work: every file staged and the last state
+        // visible, so a faster ingest is not bought with slower staging.
+        let cpu_journaled = cpu_seconds();
+        let all_visible =
+            secs + wait_visible(&replica, last, Duration::from_secs(600))?.as_secs_f64();
+        let staging_cpu = cpu_seconds() - cpu_journaled;
+        let staging_threads = thread_cpu_by_name(&before, last.0);
         replica.stop();
         let rate = last.0 as f64 / secs;
         eprintln!(
             "hive-ingest rep {}: {} events journaled in {secs:.2} s = {rate:.0}/s, process CPU {cpu_us:.1} µs/event \
-             with the stager (visible then {}; load {}); by thread: {threads}",
+             with the stager (visible then {}, all visible after {all_visible:.2} s, {staging_cpu:.2} CPU s after journaled; load {}); by thread \
+             (CPU µs/event): {threads}; at all visible: {staging_threads}",
             rep + 1,
             grouped(last.0),
             status.visible,
@@ -221,22 +229,27 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
 }
 
 /// CPU µs per event of each thread name since `before` ([`thread_times`];
-/// the fetch threads summed), largest first.
+/// the fetch threads summed), largest first, each with the µs per event it
+/// waited on the run queue (ready but not running: CPU taken by the others).
 fn thread_cpu_by_name(before: &BTreeMap<String, (u64, u64)>, events: u64) -> String {
-    let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
-    for (name, (ns, _)) in thread_times() {
-        let was = before.get(&name).map_or(0, |(ns, _)| *ns);
+    let mut by_name: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (name, (ns, wait)) in thread_times() {
+        let (was, waited) = before.get(&name).copied().unwrap_or((0, 0));
         let name = if name.starts_with("fetch-") {
             "fetch".to_owned()
         } else {
             name
         };
-        *by_name.entry(name).or_default() += ns.saturating_sub(was);
+        let e = by_name.entry(name).or_default();
+        e.0 += ns.saturating_sub(was);
+        e.1 += wait.saturating_sub(waited);
     }
-    let mut v: Vec<(String, u64)> = by_name.into_iter().filter(|(_, ns)| *ns > 0).collect();
-    v.sort_by_key(|b| std::cmp::Reverse(b.1));
+    let mut v: Vec<(String, (u64, u64))> =
+        by_name.into_iter().filter(|(_, (ns, _))| *ns > 0).collect();
+    v.sort_by_key(|b| std::cmp::Reverse(b.1 .0));
+    let per = |ns: u64| ns as f64 / 1e3 / events as f64;
     v.iter()
-        .map(|(name, ns)| format!("{name} {:.1}", *ns as f64 / 1e3 / events as f64))
+        .map(|(name, (ns, wait))| format!("{name} {:.1} (waited {:.1})", per(*ns), per(*wait)))
         .collect::<Vec<_>>()
         .join(", ")
 }
