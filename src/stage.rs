@@ -302,7 +302,7 @@ impl BlobStore {
         };
         store.remove_leftover_temps()?;
         let (mut total, mut count) = (0u64, 0u64);
-        store.for_each_blob(|_, len| {
+        store.for_each_blob(Sizes::Yes, |_, len| {
             total += len;
             count += 1;
         })?;
@@ -664,7 +664,9 @@ impl BlobStore {
     /// Every stored blob, in id order.
     pub fn list(&self) -> Result<Vec<BlobId>, StageError> {
         let mut ids = Vec::new();
-        self.for_each_blob(|id, _| ids.push(id))?;
+        // GC lists the store every pass: the entry's type from the
+        // directory (d_type) instead of a stat per blob.
+        self.for_each_blob(Sizes::No, |id, _| ids.push(id))?;
         ids.sort_unstable();
         Ok(ids)
     }
@@ -919,9 +921,14 @@ impl BlobStore {
         Ok(())
     }
 
-    /// Calls `f(id, size)` for every stored blob. Entries that are not blobs
-    /// are logged and skipped, never deleted: they are not ours to judge.
-    fn for_each_blob(&self, mut f: impl FnMut(BlobId, u64)) -> Result<(), StageError> {
+    /// Calls `f(id, size)` for every stored blob (size 0 with
+    /// [`Sizes::No`]). Entries that are not blobs are logged and skipped,
+    /// never deleted: they are not ours to judge.
+    fn for_each_blob(
+        &self,
+        sizes: Sizes,
+        mut f: impl FnMut(BlobId, u64),
+    ) -> Result<(), StageError> {
         let listing_err = |dir: &Path| {
             let dir = dir.to_path_buf();
             move |e| store_error("listing", &dir, e)
@@ -947,16 +954,18 @@ impl BlobStore {
                 let blob = blob.map_err(listing_err(&fan_path))?;
                 let name = blob.file_name();
                 let name = name.to_string_lossy();
-                let meta = blob
-                    .metadata()
-                    .map_err(|e| store_error("inspecting", &blob.path(), e))?;
+                let inspecting = |e| store_error("inspecting", &blob.path(), e);
+                // `file_type` stats only where the directory has no type.
+                let (is_file, len) = match sizes {
+                    Sizes::Yes => {
+                        let meta = blob.metadata().map_err(inspecting)?;
+                        (meta.is_file(), meta.len())
+                    }
+                    Sizes::No => (blob.file_type().map_err(inspecting)?.is_file(), 0),
+                };
                 match BlobId::from_hex(&name) {
-                    Some(id)
-                        if meta.is_file()
-                            && id.to_hex() == name
-                            && name.starts_with(&*fan_name) =>
-                    {
-                        f(id, meta.len())
+                    Some(id) if is_file && id.to_hex() == name && name.starts_with(&*fan_name) => {
+                        f(id, len)
                     }
                     _ => tracing::warn!(
                         path = %blob.path().display(),
@@ -967,6 +976,14 @@ impl BlobStore {
         }
         Ok(())
     }
+}
+
+/// Whether [`BlobStore::for_each_blob`] reports each blob's size (a stat
+/// per blob).
+#[derive(Clone, Copy)]
+enum Sizes {
+    Yes,
+    No,
 }
 
 /// Why the bytes read from a source are not the expected file, or `None`.

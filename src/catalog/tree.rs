@@ -255,6 +255,19 @@ pub enum Node {
     File(Arc<FileNode>),
 }
 
+/// Two nodes are equal when they are the same node (one `Arc`). Nodes are
+/// immutable, so this is what "unchanged from one version to the next"
+/// means, and it lets `OrdMap::diff` skip what two versions share.
+impl PartialEq for Node {
+    fn eq(&self, other: &Node) -> bool {
+        match (self, other) {
+            (Node::Dir(a), Node::Dir(b)) => Arc::ptr_eq(a, b),
+            (Node::File(a), Node::File(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 impl Node {
     pub fn meta(&self) -> &Meta {
         match self {
