@@ -1989,6 +1989,14 @@ impl CatchUpReporter {
 /// waits at most one batch of unlinks.
 const GC_BATCH: usize = 256;
 
+/// A GC pass's scan (marking every retained file and listing the store)
+/// costs time in proportion to the files stored, whether anything became
+/// garbage or not: the next pass starts no sooner than this many times
+/// the last scan's duration after it, so scanning takes at most a tenth
+/// of the GC thread's time (a store of millions of blobs, with commits
+/// every moment, would otherwise be scanned back to back).
+const GC_SCAN_SPACING: u32 = 9;
+
 fn run_gc(
     cfg: &ReplicaConfig,
     catalog: &Catalog,
@@ -2018,7 +2026,13 @@ fn run_gc(
             continue;
         }
         match collect_garbage(catalog, blobs, gate, stop) {
-            Ok((removed, freed, held)) => {
+            Ok(Collected {
+                removed,
+                freed,
+                held,
+                scan,
+            }) => {
+                next = next.max(Instant::now() + scan * GC_SCAN_SPACING);
                 held_last = held > 0;
                 progress.gc_runs.fetch_add(1, Ordering::Relaxed);
                 progress.gc_removed.fetch_add(removed, Ordering::Relaxed);
@@ -2033,14 +2047,25 @@ fn run_gc(
     }
 }
 
-/// One mark-and-sweep pass; returns (blobs removed, bytes freed,
-/// directories held by readers).
+/// What one GC pass did.
+struct Collected {
+    /// Blobs removed and the bytes they held.
+    removed: u64,
+    freed: u64,
+    /// Directories held by readers, whose files were kept.
+    held: usize,
+    /// How long marking and listing the store took (not the removals).
+    scan: Duration,
+}
+
+/// One mark-and-sweep pass.
 fn collect_garbage(
     catalog: &Catalog,
     blobs: &BlobStore,
     gate: &GcGate,
     stop: &AtomicBool,
-) -> Result<(u64, u64, usize), StageError> {
+) -> Result<Collected, StageError> {
+    let started = Instant::now();
     let (pending, snapshot, held) = {
         let mut g = gate.lock();
         g.marking = true;
@@ -2065,6 +2090,7 @@ fn collect_garbage(
         }
         let stored = blobs.list()?;
         let candidates: Vec<BlobId> = stored.into_iter().filter(|b| !live.contains(b)).collect();
+        let scan = started.elapsed();
         let (mut removed, mut freed) = (0, 0);
         for chunk in candidates.chunks(GC_BATCH) {
             if stop.load(Ordering::Relaxed) {
@@ -2078,7 +2104,12 @@ fn collect_garbage(
                 }
             }
         }
-        Ok((removed, freed, held_count))
+        Ok(Collected {
+            removed,
+            freed,
+            held: held_count,
+            scan,
+        })
     })();
     let mut g = gate.lock();
     g.marking = false;

@@ -276,13 +276,18 @@ fn thread_nices(names: &[&str]) -> Vec<(String, i64)> {
         let matches = names
             .iter()
             .any(|n| comm == *n || (n.ends_with('-') && comm.starts_with(n)));
-        // After "pid (comm) ": state is field 3, nice field 19.
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
         if matches {
-            out.push((comm, fields[16].parse().unwrap()));
+            out.push((comm, nice_in_stat(&stat)));
         }
     }
     out
+}
+
+/// The nice value in a `/proc/…/stat` line: after "pid (comm) ", the
+/// state is field 3 and nice field 19.
+fn nice_in_stat(stat: &str) -> i64 {
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    fields[16].parse().unwrap()
 }
 
 /// Staging gives way to ingest: the stager, its fetch threads and GC run
@@ -293,11 +298,7 @@ fn staging_threads_run_at_a_lower_cpu_priority_than_ingest() {
     let src = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
     write_seed_example(src.path()).unwrap();
-    let own: i64 = {
-        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        fields[16].parse().unwrap()
-    };
+    let own = nice_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
     let replica = Replica::start(config(state.path(), src.path())).unwrap();
     wait_for("state 50", Duration::from_secs(10), || {
         replica.catalog().snapshot().visible.state_id == StateId(50)
