@@ -51,6 +51,12 @@ loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
 [[ " $BENCHES " != *" lag "* || $(id -u) == 0 ]] || die "the lag part needs root (FUSE); run as root or BENCHES=\"ingest stage\""
 
+# The lag part starts its own PostgreSQL and MariaDB servers: install them
+# (and fuse3) on a fresh machine, as the test suite does.
+if [[ " $BENCHES " == *" lag "* ]]; then
+    "$REPO/scripts/setup.sh" >&2
+fi
+
 OUT=$BENCH_WORK/results-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 
