@@ -624,7 +624,9 @@ impl HiveWriter {
             ));
         }
         let checksum = hdfs_checksum(&bytes);
-        let cm_copy = self.hive_cm.join(format!("{base}_{checksum}"));
+        let cm_copy = self
+            .hive_cm
+            .join(crate::source::hive::uri::cm_file_name(base, &checksum));
         if !cm_copy.exists() && fs::hard_link(&place, &cm_copy).is_err() {
             fs::write(&cm_copy, &bytes)?;
         }

@@ -418,21 +418,28 @@ fn unreadable_column_is_a_bad_row(server: &DbServer) {
             "INSERT INTO `NOTIFICATION_LOG` (`NL_ID`, `EVENT_ID`, `EVENT_TIME`, `EVENT_TYPE`) VALUES (500, 2, 0, NULL)"
         }
     });
-    match source.poll(0, 10) {
-        Err(RowSourceError::BadRow { location, reason }) => {
+    // The rows before the bad one come first (they are replicated), then
+    // the bad one is reported with its id.
+    assert_eq!(
+        ids(&source.poll(0, 10).unwrap()),
+        vec![1],
+        "rows before it still read"
+    );
+    match source.poll(1, 10) {
+        Err(RowSourceError::BadRow {
+            location,
+            reason,
+            event_id,
+        }) => {
             assert!(
                 location.ends_with("NOTIFICATION_LOG EVENT_ID 2, column EVENT_TYPE"),
                 "{location}"
             );
             assert!(reason.contains("NULL"), "{reason}");
+            assert_eq!(event_id, Some(2));
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(
-        ids(&source.poll(0, 1).unwrap()),
-        vec![1],
-        "rows before it still read"
-    );
     assert!(source.is_connected(), "a bad row is no reason to reconnect");
 }
 
@@ -450,21 +457,26 @@ fn non_utf8_text_is_a_bad_row(server: &DbServer) {
         r#"INSERT INTO "NOTIFICATION_LOG" ("NL_ID", "EVENT_ID", "EVENT_TIME", "EVENT_TYPE", "MESSAGE") VALUES (1, 1, 0, 'INSERT', '{}'), (2, 2, 0, 'INSERT', E'{"x":"\xff\xfe"}'), (3, 3, 0, 'INSERT', '{}')"#,
     );
     let mut source = open(server, "ascii");
-    match source.poll(0, 10) {
-        Err(RowSourceError::BadRow { location, reason }) => {
+    assert_eq!(
+        ids(&source.poll(0, 10).unwrap()),
+        vec![1],
+        "rows before it still read"
+    );
+    match source.poll(1, 10) {
+        Err(RowSourceError::BadRow {
+            location,
+            reason,
+            event_id,
+        }) => {
             assert!(
                 location.ends_with("NOTIFICATION_LOG EVENT_ID 2"),
                 "{location}"
             );
             assert!(reason.contains("0xff"), "{reason}");
+            assert_eq!(event_id, Some(2));
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(
-        ids(&source.poll(0, 1).unwrap()),
-        vec![1],
-        "rows before it still read"
-    );
 }
 
 /// MariaDB only: Hive's tables spelled in lower case are found.

@@ -193,3 +193,66 @@ fn postgres_metastore_replicates_the_native_states_through_an_outage() {
 fn mariadb_metastore_replicates_the_native_states_through_an_outage() {
     follow_a_metastore(Kind::MariaDb);
 }
+
+/// Events 1..=3 are good; event 4's `EVENT_TYPE` is NULL (a value its
+/// column cannot hold in Hive's schema). Replication stops at the last good
+/// state, 3, and the stall names event 4.
+fn a_bad_row_stops_after_the_good_rows_before_it(kind: Kind) {
+    let server = DbServer::start(kind);
+    server.create_metastore("hms", TableCase::Upper);
+    let mut db = db_writer::MetastoreWriter::new(&server, "hms", TableCase::Upper);
+    db.append(&db_writer::NewEvent::json(
+        "CREATE_DATABASE",
+        "sales",
+        "",
+        "{}",
+    ));
+    db.append(&db_writer::NewEvent::json("OPEN_TXN", "", "", "{}"));
+    db.append(&db_writer::NewEvent::json("OPEN_TXN", "", "", "{}"));
+    let (nullable, bad) = match kind {
+        Kind::Postgres => (
+            r#"ALTER TABLE "NOTIFICATION_LOG" ALTER COLUMN "EVENT_TYPE" DROP NOT NULL"#,
+            r#"INSERT INTO "NOTIFICATION_LOG" ("NL_ID", "EVENT_ID", "EVENT_TIME", "EVENT_TYPE") VALUES (500, 4, 0, NULL)"#,
+        ),
+        Kind::MariaDb => (
+            "ALTER TABLE `NOTIFICATION_LOG` MODIFY `EVENT_TYPE` varchar(32) NULL",
+            "INSERT INTO `NOTIFICATION_LOG` (`NL_ID`, `EVENT_ID`, `EVENT_TIME`, `EVENT_TYPE`) VALUES (500, 4, 0, NULL)",
+        ),
+    };
+    db.execute(nullable);
+    db.execute(bad);
+
+    let dir = tempfile::tempdir().unwrap();
+    let pwfile = dir.path().join("pw");
+    std::fs::write(&pwfile, PASSWORD).unwrap();
+    let url = format!("{}?password_file={}", server.url("hms"), pwfile.display());
+    let mut cfg = ReplicaConfig::new(&dir.path().join("state"), Path::new(""), Path::new(""));
+    let mut hive = HiveConfig::new(
+        HiveRows::Metastore(url),
+        SourceMap::parse::<&str>(&[]).unwrap(),
+    );
+    hive.poll_interval = Duration::from_millis(50);
+    cfg.hive = Some(hive);
+    let replica = Replica::start(cfg).unwrap();
+    wait_for("the stall at event 4", Duration::from_secs(30), || {
+        replica.status().stalled.is_some()
+    });
+    wait_for("state 3 visible", Duration::from_secs(30), || {
+        replica.catalog().snapshot().visible.state_id == StateId(3)
+    });
+    let stall = replica.status().stalled.unwrap();
+    assert_eq!(stall.state_id, Some(StateId(4)), "{stall:?}");
+    let text = format!("{} {}", stall.file.as_deref().unwrap_or(""), stall.reason);
+    assert!(text.contains("EVENT_ID 4, column EVENT_TYPE"), "{text}");
+    replica.stop();
+}
+
+#[test]
+fn postgres_bad_row_stops_after_the_good_rows_before_it() {
+    a_bad_row_stops_after_the_good_rows_before_it(Kind::Postgres);
+}
+
+#[test]
+fn mariadb_bad_row_stops_after_the_good_rows_before_it() {
+    a_bad_row_stops_after_the_good_rows_before_it(Kind::MariaDb);
+}

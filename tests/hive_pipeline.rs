@@ -611,3 +611,148 @@ fn a_corrected_row_resumes_replication_without_a_restart() {
     assert_eq!(status.events_duplicate, 0);
     replica.stop();
 }
+
+/// A repeated id whose first copy ends a full batch (the next poll asks
+/// for rows after it): the export is corrupt, and replication stops at the
+/// last good state naming the repeat.
+#[test]
+fn a_repeated_id_at_a_batch_boundary_stops_replication() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let fx = HiveFixture::convert(src.path(), true);
+    let mut rows = rows_of(&fx);
+    let again = rows[29].clone(); // event 30
+    rows.insert(30, again);
+    set_rows(&fx, &rows);
+    let mut cfg = fx.config(state.path());
+    cfg.hive.as_mut().unwrap().batch = 30; // event 30 ends the first batch
+    let replica = Replica::start(cfg).unwrap();
+    wait_for("the stall", Duration::from_secs(20), || {
+        replica.status().stalled.is_some()
+    });
+    wait_for("state 30", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(30)
+    });
+    let stall = replica.status().stalled.unwrap();
+    assert!(
+        stall
+            .reason
+            .contains("event 30 was read again after event 30"),
+        "{stall:?}"
+    );
+    assert_eq!(stall.state_id, Some(StateId(30)));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(replica.catalog().snapshot().visible.state_id, StateId(30));
+    replica.stop();
+}
+
+/// The export replaced by a longer one (written aside, renamed into
+/// place): followed on, from the row after the last one read.
+#[test]
+fn a_replaced_hive_events_file_is_followed() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_seed_example(src.path()).unwrap();
+    let fx = HiveFixture::convert(src.path(), false);
+    let rows = rows_of(&fx);
+    set_rows(&fx, &rows[..30]);
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    wait_for("state 30", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(30)
+    });
+    let accepted = replica.status().events_accepted;
+    let aside = fx.rows.with_extension("tmp");
+    std::fs::write(&aside, rows.join("\n") + "\n").unwrap();
+    std::fs::rename(&aside, &fx.rows).unwrap();
+    wait_for("state 50", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(50)
+    });
+    let status = replica.status();
+    assert!(status.stalled.is_none(), "{:?}", status.stalled);
+    assert_eq!(
+        status.events_accepted,
+        accepted + 20,
+        "nothing applied twice"
+    );
+    replica.stop();
+}
+
+/// A TXN_WRITE_NOTIFICATION_LOG row that shows up after its COMMIT_TXN
+/// was read (against the documented order, which is Hive's): the commit
+/// was applied with the rows before it, so replication stops there and
+/// says why instead of going on as if nothing happened.
+#[test]
+fn a_write_row_after_its_commit_stops_replication_and_says_why() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let root = src.path();
+    let (mut w, fx) = HiveFixture::writer(root, true);
+    w.write_event(&event(
+        r#"{"id": 1, "op": "create_database", "db": "sales"}"#,
+    ))
+    .unwrap();
+    w.write_event(&event(
+        r#"{"id": 2, "op": "create_table", "db": "sales", "table": "orders", "partition_keys": ["ds"]}"#,
+    ))
+    .unwrap();
+    w.write_event(&event(
+        r#"{"id": 3, "op": "create_table", "db": "sales", "table": "totals"}"#,
+    ))
+    .unwrap();
+    let delta = "delta_0000001_0000001_0000";
+    let a = put_file(
+        root,
+        &format!("sales.db/orders/ds=2024-01-01/{delta}/bucket_00000"),
+        b"orders",
+    );
+    let b = put_file(
+        root,
+        &format!("sales.db/totals/{delta}/bucket_00000"),
+        b"totals",
+    );
+    w.write_txn(
+        1_700_000_000,
+        &[
+            TxnFiles {
+                db: "sales".into(),
+                table: "orders".into(),
+                partition: Some(BTreeMap::from([("ds".into(), "2024-01-01".into())])),
+                files: vec![(a, Some(delta.into()))],
+            },
+            TxnFiles {
+                db: "sales".into(),
+                table: "totals".into(),
+                partition: None,
+                files: vec![(b, Some(delta.into()))],
+            },
+        ],
+    )
+    .unwrap();
+    drop(w);
+    let mut rows = rows_of(&fx);
+    let late = rows
+        .iter()
+        .rposition(|r| r.contains("WNL_TXNID") && r.contains("totals"))
+        .unwrap();
+    let row = rows.remove(late);
+    set_rows(&fx, &rows);
+    let commit: serde_json::Value =
+        serde_json::from_str(rows.iter().find(|r| r.contains("\"COMMIT_TXN\"")).unwrap()).unwrap();
+    let commit = StateId(commit["EVENT_ID"].as_u64().unwrap());
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    wait_for("the commit applied", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id >= commit
+    });
+    rows.push(row);
+    set_rows(&fx, &rows);
+    wait_for("the stall", Duration::from_secs(20), || {
+        replica.status().stalled.is_some()
+    });
+    let stall = replica.status().stalled.unwrap();
+    assert!(
+        stall.reason.contains("after its COMMIT_TXN") && stall.reason.contains("re-bootstrap"),
+        "{stall:?}"
+    );
+    replica.stop();
+}

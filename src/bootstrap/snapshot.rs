@@ -116,9 +116,9 @@ fn snapshot_error(e: RowSourceError) -> SnapshotError {
     match e {
         RowSourceError::Unavailable(t) => SnapshotError::Unavailable(t),
         RowSourceError::Fatal(t) => SnapshotError::Fatal(t),
-        RowSourceError::BadRow { location, reason } => {
-            SnapshotError::Fatal(format!("{location}: {reason}"))
-        }
+        RowSourceError::BadRow {
+            location, reason, ..
+        } => SnapshotError::Fatal(format!("{location}: {reason}")),
     }
 }
 

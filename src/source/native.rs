@@ -120,6 +120,23 @@ impl SourceLog {
         self.buf.clear();
     }
 
+    /// Whether the file being read is no longer what its name shows: the
+    /// name now leads to another file (the file was replaced, e.g. written
+    /// aside and renamed into place), or the file is shorter than what was
+    /// read of it (truncated). False when nothing is open or the name is
+    /// gone (what was read stays read).
+    pub fn replaced(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Some((name, f)) = &self.open else {
+            return false;
+        };
+        let (Ok(open), Ok(now)) = (f.metadata(), std::fs::metadata(self.dir.join(name))) else {
+            return false;
+        };
+        let read = self.buf_offset + self.buf.len() as u64;
+        (open.dev(), open.ino()) != (now.dev(), now.ino()) || now.len() < read
+    }
+
     /// Names, sizes and modification times of the files followed: changes
     /// when any of them is written, replaced, added or removed.
     pub fn fingerprint(&self) -> Vec<(String, u64, Option<std::time::SystemTime>)> {

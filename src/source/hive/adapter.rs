@@ -264,8 +264,15 @@ impl HiveSource {
 fn row_error(e: RowSourceError) -> SourceError {
     match e {
         RowSourceError::Unavailable(_) => SourceError::Transient(e.to_string()),
-        RowSourceError::BadRow { location, reason } => SourceError::Fatal(Rejection {
-            state_id: None,
+        RowSourceError::BadRow {
+            location,
+            reason,
+            event_id,
+        } => SourceError::Fatal(Rejection {
+            state_id: event_id
+                .and_then(|id| u64::try_from(id).ok())
+                .filter(|&id| id > 0)
+                .map(StateId),
             file: Some(location),
             line: None,
             reason,
@@ -574,7 +581,7 @@ impl Mapper<'_> {
                 }
                 if table.partition_keys.is_empty() {
                     let mut add = Change::new(Op::AddFiles, &db, &t);
-                    add.files = self.files(files)?;
+                    add.files = self.files(files, files_dir(table, None))?;
                     changes.push(add);
                 } else {
                     // CTAS into a partitioned table: each file's partition
@@ -692,6 +699,16 @@ impl Mapper<'_> {
             }
             // Mapped by the caller, which reads the transaction's writes.
             HiveMessage::CommitTxn { .. } => Vec::new(),
+            HiveMessage::TruncatePartitions { table, partitions } => partitions
+                .iter()
+                .map(|values| {
+                    let p = HivePartition {
+                        values: values.clone(),
+                        location: None,
+                    };
+                    self.files_change(Op::ReplaceFiles, table, Some(&p), &[])
+                })
+                .collect::<Result<_, _>>()?,
             HiveMessage::NoData { .. } => Vec::new(),
         })
     }
@@ -709,7 +726,7 @@ impl Mapper<'_> {
         if let Some(p) = partition {
             change.partition = Some(self.partition_spec(&db, &t, table, p)?);
         }
-        change.files = self.files(files)?;
+        change.files = self.files(files, files_dir(table, partition))?;
         Ok(change)
     }
 
@@ -756,22 +773,52 @@ impl Mapper<'_> {
         Ok(spec)
     }
 
-    fn files(&mut self, uris: &[FileUri]) -> Result<Vec<FileRef>, String> {
+    /// The event's next files, in the directory `dir` (see [`map_file`]).
+    fn files(&mut self, uris: &[FileUri], dir: Option<&str>) -> Result<Vec<FileRef>, String> {
         if let Some(pre) = self.premapped.take() {
             if self.files == 0 && pre.len() == uris.len() {
                 self.files = pre.len();
                 return pre.into_iter().collect();
             }
         }
-        uris.iter().map(|u| self.file(u)).collect()
+        uris.iter()
+            .map(|uri| {
+                let f = map_file(self.map, self.event_id, self.files, uri, dir);
+                self.files += 1;
+                f
+            })
+            .collect()
     }
+}
 
-    /// [`map_file`] of `uri` as the event's next file.
-    fn file(&mut self, uri: &FileUri) -> Result<FileRef, String> {
-        let f = map_file(self.map, self.event_id, self.files, uri);
-        self.files += 1;
-        f
+/// Where Hive keeps the files of `table`'s `partition` (the table's own
+/// location when unpartitioned), when the message says.
+fn files_dir<'a>(table: &'a HiveTable, partition: Option<&'a HivePartition>) -> Option<&'a str> {
+    match partition {
+        Some(p) => p.location.as_deref(),
+        None => table.location.as_deref(),
     }
+}
+
+/// A URI's path without its `scheme://authority` (`hdfs://nn:8020/a/b` →
+/// `/a/b`), so that a location and a file compare whatever authority form
+/// each was written with.
+fn without_authority(uri: &str) -> &str {
+    match uri.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("", |i| &rest[i..]),
+        None => uri,
+    }
+}
+
+/// The directories between `dir` and the file at `path` (`a/b` for
+/// `dir/a/b/name`), None when the file is directly in `dir` or not below it.
+fn subdir_below(dir: &str, path: &str) -> Option<String> {
+    let dir = without_authority(dir).trim_end_matches('/');
+    let rest = without_authority(path)
+        .strip_prefix(dir)?
+        .strip_prefix('/')?;
+    let (subdir, _name) = rest.rsplit_once('/')?;
+    Some(subdir.to_owned())
 }
 
 /// What [`Mapper::files`] gives for an INSERT's files, computed without the
@@ -783,14 +830,21 @@ pub(crate) fn premap_files(
     event_id: i64,
     message: &HiveMessage,
 ) -> Option<Vec<Result<FileRef, String>>> {
-    let HiveMessage::Insert { files, .. } = message else {
+    let HiveMessage::Insert {
+        table,
+        partition,
+        files,
+        ..
+    } = message
+    else {
         return None;
     };
+    let dir = files_dir(table, partition.as_ref());
     Some(
         files
             .iter()
             .enumerate()
-            .map(|(i, uri)| map_file(map, event_id, i, uri))
+            .map(|(i, uri)| map_file(map, event_id, i, uri, dir))
             .collect(),
     )
 }
@@ -799,11 +853,17 @@ pub(crate) fn premap_files(
 /// its local path and cm copy through `--source-map`, its checksum, its
 /// subdirectory and a key unique to this place in this event. A pure
 /// function of its arguments (no tree), so decoding threads can run it.
+///
+/// The subdirectory is the URI's own (`#subdir`, what Hive encodes for
+/// ACID files) or else where the file lies below `dir`, the location of
+/// its partition or table: the `HIVE_UNION_SUBDIR_n` directories of an
+/// INSERT … UNION ALL on Tez are named only by the files' paths.
 fn map_file(
     map: &SourceMap,
     event_id: i64,
     index: usize,
     uri: &FileUri,
+    dir: Option<&str>,
 ) -> Result<FileRef, String> {
     let (source_dir, rest) = map.resolve(&uri.path)?;
     let path = source_dir.join(rest);
@@ -813,8 +873,12 @@ fn map_file(
         .next()
         .filter(|n| is_valid_file_name(n))
         .ok_or_else(|| format!("file URI `{}` does not end in a file name", uri.path))?;
-    let subdir = match uri.subdir.as_deref() {
-        None | Some("") => None,
+    let below = match uri.subdir.as_deref() {
+        None | Some("") => dir.and_then(|d| subdir_below(d, &uri.path)),
+        Some(s) => Some(s.to_owned()),
+    };
+    let subdir = match below.as_deref() {
+        None => None,
         Some(s) if is_valid_source_path(s) => Some(s.to_owned()),
         Some(s) => {
             return Err(format!(
@@ -836,7 +900,7 @@ fn map_file(
     let (cm_path, cm_dir) = match (&checksum, uri.cm_root.as_deref().filter(|c| !c.is_empty())) {
         (Some(c), Some(root)) => {
             let (dir, rest) = map.resolve(root)?;
-            let cm = dir.join(rest).join(format!("{file_name}_{c}"));
+            let cm = dir.join(rest).join(super::uri::cm_file_name(file_name, c));
             (
                 Some(cm.to_string_lossy().into_owned()),
                 Some(dir.to_string_lossy().into_owned()),
@@ -1265,13 +1329,8 @@ mod tests {
             txn_log: true,
             premapped: None,
         };
-        let f = m
-            .file(&uri(
-                "t/delta_1_1/bucket_0",
-                Some("ABCD"),
-                Some("delta_1_1"),
-            ))
-            .unwrap();
+        let mut file = |u: FileUri| m.files(&[u], None).unwrap().remove(0);
+        let f = file(uri("t/delta_1_1/bucket_0", Some("ABCD"), Some("delta_1_1")));
         assert_eq!(f.path, "/srv/wh/t/delta_1_1/bucket_0");
         assert_eq!(f.name, "bucket_0");
         assert_eq!(f.subdir.as_deref(), Some("delta_1_1"));
@@ -1284,9 +1343,166 @@ mod tests {
         assert_eq!(f.cm_path.as_deref(), Some("/srv/cm/bucket_0_abcd"));
         assert_eq!(f.source_dir.as_deref(), Some("/srv/wh"));
         assert_eq!(f.cm_dir.as_deref(), Some("/srv/cm"));
-        let g = m.file(&uri("t/delta_1_1/bucket_0", None, None)).unwrap();
+        let g = file(uri("t/delta_1_1/bucket_0", None, None));
         assert_eq!(g.verify, Verify::None);
         assert_ne!(f.key, g.key, "every reference has its own key");
+    }
+
+    fn json_row(event_type: &str, message: &serde_json::Value) -> NotificationRow {
+        NotificationRow {
+            nl_id: None,
+            event_id: 1,
+            event_time: None,
+            event_type: event_type.into(),
+            cat_name: None,
+            db_name: None,
+            tbl_name: None,
+            message: Some(message.to_string().into()),
+            message_format: Some("json-0.2".into()),
+        }
+    }
+
+    #[test]
+    fn alter_partitions_with_truncate_empties_each_partition() {
+        // Hive 4.1's TRUNCATE of a partitioned table: one ALTER_PARTITIONS
+        // event (JSONAlterPartitionsMessage), the objects of sample 06.
+        let sample = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/hive-samples/06_alter_partition.json"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(sample).unwrap()).unwrap();
+        let t = table("tmp_db", "notification_test", &["day"]);
+        let setup = |days: &[&str]| {
+            let mut msgs = vec![
+                HiveMessage::CreateDatabase {
+                    db: "tmp_db".into(),
+                },
+                HiveMessage::CreateTable {
+                    table: t.clone(),
+                    files: vec![],
+                },
+            ];
+            for day in days {
+                msgs.push(HiveMessage::AddPartition {
+                    table: t.clone(),
+                    partitions: vec![part(&[day])],
+                    files: vec![vec![uri(
+                        &format!("tmp_db.db/notification_test/day={day}/000000_0"),
+                        None,
+                        None,
+                    )]],
+                });
+            }
+            msgs
+        };
+        let with_table = serde_json::json!({
+            "server": v["server"], "servicePrincipal": v["servicePrincipal"],
+            "db": "tmp_db", "table": "notification_test", "tableType": "MANAGED_TABLE",
+            "tableObjJson": v["tableObjJson"], "isTruncateOp": "true",
+            "timestamp": 1616071558, "writeId": 0,
+            "partitions": [{"day": "2021-03-18"}],
+            "partitionListJson": [v["partitionObjAfterJson"]],
+        });
+        let mut msgs = setup(&["2021-03-18", "2021-03-19"]);
+        msgs.push(
+            super::super::message::decode_message(&json_row("ALTER_PARTITIONS", &with_table))
+                .unwrap(),
+        );
+        let tree = apply_all(&msgs).unwrap();
+        assert_eq!(
+            paths(&tree, "tmp_db", "notification_test"),
+            vec!["day=2021-03-19/000000_0"]
+        );
+        // The form without a table object: keys and value lists.
+        let without = serde_json::json!({
+            "db": "tmp_db", "table": "notification_test", "tableType": "MANAGED_TABLE",
+            "isTruncateOp": "true", "partitionKeys": ["day"],
+            "partitionValues": [["2021-03-18"], ["2021-03-19"]],
+        });
+        let mut msgs = setup(&["2021-03-18", "2021-03-19"]);
+        msgs.push(
+            super::super::message::decode_message(&json_row("ALTER_PARTITIONS", &without)).unwrap(),
+        );
+        assert!(paths(&apply_all(&msgs).unwrap(), "tmp_db", "notification_test").is_empty());
+        // Not a truncation (statistics, properties): no data change.
+        let mut stats = with_table.clone();
+        stats["isTruncateOp"] = "false".into();
+        assert!(matches!(
+            super::super::message::decode_message(&json_row("ALTER_PARTITIONS", &stats)),
+            Ok(HiveMessage::NoData { .. })
+        ));
+        // Values that do not match the keys: rejected, not guessed.
+        let mut wrong = without.clone();
+        wrong["partitionValues"] = serde_json::json!([["2021-03-18", "x"]]);
+        let err = super::super::message::decode_message(&json_row("ALTER_PARTITIONS", &wrong))
+            .unwrap_err();
+        assert!(err.to_string().contains("partitionValues[0]"), "{err}");
+    }
+
+    #[test]
+    fn files_below_their_partition_keep_the_directories_between() {
+        // INSERT ... UNION ALL on Tez: one directory per branch, named only
+        // by the files' paths (Hive encodes no subdir for them).
+        let mut msgs = setup();
+        let t = table("sales", "orders", &["ds", "region"]);
+        let base = "hdfs://nn/wh/sales.db/orders/ds=1/region=eu";
+        let mut p = part(&["1", "eu"]);
+        p.location = Some(base.into());
+        msgs.push(HiveMessage::AddPartition {
+            table: t.clone(),
+            partitions: vec![p.clone()],
+            files: vec![vec![]],
+        });
+        let union =
+            |n: u32| FileUri::parse(&format!("{base}/HIVE_UNION_SUBDIR_{n}/000000_0###")).unwrap();
+        msgs.push(HiveMessage::Insert {
+            table: t.clone(),
+            partition: Some(p.clone()),
+            replace: false,
+            files: vec![union(1), union(2)],
+        });
+        // The location written with a port, the file without: same place.
+        let mut q = part(&["2", "eu"]);
+        q.location = Some("hdfs://nn:8020/wh/sales.db/orders/ds=2/region=eu/".into());
+        msgs.push(HiveMessage::AddPartition {
+            table: t.clone(),
+            partitions: vec![q],
+            files: vec![vec![
+                FileUri::parse("hdfs://nn/wh/sales.db/orders/ds=2/region=eu/000000_0###").unwrap(),
+                FileUri::parse("hdfs://nn/wh/sales.db/orders/ds=2/region=eu/a/b/000001_0###")
+                    .unwrap(),
+            ]],
+        });
+        // Premapped on a decoding thread, the same as on the ingest thread.
+        let map = map();
+        let premapped = premap_files(&map, 9, &msgs[msgs.len() - 2]).unwrap();
+        assert_eq!(
+            premapped
+                .iter()
+                .map(|f| f.as_ref().unwrap().subdir.clone())
+                .collect::<Vec<_>>(),
+            vec![
+                Some("HIVE_UNION_SUBDIR_1".into()),
+                Some("HIVE_UNION_SUBDIR_2".into())
+            ]
+        );
+        let tree = apply_all(&msgs).expect("a UNION ALL insert applies");
+        assert_eq!(
+            paths(&tree, "sales", "orders"),
+            vec![
+                "ds=1/region=eu/HIVE_UNION_SUBDIR_1/000000_0",
+                "ds=1/region=eu/HIVE_UNION_SUBDIR_2/000000_0",
+                "ds=2/region=eu/000000_0",
+                "ds=2/region=eu/a/b/000001_0",
+            ]
+        );
+        // Not below the location (a partition elsewhere), or no location:
+        // the file is shown directly in the partition, as before.
+        assert_eq!(subdir_below("hdfs://nn/other", "hdfs://nn/wh/t/x/f"), None);
+        assert_eq!(subdir_below("hdfs://nn/wh/t", "hdfs://nn/wh/t/f"), None);
+        assert_eq!(subdir_below("hdfs://nn/wh/t", "hdfs://nn/wh/tt/x/f"), None);
+        assert_eq!(subdir_below("/wh/t", "/wh/t/x/f").as_deref(), Some("x"));
     }
 
     #[test]

@@ -13,9 +13,13 @@
 //!   writes it before the commit.
 //!
 //! Rows with `EVENT_ID <= after` are skipped, so a restart re-reads the
-//! files from the start and resumes after the last journaled event.
+//! files from the start and resumes after the last journaled event. Ids
+//! must increase down the files: a row whose id is not above the row
+//! before it (a repeated or out-of-order id) is a bad row, and so is a
+//! write row that comes after its transaction's commit was read (the
+//! commit was applied without it).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 
 use super::model::{NotificationRow, RowSource, RowSourceError, TxnWriteRow};
@@ -34,7 +38,18 @@ pub struct FileRows {
     /// after a change.
     rewound_at: Option<Vec<(String, u64, Option<std::time::SystemTime>)>>,
     path: std::path::PathBuf,
+    /// The highest `EVENT_ID` read since the files were opened or rewound
+    /// (skipped rows included).
+    highest: Option<i64>,
+    /// Transactions whose writes a commit has taken (the newest
+    /// `COMMITTED_REMEMBERED`), to report a write row that comes too late.
+    committed: HashSet<i64>,
+    committed_order: VecDeque<i64>,
 }
+
+/// How many committed transactions are remembered to catch a write row
+/// that comes after its commit (8 bytes each, twice).
+const COMMITTED_REMEMBERED: usize = 65_536;
 
 const LINES_PER_READ: usize = 4096;
 
@@ -53,48 +68,121 @@ impl FileRows {
             bad: None,
             rewound_at: None,
             path: path.to_owned(),
+            highest: None,
+            committed: HashSet::new(),
+            committed_order: VecDeque::new(),
         })
     }
 
     /// Reads what the files hold now into `ready` / `txns`, stopping at
     /// `want` ready rows above `after`.
     fn read(&mut self, after: i64, want: usize) -> Result<(), RowSourceError> {
+        while self.bad.is_none() && self.ready.len() < want {
+            if self.read_lines(after)? > 0 {
+                continue;
+            }
+            // At the end: an export replaced by a new one (or cut short) is
+            // read again from its start, as at a restart.
+            if !self.log.replaced() {
+                break;
+            }
+            tracing::warn!(
+                path = %self.path.display(),
+                "--hive-events was replaced or truncated: reading it again from the start \
+                 (rows up to the last one read are skipped)"
+            );
+            self.restart_reading();
+        }
+        Ok(())
+    }
+
+    /// Reads the next lines (up to `LINES_PER_READ`) into `ready` / `txns`;
+    /// how many were read, 0 at the end of the files.
+    fn read_lines(&mut self, after: i64) -> Result<usize, RowSourceError> {
         let FileRows {
             log,
             ready,
             txns,
             bad,
+            highest,
+            committed,
             ..
         } = self;
-        while bad.is_none() && ready.len() < want {
-            // Each line parsed straight from the read buffer (no copy).
-            let read = log.poll_each(LINES_PER_READ, |line| {
-                match parse_line(line.bytes) {
-                    Ok(Row::Notification(row)) if row.event_id > after => ready.push_back(row),
-                    Ok(Row::Notification(_)) => {}
-                    Ok(Row::TxnWrite(row)) => txns.entry(row.txn_id).or_default().push(row),
-                    Err(reason) => {
-                        let location = format!("{}:{}", line.next.file, line.next.line);
-                        *bad = Some(RowSourceError::BadRow { location, reason });
-                        return false;
+        // Each line parsed straight from the read buffer (no copy).
+        let read = log.poll_each(LINES_PER_READ, |line| {
+            let location = || format!("{}:{}", line.next.file, line.next.line);
+            let (reason, event_id) = match parse_line(line.bytes) {
+                Ok(Row::Notification(row)) => match *highest {
+                    Some(before) if row.event_id == before => (
+                        format!(
+                            "event {before} was read again after event {before} (a repeated id: \
+                             the export is corrupt)"
+                        ),
+                        Some(row.event_id),
+                    ),
+                    Some(before) if row.event_id < before => (
+                        format!(
+                            "event {} comes after event {before} (ids must increase: an \
+                             out-of-order id, the export is corrupt)",
+                            row.event_id
+                        ),
+                        Some(row.event_id),
+                    ),
+                    _ => {
+                        *highest = Some(row.event_id);
+                        if row.event_id > after {
+                            ready.push_back(row);
+                        }
+                        return true;
                     }
+                },
+                Ok(Row::TxnWrite(row)) if committed.contains(&row.txn_id) => (
+                    format!(
+                        "a write row of transaction {} after its COMMIT_TXN, which was \
+                         applied without it (write rows must come before their commit, \
+                         as Hive writes them): correct the export and re-bootstrap",
+                        row.txn_id
+                    ),
+                    None,
+                ),
+                Ok(Row::TxnWrite(row)) => {
+                    txns.entry(row.txn_id).or_default().push(row);
+                    return true;
                 }
-                true
+                Err(reason) => (reason, None),
+            };
+            *bad = Some(RowSourceError::BadRow {
+                location: location(),
+                reason,
+                event_id,
             });
-            let read = read.map_err(|e| match e {
-                crate::source::native::IngestError::LineTooLong { file, line, max } => {
-                    RowSourceError::BadRow {
-                        location: format!("{file}:{line}"),
-                        reason: format!("the line is longer than {max} bytes"),
-                    }
+            false
+        });
+        let read = read.map_err(|e| match e {
+            crate::source::native::IngestError::LineTooLong { file, line, max } => {
+                RowSourceError::BadRow {
+                    location: format!("{file}:{line}"),
+                    reason: format!("the line is longer than {max} bytes"),
+                    event_id: None,
                 }
-                other => RowSourceError::Unavailable(other.to_string()),
-            })?;
-            if read == 0 {
-                return Ok(());
             }
-        }
-        Ok(())
+            other => RowSourceError::Unavailable(other.to_string()),
+        })?;
+        Ok(read)
+    }
+}
+
+impl FileRows {
+    /// Reads the files again from their start; what was read of them is
+    /// forgotten (rows up to the caller's `after` are skipped again).
+    fn restart_reading(&mut self) {
+        self.log = SourceLog::follow(&self.path, LogPosition::default());
+        self.ready.clear();
+        self.txns.clear();
+        self.bad = None;
+        self.highest = None;
+        self.committed.clear();
+        self.committed_order.clear();
     }
 }
 
@@ -165,6 +253,14 @@ impl RowSource for FileRows {
     fn txn_writes(&mut self, txn_id: i64) -> Result<Vec<TxnWriteRow>, RowSourceError> {
         let mut rows = self.txns.remove(&txn_id).unwrap_or_default();
         rows.sort_by_key(|r| r.wnl_id);
+        if self.committed.insert(txn_id) {
+            self.committed_order.push_back(txn_id);
+            if self.committed_order.len() > COMMITTED_REMEMBERED {
+                if let Some(old) = self.committed_order.pop_front() {
+                    self.committed.remove(&old);
+                }
+            }
+        }
         Ok(rows)
     }
 
@@ -184,10 +280,7 @@ impl RowSource for FileRows {
             return false;
         }
         self.rewound_at = Some(now);
-        self.log = SourceLog::follow(&self.path, LogPosition::default());
-        self.ready.clear();
-        self.txns.clear();
-        self.bad = None;
+        self.restart_reading();
         true
     }
 }
@@ -246,6 +339,122 @@ mod tests {
             Err(RowSourceError::BadRow { location, .. }) => assert!(location.ends_with(":3")),
             other => panic!("{other:?}"),
         }
+    }
+
+    fn row(id: i64) -> String {
+        format!("{{\"EVENT_ID\":{id},\"EVENT_TYPE\":\"X\"}}\n")
+    }
+
+    fn bad_row(got: Result<Vec<NotificationRow>, RowSourceError>) -> (String, String, Option<i64>) {
+        match got {
+            Err(RowSourceError::BadRow {
+                location,
+                reason,
+                event_id,
+            }) => (location, reason, event_id),
+            other => panic!("expected a bad row, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_id_that_does_not_increase_is_a_bad_row_also_across_polls() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.jsonl");
+        append(&path, &(1..=3).map(row).collect::<String>());
+        let mut rows = FileRows::open(&path).unwrap();
+        assert_eq!(rows.poll(0, 3).unwrap().len(), 3);
+        // Event 3 again, after the batch that ended with it.
+        append(&path, &row(3));
+        let (location, reason, id) = bad_row(rows.poll(3, 3));
+        assert!(location.ends_with(":4"), "{location}");
+        assert!(
+            reason.contains("event 3 was read again after event 3"),
+            "{reason}"
+        );
+        assert_eq!(id, Some(3));
+
+        // Out of order: 1, 2, 4, 3 stops at 3 (not a gap at 3).
+        let path = dir.path().join("order.jsonl");
+        append(&path, &[1, 2, 4, 3].map(row).concat());
+        let mut rows = FileRows::open(&path).unwrap();
+        let got = rows.poll(0, 10).unwrap();
+        assert_eq!(
+            got.iter().map(|r| r.event_id).collect::<Vec<_>>(),
+            vec![1, 2, 4]
+        );
+        let (_, reason, id) = bad_row(rows.poll(4, 10));
+        assert!(reason.contains("event 3 comes after event 4"), "{reason}");
+        assert_eq!(id, Some(3));
+
+        // A restart skips the rows journaled before, silently, and a
+        // rewind reads everything again without calling it a repeat.
+        let mut rows = FileRows::open(&path).unwrap();
+        assert_eq!(rows.poll(2, 10).unwrap()[0].event_id, 4);
+        std::fs::write(&path, [1, 2, 3].map(row).concat()).unwrap();
+        assert!(rows.rewind());
+        let got = rows.poll(1, 10).unwrap();
+        assert_eq!(
+            got.iter().map(|r| r.event_id).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+    }
+
+    #[test]
+    fn a_replaced_or_truncated_export_is_read_again_from_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.jsonl");
+        let padded = |id: i64| {
+            format!(
+                "{{\"EVENT_ID\":{id},\"EVENT_TYPE\":\"X\",\"DB_NAME\":\"{}\"}}\n",
+                "d".repeat(60)
+            )
+        };
+        append(&path, &(1..=3).map(padded).collect::<String>());
+        let mut rows = FileRows::open(&path).unwrap();
+        assert_eq!(rows.poll(0, 10).unwrap().len(), 3);
+        // Written aside and renamed into place, with two more rows.
+        let aside = dir.path().join("rows.tmp");
+        std::fs::write(&aside, (1..=5).map(padded).collect::<String>()).unwrap();
+        std::fs::rename(&aside, &path).unwrap();
+        let got = rows.poll(3, 10).unwrap();
+        assert_eq!(
+            got.iter().map(|r| r.event_id).collect::<Vec<_>>(),
+            vec![4, 5]
+        );
+        // Rewritten in place, shorter than what was read of it.
+        std::fs::write(&path, (1..=6).map(row).collect::<String>()).unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() < 5 * padded(1).len() as u64);
+        let got = rows.poll(5, 10).unwrap();
+        assert_eq!(got.iter().map(|r| r.event_id).collect::<Vec<_>>(), vec![6]);
+        // Unchanged: nothing read again.
+        assert!(rows.poll(6, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_write_row_after_its_commit_was_read_is_a_bad_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.jsonl");
+        let write = |txn: i64| {
+            format!(
+                "{{\"WNL_ID\":1,\"WNL_TXNID\":{txn},\"WNL_DATABASE\":\"d\",\"WNL_TABLE\":\"t\",\"WNL_FILES\":\"x###\"}}\n"
+            )
+        };
+        append(&path, &format!("{}{}", row(1), row(2)));
+        let mut rows = FileRows::open(&path).unwrap();
+        assert_eq!(rows.poll(0, 10).unwrap().len(), 2);
+        // Event 2 was transaction 7's commit: it found no write rows.
+        assert!(rows.txn_writes(7).unwrap().is_empty());
+        // A write row of another transaction is fine; one of 7 is not.
+        append(&path, &format!("{}{}{}", write(8), row(3), write(7)));
+        assert_eq!(rows.poll(2, 10).unwrap()[0].event_id, 3);
+        let (location, reason, id) = bad_row(rows.poll(3, 10));
+        assert!(location.ends_with(":5"), "{location}");
+        assert!(
+            reason.contains("transaction 7 after its COMMIT_TXN"),
+            "{reason}"
+        );
+        assert_eq!(id, None);
+        assert_eq!(rows.txn_writes(8).unwrap().len(), 1);
     }
 
     #[test]

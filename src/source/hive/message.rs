@@ -68,7 +68,7 @@ type Result<T> = std::result::Result<T, DecodeError>;
 
 /// The event types whose message is read (every other type advances the
 /// state-id only): a row of one of them without a `MESSAGE` is an error.
-pub const MESSAGE_EVENT_TYPES: [&str; 10] = [
+pub const MESSAGE_EVENT_TYPES: [&str; 11] = [
     "CREATE_DATABASE",
     "DROP_DATABASE",
     "CREATE_TABLE",
@@ -77,6 +77,7 @@ pub const MESSAGE_EVENT_TYPES: [&str; 10] = [
     "ADD_PARTITION",
     "ALTER_PARTITION",
     "DROP_PARTITION",
+    "ALTER_PARTITIONS",
     "INSERT",
     "COMMIT_TXN",
 ];
@@ -201,6 +202,9 @@ fn decode_fields(row: &NotificationRow, m: &Msg<'_>) -> Result<HiveMessage> {
                 files: m.files("files")?,
             }
         }
+        // A batch of partitions altered at once; only a truncation changes
+        // data (anything else: statistics, properties, no data change).
+        "ALTER_PARTITIONS" if m.bool("isTruncateOp")? => m.truncate_partitions()?,
         "COMMIT_TXN" => HiveMessage::CommitTxn {
             txn_id: m.req_i64("txnid")?,
         },
@@ -767,6 +771,64 @@ impl<'a> Msg<'a> {
             );
         }
         Ok(out)
+    }
+
+    /// `ALTER_PARTITIONS` as `JSONAlterPartitionsMessage` writes it: the
+    /// table in `tableObjJson` and the partitions as `partitions`
+    /// (`{key: value}` objects), or, in the form without a table object,
+    /// `db`, `table`, `partitionKeys` and `partitionValues` (value lists in
+    /// key order).
+    fn truncate_partitions(&self) -> Result<HiveMessage> {
+        if self.opt_str("tableObjJson")?.is_some() {
+            let table = self.table("tableObjJson")?;
+            let partitions = self.partition_specs("partitions", &table)?;
+            return Ok(HiveMessage::TruncatePartitions { table, partitions });
+        }
+        let strings = |v: &Value, at: &str| -> Result<Vec<String>> {
+            array_of(Some(v), at)?
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match str_of(item, &format!("{at}[{i}]"))? {
+                    Some(s) => Ok(s.to_string()),
+                    None => Err(bad(&format!("{at}[{i}]"), "null".into())),
+                })
+                .collect()
+        };
+        let keys = self
+            .value("partitionKeys")?
+            .ok_or_else(|| DecodeError::MissingField("partitionKeys".into()))?;
+        let table = HiveTable {
+            db: self.req_str("db")?.into_owned(),
+            name: self.req_str("table")?.into_owned(),
+            partition_keys: strings(&keys, "partitionKeys")?,
+            location: None,
+            table_type: self.opt_str("tableType")?.map(Cow::into_owned),
+            parameters: Default::default(),
+        };
+        let lists = self
+            .value("partitionValues")?
+            .ok_or_else(|| DecodeError::MissingField("partitionValues".into()))?;
+        let mut partitions = Vec::new();
+        for (i, list) in array_of(Some(&lists), "partitionValues")?
+            .iter()
+            .enumerate()
+        {
+            let at = format!("partitionValues[{i}]");
+            let values = strings(list, &at)?;
+            if values.len() != table.partition_keys.len() {
+                return Err(bad(
+                    &at,
+                    format!(
+                        "{} values for the {} partition keys {:?}",
+                        values.len(),
+                        table.partition_keys.len(),
+                        table.partition_keys
+                    ),
+                ));
+            }
+            partitions.push(values);
+        }
+        Ok(HiveMessage::TruncatePartitions { table, partitions })
     }
 
     fn add_partition(&self) -> Result<HiveMessage> {

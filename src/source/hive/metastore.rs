@@ -111,9 +111,14 @@ impl Endpoint {
         match error {
             RowSourceError::Unavailable(reason) => RowSourceError::Unavailable(clean(reason)),
             RowSourceError::Fatal(reason) => RowSourceError::Fatal(clean(reason)),
-            RowSourceError::BadRow { location, reason } => RowSourceError::BadRow {
+            RowSourceError::BadRow {
+                location,
+                reason,
+                event_id,
+            } => RowSourceError::BadRow {
                 location: clean(location),
                 reason: hide(reason),
+                event_id,
             },
         }
     }
@@ -444,6 +449,8 @@ struct Cells {
     columns: &'static [&'static str],
     values: Vec<Cell>,
     key: String,
+    /// The row's `EVENT_ID`, once read (a `NOTIFICATION_LOG` row).
+    event_id: Option<i64>,
 }
 
 impl Cells {
@@ -458,6 +465,7 @@ impl Cells {
             columns,
             values,
             key,
+            event_id: None,
         }
     }
 
@@ -470,6 +478,7 @@ impl Cells {
                 self.columns.get(column).copied().unwrap_or("?")
             ),
             reason,
+            event_id: self.event_id,
         }
     }
 
@@ -563,6 +572,7 @@ fn notification_row(values: Vec<Cell>, after: i64) -> Result<NotificationRow, Ro
     );
     let event_id = cells.required_int(0)?;
     cells.key = format!("EVENT_ID {event_id}");
+    cells.event_id = Some(event_id);
     Ok(NotificationRow {
         event_id,
         nl_id: cells.int(1)?,
@@ -574,6 +584,23 @@ fn notification_row(values: Vec<Cell>, after: i64) -> Result<NotificationRow, Ro
         message: cells.text(7)?.map(std::sync::Arc::from),
         message_format: cells.text(8)?,
     })
+}
+
+/// The rows of a batch up to the first that cannot be read; that one's
+/// error only when it is the first (the next poll starts at it), so the
+/// good rows before a bad one are replicated and the stop is at it.
+fn good_rows_first(
+    rows: impl Iterator<Item = Result<NotificationRow, RowSourceError>>,
+) -> Result<Vec<NotificationRow>, RowSourceError> {
+    let mut good = Vec::new();
+    for row in rows {
+        match row {
+            Ok(row) => good.push(row),
+            Err(e) if good.is_empty() => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(good)
 }
 
 /// `TXN_COLUMNS` in order, read from one result row.
@@ -933,12 +960,19 @@ mod pg {
                 self.session.client.query(&self.poll, &[&after, &limit]),
             );
             match rows {
-                Ok(rows) => rows
-                    .iter()
-                    .map(|row| notification_row(cells(row), after))
-                    .collect(),
-                Err(RowSourceError::BadRow { location, reason }) if location.is_empty() => {
-                    Err(self.locate_bad_row(after, limit, reason))
+                Ok(rows) => {
+                    good_rows_first(rows.iter().map(|row| notification_row(cells(row), after)))
+                }
+                Err(RowSourceError::BadRow {
+                    location, reason, ..
+                }) if location.is_empty() => {
+                    let (good, bad) = self.locate_bad_row(after, limit, reason);
+                    // The rows before the bad one are read on their own.
+                    if good > 0 {
+                        self.poll(after, good)
+                    } else {
+                        Err(bad)
+                    }
                 }
                 Err(other) => Err(other),
             }
@@ -946,8 +980,14 @@ mod pg {
 
         /// The server could not send a row of the batch (class 22: text
         /// not valid in the client encoding). Its ids are still readable:
-        /// fetch the rows one by one to name the first bad one.
-        fn locate_bad_row(&mut self, after: i64, limit: i64, reason: String) -> RowSourceError {
+        /// fetch the rows one by one to name the first bad one. Returns how
+        /// many rows come before it, and the error naming it.
+        fn locate_bad_row(
+            &mut self,
+            after: i64,
+            limit: i64,
+            reason: String,
+        ) -> (i64, RowSourceError) {
             let ids = self.run(
                 "reading NOTIFICATION_LOG ids",
                 self.session.client.query(
@@ -960,6 +1000,8 @@ mod pg {
                 ),
             );
             let mut location = format!("{LOG_TABLE} a row after EVENT_ID {after}");
+            let mut event_id = None;
+            let mut good = 0;
             if let Ok(ids) = ids {
                 for row in ids {
                     let Ok(id) = row.try_get::<_, i64>(0) else {
@@ -973,11 +1015,21 @@ mod pg {
                     );
                     if let Err(RowSourceError::BadRow { .. }) = one {
                         location = format!("{LOG_TABLE} EVENT_ID {id}");
+                        event_id = Some(id);
                         break;
                     }
+                    good += 1;
                 }
             }
-            RowSourceError::BadRow { location, reason }
+            if event_id.is_none() {
+                good = 0;
+            }
+            let bad = RowSourceError::BadRow {
+                location,
+                reason,
+                event_id,
+            };
+            (good, bad)
         }
 
         /// Whether the metastore has `TXN_WRITE_NOTIFICATION_LOG`.
@@ -996,12 +1048,15 @@ mod pg {
                     self.session.client.query(statement, &[&txn_id]),
                 )
                 .map_err(|e| match e {
-                    RowSourceError::BadRow { location, reason } if location.is_empty() => {
-                        RowSourceError::BadRow {
-                            location: format!("{TXN_TABLE} a row of WNL_TXNID {txn_id}"),
-                            reason,
-                        }
-                    }
+                    RowSourceError::BadRow {
+                        location,
+                        reason,
+                        event_id,
+                    } if location.is_empty() => RowSourceError::BadRow {
+                        location: format!("{TXN_TABLE} a row of WNL_TXNID {txn_id}"),
+                        reason,
+                        event_id,
+                    },
                     other => other,
                 })?;
             rows.iter()
@@ -1104,6 +1159,7 @@ mod pg {
                 RowSourceError::BadRow {
                     location: String::new(),
                     reason: text,
+                    event_id: None,
                 }
             } else {
                 RowSourceError::Fatal(text)
@@ -1254,9 +1310,10 @@ mod my {
                 .conn
                 .exec(self.poll_sql.as_str(), (after, limit))
                 .map_err(|e| classify("reading NOTIFICATION_LOG", &e))?;
-            rows.into_iter()
-                .map(|row| notification_row(cells(row), after))
-                .collect()
+            good_rows_first(
+                rows.into_iter()
+                    .map(|row| notification_row(cells(row), after)),
+            )
         }
 
         /// Whether the metastore has `TXN_WRITE_NOTIFICATION_LOG`.
@@ -1480,7 +1537,12 @@ mod tests {
             3,
         );
         match row {
-            Err(RowSourceError::BadRow { location, reason }) => {
+            Err(RowSourceError::BadRow {
+                location,
+                reason,
+                event_id,
+            }) => {
+                assert_eq!(event_id, Some(7));
                 assert_eq!(location, "NOTIFICATION_LOG EVENT_ID 7, column MESSAGE");
                 assert!(reason.contains("UTF-8"), "{reason}");
             }
@@ -1488,7 +1550,10 @@ mod tests {
         }
         let row = notification_row(vec![Cell::Null], 3);
         match row {
-            Err(RowSourceError::BadRow { location, .. }) => {
+            Err(RowSourceError::BadRow {
+                location, event_id, ..
+            }) => {
+                assert_eq!(event_id, None);
                 assert_eq!(
                     location,
                     "NOTIFICATION_LOG row after EVENT_ID 3, column EVENT_ID"

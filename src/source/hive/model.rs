@@ -107,9 +107,15 @@ pub enum RowSourceError {
     /// Worth retrying with backoff: connection refused or lost, timeout, server restarting.
     #[error("the metastore is unavailable: {0}")]
     Unavailable(String),
-    /// A row that cannot be read as a row (a column of the wrong type, a line that is not JSON).
+    /// A row that cannot be read as a row (a column of the wrong type, a
+    /// line that is not JSON, an id that does not follow the one before).
+    /// `event_id` is the row's `EVENT_ID` when it could be read.
     #[error("{location}: {reason}")]
-    BadRow { location: String, reason: String },
+    BadRow {
+        location: String,
+        reason: String,
+        event_id: Option<i64>,
+    },
     /// Configuration that cannot work (bad URL, missing table, permission denied).
     #[error("{0}")]
     Fatal(String),
@@ -193,6 +199,13 @@ pub enum HiveMessage {
     },
     /// Each entry: raw values in key order.
     DropPartition {
+        table: HiveTable,
+        partitions: Vec<Vec<String>>,
+    },
+    /// `ALTER_PARTITIONS` with `isTruncateOp` (TRUNCATE TABLE of a
+    /// partitioned table in Hive 4.1+, one event for all its partitions):
+    /// each partition's files are removed. Values raw, in key order.
+    TruncatePartitions {
         table: HiveTable,
         partitions: Vec<Vec<String>>,
     },

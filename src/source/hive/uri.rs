@@ -91,19 +91,39 @@ impl FileUri {
         p.rsplit('/').next().unwrap_or(p)
     }
 
-    /// Where change management keeps this file: `<cmroot>/<name>_<checksum>`,
-    /// when the URI carries both.
+    /// Where change management keeps this file: `<cmroot>/<name>_<checksum>`
+    /// ([`cm_file_name`]), when the URI carries both.
     pub fn cm_path(&self) -> Option<String> {
         match (&self.cm_root, &self.checksum) {
             (Some(root), Some(ck)) => Some(format!(
-                "{}/{}_{}",
+                "{}/{}",
                 root.trim_end_matches('/'),
-                self.file_name(),
-                ck
+                cm_file_name(self.file_name(), ck)
             )),
             _ => None,
         }
     }
+}
+
+/// HDFS's default limit on a path component (`dfs.namenode.fs-limits.max-component-length`).
+const HDFS_MAX_COMPONENT_LENGTH: usize = 255;
+
+/// The name change management gives a copy of file `name` with `checksum`
+/// (`ReplChangeManager.getCMPath`): `<name>_<checksum>`, cut to 254
+/// characters (UTF-16 units, as Java counts) when it is longer than HDFS's
+/// 255-character limit on a path component.
+pub fn cm_file_name(name: &str, checksum: &str) -> String {
+    let full = format!("{name}_{checksum}");
+    if full.encode_utf16().count() <= HDFS_MAX_COMPONENT_LENGTH {
+        return full;
+    }
+    let mut units = 0;
+    full.chars()
+        .take_while(|c| {
+            units += c.len_utf16();
+            units < HDFS_MAX_COMPONENT_LENGTH
+        })
+        .collect()
 }
 
 /// `WNL_FILES`: encoded URIs joined by `]` (empty pieces are skipped).
@@ -375,5 +395,29 @@ mod tests {
             make_partition_name(&keys, &["a/b".into(), "".into()]),
             "ds=a%2Fb/p=__HIVE_DEFAULT_PARTITION__"
         );
+    }
+
+    #[test]
+    fn cm_names_longer_than_an_hdfs_component_are_cut_like_hive() {
+        let ck = "0000020000000000000000005d41402abc4b2a76b9719d911017c592";
+        assert_eq!(cm_file_name("000000_0", ck), format!("000000_0_{ck}"));
+        // 198 + 1 + 56 = 255: the limit itself is kept whole.
+        let name = "p".repeat(198);
+        assert_eq!(cm_file_name(&name, ck).len(), 255);
+        // 200 + 1 + 56 = 257 > 255: cut to 254 (getCMPath's maxLength - 1).
+        let name = "p".repeat(200);
+        let full = format!("{name}_{ck}");
+        assert_eq!(cm_file_name(&name, ck), full[..254]);
+        let u = FileUri::parse(&format!("hdfs://nn/wh/t/{name}#{ck}#hdfs://nn/cm#")).unwrap();
+        assert_eq!(
+            u.cm_path().unwrap(),
+            format!("hdfs://nn/cm/{}", &full[..254])
+        );
+        // Java counts UTF-16 units: 'é' is one, '𝄞' two.
+        let name = "é".repeat(200);
+        assert_eq!(cm_file_name(&name, ck).chars().count(), 254);
+        let name = "𝄞".repeat(100);
+        let cut = cm_file_name(&name, ck);
+        assert_eq!(cut.encode_utf16().count(), 254);
     }
 }
