@@ -22,7 +22,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 
-use super::model::{NotificationRow, RowSource, RowSourceError, TxnWriteRow};
+use super::message::decode_message;
+use super::model::{HiveMessage, NotificationRow, RowSource, RowSourceError, TxnWriteRow};
 use crate::source::native::{LogPosition, SourceLog};
 
 /// Reads rows from exported JSON Lines.
@@ -106,6 +107,7 @@ impl FileRows {
             bad,
             highest,
             committed,
+            committed_order,
             ..
         } = self;
         // Each line parsed straight from the read buffer (no copy).
@@ -132,6 +134,13 @@ impl FileRows {
                         *highest = Some(row.event_id);
                         if row.event_id > after {
                             ready.push_back(row);
+                        } else if row.event_type == "COMMIT_TXN" {
+                            // Journaled before a restart: its write rows,
+                            // read above, are not asked for again.
+                            if let Ok(HiveMessage::CommitTxn { txn_id }) = decode_message(&row) {
+                                txns.remove(&txn_id);
+                                remember_commit(committed, committed_order, txn_id);
+                            }
                         }
                         return true;
                     }
@@ -183,6 +192,19 @@ impl FileRows {
         self.highest = None;
         self.committed.clear();
         self.committed_order.clear();
+    }
+}
+
+/// Remembers that transaction `txn_id` committed (the newest
+/// [`COMMITTED_REMEMBERED`] are kept).
+fn remember_commit(committed: &mut HashSet<i64>, order: &mut VecDeque<i64>, txn_id: i64) {
+    if committed.insert(txn_id) {
+        order.push_back(txn_id);
+        if order.len() > COMMITTED_REMEMBERED {
+            if let Some(old) = order.pop_front() {
+                committed.remove(&old);
+            }
+        }
     }
 }
 
@@ -253,14 +275,7 @@ impl RowSource for FileRows {
     fn txn_writes(&mut self, txn_id: i64) -> Result<Vec<TxnWriteRow>, RowSourceError> {
         let mut rows = self.txns.remove(&txn_id).unwrap_or_default();
         rows.sort_by_key(|r| r.wnl_id);
-        if self.committed.insert(txn_id) {
-            self.committed_order.push_back(txn_id);
-            if self.committed_order.len() > COMMITTED_REMEMBERED {
-                if let Some(old) = self.committed_order.pop_front() {
-                    self.committed.remove(&old);
-                }
-            }
-        }
+        remember_commit(&mut self.committed, &mut self.committed_order, txn_id);
         Ok(rows)
     }
 
@@ -397,6 +412,33 @@ mod tests {
             got.iter().map(|r| r.event_id).collect::<Vec<_>>(),
             vec![2, 3]
         );
+    }
+
+    #[test]
+    fn write_rows_of_commits_before_a_restart_are_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.jsonl");
+        let write = |txn: i64| {
+            format!(
+                "{{\"WNL_ID\":{txn},\"WNL_TXNID\":{txn},\"WNL_DATABASE\":\"d\",\"WNL_TABLE\":\"t\",\"WNL_FILES\":\"x###\"}}\n"
+            )
+        };
+        let commit = |id: i64, txn: i64| {
+            format!(
+                "{{\"EVENT_ID\":{id},\"EVENT_TYPE\":\"COMMIT_TXN\",\"MESSAGE\":\"{{\\\"txnid\\\":{txn}}}\"}}\n"
+            )
+        };
+        append(
+            &path,
+            &format!("{}{}{}{}", write(7), commit(1, 7), write(8), commit(2, 8)),
+        );
+        // Resumed after event 1: transaction 7's write row is dropped,
+        // transaction 8's waits for its commit.
+        let mut rows = FileRows::open(&path).unwrap();
+        assert_eq!(rows.poll(1, 10).unwrap()[0].event_id, 2);
+        assert!(!rows.txns.contains_key(&7));
+        assert_eq!(rows.txn_writes(8).unwrap().len(), 1);
+        assert!(rows.txns.is_empty());
     }
 
     #[test]
