@@ -187,11 +187,12 @@ fn workload_through_hive_rows_matches_the_oracle_at_every_retained_state() {
     assert!(replica.status().stalled.is_none());
 }
 
-#[test]
-fn commit_txn_across_two_tables_appears_as_one_state_with_its_delta_directories() {
-    let src = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let root = src.path();
+const TXN_DELTA: &str = "delta_0000001_0000001_0000";
+
+/// Events 1..=3 create `sales.orders` (partitioned by `ds`) and
+/// `sales.totals`; event 4 commits one transaction that writes a delta
+/// file into each (in [`TXN_DELTA`]).
+fn two_table_transaction(root: &Path) -> HiveFixture {
     let (mut w, fx) = HiveFixture::writer(root, true);
     w.write_event(&event(
         r#"{"id": 1, "op": "create_database", "db": "sales"}"#,
@@ -205,7 +206,7 @@ fn commit_txn_across_two_tables_appears_as_one_state_with_its_delta_directories(
         r#"{"id": 3, "op": "create_table", "db": "sales", "table": "totals"}"#,
     ))
     .unwrap();
-    let delta = "delta_0000001_0000001_0000";
+    let delta = TXN_DELTA;
     let a = put_file(
         root,
         &format!("sales.db/orders/ds=2024-01-01/{delta}/bucket_00000"),
@@ -236,6 +237,16 @@ fn commit_txn_across_two_tables_appears_as_one_state_with_its_delta_directories(
         )
         .unwrap();
     assert_eq!(id, 4);
+    fx
+}
+
+#[test]
+fn commit_txn_across_two_tables_appears_as_one_state_with_its_delta_directories() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let root = src.path();
+    let fx = two_table_transaction(root);
+    let delta = TXN_DELTA;
     let replica = Replica::start(fx.config(state.path())).unwrap();
     wait_for("state 4", Duration::from_secs(20), || {
         replica.catalog().snapshot().visible.state_id == StateId(4)
@@ -687,49 +698,7 @@ fn a_write_row_after_its_commit_stops_replication_and_says_why() {
     let src = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
     let root = src.path();
-    let (mut w, fx) = HiveFixture::writer(root, true);
-    w.write_event(&event(
-        r#"{"id": 1, "op": "create_database", "db": "sales"}"#,
-    ))
-    .unwrap();
-    w.write_event(&event(
-        r#"{"id": 2, "op": "create_table", "db": "sales", "table": "orders", "partition_keys": ["ds"]}"#,
-    ))
-    .unwrap();
-    w.write_event(&event(
-        r#"{"id": 3, "op": "create_table", "db": "sales", "table": "totals"}"#,
-    ))
-    .unwrap();
-    let delta = "delta_0000001_0000001_0000";
-    let a = put_file(
-        root,
-        &format!("sales.db/orders/ds=2024-01-01/{delta}/bucket_00000"),
-        b"orders",
-    );
-    let b = put_file(
-        root,
-        &format!("sales.db/totals/{delta}/bucket_00000"),
-        b"totals",
-    );
-    w.write_txn(
-        1_700_000_000,
-        &[
-            TxnFiles {
-                db: "sales".into(),
-                table: "orders".into(),
-                partition: Some(BTreeMap::from([("ds".into(), "2024-01-01".into())])),
-                files: vec![(a, Some(delta.into()))],
-            },
-            TxnFiles {
-                db: "sales".into(),
-                table: "totals".into(),
-                partition: None,
-                files: vec![(b, Some(delta.into()))],
-            },
-        ],
-    )
-    .unwrap();
-    drop(w);
+    let fx = two_table_transaction(root);
     let mut rows = rows_of(&fx);
     let late = rows
         .iter()

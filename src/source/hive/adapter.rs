@@ -674,16 +674,9 @@ impl Mapper<'_> {
                 }
                 changes
             }
-            HiveMessage::DropPartition { table, partitions } => partitions
-                .iter()
-                .map(|values| {
-                    let p = HivePartition {
-                        values: values.clone(),
-                        location: None,
-                    };
-                    self.files_change(Op::DropPartition, table, Some(&p), &[])
-                })
-                .collect::<Result<_, _>>()?,
+            HiveMessage::DropPartition { table, partitions } => {
+                self.each_partition(Op::DropPartition, table, partitions)?
+            }
             HiveMessage::Insert {
                 table,
                 partition,
@@ -699,18 +692,32 @@ impl Mapper<'_> {
             }
             // Mapped by the caller, which reads the transaction's writes.
             HiveMessage::CommitTxn { .. } => Vec::new(),
-            HiveMessage::TruncatePartitions { table, partitions } => partitions
-                .iter()
-                .map(|values| {
-                    let p = HivePartition {
-                        values: values.clone(),
-                        location: None,
-                    };
-                    self.files_change(Op::ReplaceFiles, table, Some(&p), &[])
-                })
-                .collect::<Result<_, _>>()?,
+            HiveMessage::TruncatePartitions { table, partitions } => {
+                // Each partition's files become none.
+                self.each_partition(Op::ReplaceFiles, table, partitions)?
+            }
             HiveMessage::NoData { .. } => Vec::new(),
         })
+    }
+
+    /// A change `op` without files on each of `table`'s partitions
+    /// (values in key order).
+    fn each_partition(
+        &mut self,
+        op: Op,
+        table: &HiveTable,
+        partitions: &[Vec<String>],
+    ) -> Result<Vec<Change>, String> {
+        partitions
+            .iter()
+            .map(|values| {
+                let p = HivePartition {
+                    values: values.clone(),
+                    location: None,
+                };
+                self.files_change(op, table, Some(&p), &[])
+            })
+            .collect()
     }
 
     /// A change `op` on `table`'s `partition` naming `files`.
@@ -1349,17 +1356,7 @@ mod tests {
     }
 
     fn json_row(event_type: &str, message: &serde_json::Value) -> NotificationRow {
-        NotificationRow {
-            nl_id: None,
-            event_id: 1,
-            event_time: None,
-            event_type: event_type.into(),
-            cat_name: None,
-            db_name: None,
-            tbl_name: None,
-            message: Some(message.to_string().into()),
-            message_format: Some("json-0.2".into()),
-        }
+        super::super::message::tests::row(event_type, &message.to_string())
     }
 
     #[test]

@@ -920,7 +920,7 @@ impl<'a> Msg<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -1011,7 +1011,8 @@ mod tests {
         }
     }
 
-    fn row(event_type: &str, message: &str) -> NotificationRow {
+    /// A row of `event_type` with a json-0.2 `message` (event 1).
+    pub(in crate::source::hive) fn row(event_type: &str, message: &str) -> NotificationRow {
         NotificationRow {
             nl_id: None,
             event_id: 1,
