@@ -807,25 +807,40 @@ fn files_dir<'a>(table: &'a HiveTable, partition: Option<&'a HivePartition>) -> 
     }
 }
 
-/// A URI's path without its `scheme://authority` (`hdfs://nn:8020/a/b` →
-/// `/a/b`), so that a location and a file compare whatever authority form
-/// each was written with.
-fn without_authority(uri: &str) -> &str {
-    match uri.split_once("://") {
-        Some((_, rest)) => rest.find('/').map_or("", |i| &rest[i..]),
-        None => uri,
-    }
+/// A URI split into its scheme and host (lower-cased, the port left out,
+/// so `hdfs://nn` and `hdfs://NN:8020` are one file system) and its path
+/// (`hdfs://nn:8020/a/b` → `("hdfs://nn", "/a/b")`); a bare path has no
+/// file system.
+fn split_uri(uri: &str) -> (Option<String>, &str) {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return (None, uri);
+    };
+    let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    let host = authority.rsplit('@').next().unwrap_or(authority);
+    let host = host.split(':').next().unwrap_or(host);
+    (
+        Some(format!("{scheme}://{host}").to_ascii_lowercase()),
+        path,
+    )
 }
 
 /// The directories between `dir` and the file at `path` (`a/b` for
-/// `dir/a/b/name`), None when the file is directly in `dir` or not below it.
+/// `dir/a/b/name`); None when the file is directly in `dir`, not below it
+/// (another file system, another directory, `dir` the root), or the
+/// directories between are not a plain relative path.
 fn subdir_below(dir: &str, path: &str) -> Option<String> {
-    let dir = without_authority(dir).trim_end_matches('/');
-    let rest = without_authority(path)
-        .strip_prefix(dir)?
-        .strip_prefix('/')?;
+    let (dir_fs, dir) = split_uri(dir);
+    let (file_fs, file) = split_uri(path);
+    if dir_fs.is_some() && file_fs.is_some() && dir_fs != file_fs {
+        return None;
+    }
+    let dir = dir.trim_end_matches('/');
+    if dir.is_empty() {
+        return None;
+    }
+    let rest = file.strip_prefix(dir)?.strip_prefix('/')?;
     let (subdir, _name) = rest.rsplit_once('/')?;
-    Some(subdir.to_owned())
+    is_valid_source_path(subdir).then(|| subdir.to_owned())
 }
 
 /// What [`Mapper::files`] gives for an INSERT's files, computed without the
@@ -1500,6 +1515,19 @@ mod tests {
         assert_eq!(subdir_below("hdfs://nn/wh/t", "hdfs://nn/wh/t/f"), None);
         assert_eq!(subdir_below("hdfs://nn/wh/t", "hdfs://nn/wh/tt/x/f"), None);
         assert_eq!(subdir_below("/wh/t", "/wh/t/x/f").as_deref(), Some("x"));
+        // Another bucket or name node is another place; a root location
+        // or an odd path between gives no subdirectory.
+        assert_eq!(subdir_below("s3a://b1/wh/t", "s3a://b2/wh/t/x/f"), None);
+        assert_eq!(
+            subdir_below("hdfs://NN:8020/wh/t", "hdfs://nn/wh/t/x/f").as_deref(),
+            Some("x")
+        );
+        assert_eq!(subdir_below("hdfs://nn", "hdfs://nn/wh/t/f"), None);
+        assert_eq!(subdir_below("hdfs://nn/wh/t", "hdfs://nn/wh/t//x/f"), None);
+        assert_eq!(
+            subdir_below("hdfs://nn/wh/t", "hdfs://nn/wh/t/../x/f"),
+            None
+        );
     }
 
     #[test]

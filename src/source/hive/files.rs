@@ -46,6 +46,11 @@ pub struct FileRows {
     /// `COMMITTED_REMEMBERED`), to report a write row that comes too late.
     committed: HashSet<i64>,
     committed_order: VecDeque<i64>,
+    /// The `after` of the first poll since the files were opened or
+    /// rewound: the last journaled event, so the commits up to it are
+    /// decoded already (a later poll's `after` may count rows read ahead,
+    /// not decoded yet).
+    journaled: Option<i64>,
 }
 
 /// How many committed transactions are remembered to catch a write row
@@ -72,6 +77,7 @@ impl FileRows {
             highest: None,
             committed: HashSet::new(),
             committed_order: VecDeque::new(),
+            journaled: None,
         })
     }
 
@@ -100,6 +106,7 @@ impl FileRows {
     /// Reads the next lines (up to `LINES_PER_READ`) into `ready` / `txns`;
     /// how many were read, 0 at the end of the files.
     fn read_lines(&mut self, after: i64) -> Result<usize, RowSourceError> {
+        let journaled = self.journaled.unwrap_or(i64::MIN);
         let FileRows {
             log,
             ready,
@@ -107,7 +114,6 @@ impl FileRows {
             bad,
             highest,
             committed,
-            committed_order,
             ..
         } = self;
         // Each line parsed straight from the read buffer (no copy).
@@ -134,12 +140,13 @@ impl FileRows {
                         *highest = Some(row.event_id);
                         if row.event_id > after {
                             ready.push_back(row);
-                        } else if row.event_type == "COMMIT_TXN" {
+                        } else if row.event_id <= journaled && row.event_type == "COMMIT_TXN" {
                             // Journaled before a restart: its write rows,
-                            // read above, are not asked for again.
+                            // read above, are not asked for again. (Not
+                            // remembered as committed: whether a write row
+                            // after it was taken with it then is unknown.)
                             if let Ok(HiveMessage::CommitTxn { txn_id }) = decode_message(&row) {
                                 txns.remove(&txn_id);
-                                remember_commit(committed, committed_order, txn_id);
                             }
                         }
                         return true;
@@ -183,7 +190,9 @@ impl FileRows {
 
 impl FileRows {
     /// Reads the files again from their start; what was read of them is
-    /// forgotten (rows up to the caller's `after` are skipped again).
+    /// forgotten (rows up to the caller's `after` are skipped again; the
+    /// write rows of commits after [`FileRows::journaled`] are kept, as
+    /// those commits may be read ahead and not decoded yet).
     fn restart_reading(&mut self) {
         self.log = SourceLog::follow(&self.path, LogPosition::default());
         self.ready.clear();
@@ -259,6 +268,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 impl RowSource for FileRows {
     fn poll(&mut self, after: i64, limit: usize) -> Result<Vec<NotificationRow>, RowSourceError> {
+        self.journaled.get_or_insert(after);
         while self.ready.front().is_some_and(|r| r.event_id <= after) {
             self.ready.pop_front();
         }
@@ -296,6 +306,8 @@ impl RowSource for FileRows {
         }
         self.rewound_at = Some(now);
         self.restart_reading();
+        // The next poll resumes after the last journaled event.
+        self.journaled = None;
         true
     }
 }
@@ -388,7 +400,8 @@ mod tests {
         );
         assert_eq!(id, Some(3));
 
-        // Out of order: 1, 2, 4, 3 stops at 3 (not a gap at 3).
+        // Out of order: 1, 2, 4, 3 is a bad row at 3 once the 3 is read
+        // (the adapter sees the 4 first, as a gap).
         let path = dir.path().join("order.jsonl");
         append(&path, &[1, 2, 4, 3].map(row).concat());
         let mut rows = FileRows::open(&path).unwrap();
@@ -470,6 +483,43 @@ mod tests {
         assert_eq!(got.iter().map(|r| r.event_id).collect::<Vec<_>>(), vec![6]);
         // Unchanged: nothing read again.
         assert!(rows.poll(6, 10).unwrap().is_empty());
+    }
+
+    const WRITE_7: &str =
+        "{\"WNL_ID\":1,\"WNL_TXNID\":7,\"WNL_DATABASE\":\"d\",\"WNL_TABLE\":\"t\",\"WNL_FILES\":\"x###\"}\n";
+    const COMMIT_7: &str =
+        "{\"EVENT_ID\":1,\"EVENT_TYPE\":\"COMMIT_TXN\",\"MESSAGE\":\"{\\\"txnid\\\":7}\"}\n";
+
+    #[test]
+    fn a_replaced_export_keeps_the_writes_of_commits_read_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.jsonl");
+        append(&path, &format!("{WRITE_7}{COMMIT_7}"));
+        let mut rows = FileRows::open(&path).unwrap();
+        // The commit is returned (a full batch) ...
+        assert_eq!(rows.poll(0, 1).unwrap()[0].event_id, 1);
+        // ... the export is replaced (the same rows and one more) ...
+        let aside = dir.path().join("rows.tmp");
+        std::fs::write(&aside, format!("{WRITE_7}{COMMIT_7}{}", row(2))).unwrap();
+        std::fs::rename(&aside, &path).unwrap();
+        // ... the next batch is read ahead before the commit is decoded ...
+        assert_eq!(rows.poll(1, 1).unwrap()[0].event_id, 2);
+        // ... and decoding the commit still finds its write row.
+        assert_eq!(rows.txn_writes(7).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_write_row_taken_by_its_commit_is_no_bad_row_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.jsonl");
+        // Read in one go with its commit before it was decoded: taken.
+        append(&path, &format!("{COMMIT_7}{WRITE_7}{}", row(2)));
+        let mut rows = FileRows::open(&path).unwrap();
+        assert_eq!(rows.poll(0, 10).unwrap().len(), 2);
+        assert_eq!(rows.txn_writes(7).unwrap().len(), 1);
+        // A restart after event 2 reads the same file without a stop.
+        let mut rows = FileRows::open(&path).unwrap();
+        assert!(rows.poll(2, 10).unwrap().is_empty());
     }
 
     #[test]
