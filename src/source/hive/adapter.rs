@@ -1376,7 +1376,7 @@ mod tests {
 
     #[test]
     fn alter_partitions_with_truncate_empties_each_partition() {
-        // Hive 4.1's TRUNCATE of a partitioned table: one ALTER_PARTITIONS
+        // Hive 4.x's batched TRUNCATE of a partitioned table: one ALTER_PARTITIONS
         // event (JSONAlterPartitionsMessage), the objects of sample 06.
         let sample = concat!(
             env!("CARGO_MANIFEST_DIR"),

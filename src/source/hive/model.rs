@@ -203,7 +203,8 @@ pub enum HiveMessage {
         partitions: Vec<Vec<String>>,
     },
     /// `ALTER_PARTITIONS` with `isTruncateOp` (TRUNCATE TABLE of a
-    /// partitioned table in Hive 4.1+, one event for all its partitions):
+    /// partitioned table in Hive 4.x with alter-partitions notifications v2,
+    /// one event for all its partitions):
     /// each partition's files are removed. Values raw, in key order.
     TruncatePartitions {
         table: HiveTable,
