@@ -401,6 +401,28 @@ fn bad_configuration_is_fatal_without_the_password(server: &DbServer) {
     assert!(started.elapsed() < Duration::from_secs(30));
 }
 
+/// Row 1 is read first (the rows before a bad one are replicated), then
+/// row 2 is a bad row naming its id, at `location`, for `reason`.
+fn bad_row_after_row_1(source: &mut MetastoreSource, location: &str, reason: &str) {
+    assert_eq!(
+        ids(&source.poll(0, 10).unwrap()),
+        vec![1],
+        "rows before it still read"
+    );
+    match source.poll(1, 10) {
+        Err(RowSourceError::BadRow {
+            location: got,
+            reason: why,
+            event_id,
+        }) => {
+            assert!(got.ends_with(location), "{got}");
+            assert!(why.contains(reason), "{why}");
+            assert_eq!(event_id, Some(2));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 fn unreadable_column_is_a_bad_row(server: &DbServer) {
     let (mut writer, mut source) = fresh(server, "badrow");
     writer.append(&NewEvent::json("INSERT", "db", "t", "{}"));
@@ -420,26 +442,11 @@ fn unreadable_column_is_a_bad_row(server: &DbServer) {
     });
     // The rows before the bad one come first (they are replicated), then
     // the bad one is reported with its id.
-    assert_eq!(
-        ids(&source.poll(0, 10).unwrap()),
-        vec![1],
-        "rows before it still read"
+    bad_row_after_row_1(
+        &mut source,
+        "NOTIFICATION_LOG EVENT_ID 2, column EVENT_TYPE",
+        "NULL",
     );
-    match source.poll(1, 10) {
-        Err(RowSourceError::BadRow {
-            location,
-            reason,
-            event_id,
-        }) => {
-            assert!(
-                location.ends_with("NOTIFICATION_LOG EVENT_ID 2, column EVENT_TYPE"),
-                "{location}"
-            );
-            assert!(reason.contains("NULL"), "{reason}");
-            assert_eq!(event_id, Some(2));
-        }
-        other => panic!("{other:?}"),
-    }
     assert!(source.is_connected(), "a bad row is no reason to reconnect");
 }
 
@@ -457,26 +464,7 @@ fn non_utf8_text_is_a_bad_row(server: &DbServer) {
         r#"INSERT INTO "NOTIFICATION_LOG" ("NL_ID", "EVENT_ID", "EVENT_TIME", "EVENT_TYPE", "MESSAGE") VALUES (1, 1, 0, 'INSERT', '{}'), (2, 2, 0, 'INSERT', E'{"x":"\xff\xfe"}'), (3, 3, 0, 'INSERT', '{}')"#,
     );
     let mut source = open(server, "ascii");
-    assert_eq!(
-        ids(&source.poll(0, 10).unwrap()),
-        vec![1],
-        "rows before it still read"
-    );
-    match source.poll(1, 10) {
-        Err(RowSourceError::BadRow {
-            location,
-            reason,
-            event_id,
-        }) => {
-            assert!(
-                location.ends_with("NOTIFICATION_LOG EVENT_ID 2"),
-                "{location}"
-            );
-            assert!(reason.contains("0xff"), "{reason}");
-            assert_eq!(event_id, Some(2));
-        }
-        other => panic!("{other:?}"),
-    }
+    bad_row_after_row_1(&mut source, "NOTIFICATION_LOG EVENT_ID 2", "0xff");
 }
 
 /// MariaDB only: Hive's tables spelled in lower case are found.

@@ -305,6 +305,21 @@ fn set_rows(fx: &HiveFixture, rows: &[String]) {
     std::fs::write(&fx.rows, rows.join("\n") + "\n").unwrap();
 }
 
+/// The SPEC example as Hive rows (no checksums) in `src`, of which a
+/// replica in `state` has followed the first 30: the fixture, all the
+/// rows, the replica.
+fn seed_followed_to_30(src: &Path, state: &Path) -> (HiveFixture, Vec<String>, Replica) {
+    write_seed_example(src).unwrap();
+    let fx = HiveFixture::convert(src, false);
+    let rows = rows_of(&fx);
+    set_rows(&fx, &rows[..30]);
+    let replica = Replica::start(fx.config(state)).unwrap();
+    wait_for("state 30", Duration::from_secs(20), || {
+        replica.catalog().snapshot().visible.state_id == StateId(30)
+    });
+    (fx, rows, replica)
+}
+
 #[test]
 fn an_id_gap_stops_at_the_last_good_state_asking_for_a_re_bootstrap() {
     let src = tempfile::tempdir().unwrap();
@@ -418,14 +433,7 @@ fn a_checksum_mismatch_at_source_is_fetched_from_cm_and_at_both_stalls() {
 fn restart_resumes_after_the_last_journaled_event() {
     let src = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
-    write_seed_example(src.path()).unwrap();
-    let fx = HiveFixture::convert(src.path(), false);
-    let rows = rows_of(&fx);
-    set_rows(&fx, &rows[..30]);
-    let replica = Replica::start(fx.config(state.path())).unwrap();
-    wait_for("state 30", Duration::from_secs(20), || {
-        replica.catalog().snapshot().visible.state_id == StateId(30)
-    });
+    let (fx, rows, replica) = seed_followed_to_30(src.path(), state.path());
     replica.stop();
     set_rows(&fx, &rows);
     let replica = Replica::start(fx.config(state.path())).unwrap();
@@ -664,14 +672,7 @@ fn a_repeated_id_at_a_batch_boundary_stops_replication() {
 fn a_replaced_hive_events_file_is_followed() {
     let src = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
-    write_seed_example(src.path()).unwrap();
-    let fx = HiveFixture::convert(src.path(), false);
-    let rows = rows_of(&fx);
-    set_rows(&fx, &rows[..30]);
-    let replica = Replica::start(fx.config(state.path())).unwrap();
-    wait_for("state 30", Duration::from_secs(20), || {
-        replica.catalog().snapshot().visible.state_id == StateId(30)
-    });
+    let (fx, rows, replica) = seed_followed_to_30(src.path(), state.path());
     let accepted = replica.status().events_accepted;
     let aside = fx.rows.with_extension("tmp");
     std::fs::write(&aside, rows.join("\n") + "\n").unwrap();
