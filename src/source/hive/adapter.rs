@@ -189,12 +189,8 @@ impl HiveSource {
                         row.event_id, self.last_read
                     )
                 };
-                let state_id = u64::try_from(row.event_id)
-                    .ok()
-                    .filter(|&i| i > 0)
-                    .map(StateId);
                 let rejection = Rejection {
-                    state_id,
+                    state_id: state_id_of(row.event_id),
                     file: None,
                     line: None,
                     reason,
@@ -261,6 +257,11 @@ impl HiveSource {
     }
 }
 
+/// The state of Hive event `event_id`, when it is a valid one (> 0).
+fn state_id_of(event_id: i64) -> Option<StateId> {
+    u64::try_from(event_id).ok().filter(|&i| i > 0).map(StateId)
+}
+
 fn row_error(e: RowSourceError) -> SourceError {
     match e {
         RowSourceError::Unavailable(_) => SourceError::Transient(e.to_string()),
@@ -269,10 +270,7 @@ fn row_error(e: RowSourceError) -> SourceError {
             reason,
             event_id,
         } => SourceError::Fatal(Rejection {
-            state_id: event_id
-                .and_then(|id| u64::try_from(id).ok())
-                .filter(|&id| id > 0)
-                .map(StateId),
+            state_id: event_id.and_then(state_id_of),
             file: Some(location),
             line: None,
             reason,

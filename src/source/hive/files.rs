@@ -186,9 +186,7 @@ impl FileRows {
         })?;
         Ok(read)
     }
-}
 
-impl FileRows {
     /// Reads the files again from their start; what was read of them is
     /// forgotten (rows up to the caller's `after` are skipped again; the
     /// write rows of commits after [`FileRows::journaled`] are kept, as
@@ -201,19 +199,6 @@ impl FileRows {
         self.highest = None;
         self.committed.clear();
         self.committed_order.clear();
-    }
-}
-
-/// Remembers that transaction `txn_id` committed (the newest
-/// [`COMMITTED_REMEMBERED`] are kept).
-fn remember_commit(committed: &mut HashSet<i64>, order: &mut VecDeque<i64>, txn_id: i64) {
-    if committed.insert(txn_id) {
-        order.push_back(txn_id);
-        if order.len() > COMMITTED_REMEMBERED {
-            if let Some(old) = order.pop_front() {
-                committed.remove(&old);
-            }
-        }
     }
 }
 
@@ -285,7 +270,16 @@ impl RowSource for FileRows {
     fn txn_writes(&mut self, txn_id: i64) -> Result<Vec<TxnWriteRow>, RowSourceError> {
         let mut rows = self.txns.remove(&txn_id).unwrap_or_default();
         rows.sort_by_key(|r| r.wnl_id);
-        remember_commit(&mut self.committed, &mut self.committed_order, txn_id);
+        // Remembered (the newest COMMITTED_REMEMBERED) to report a write
+        // row of it that comes later.
+        if self.committed.insert(txn_id) {
+            self.committed_order.push_back(txn_id);
+            if self.committed_order.len() > COMMITTED_REMEMBERED {
+                if let Some(old) = self.committed_order.pop_front() {
+                    self.committed.remove(&old);
+                }
+            }
+        }
         Ok(rows)
     }
 
@@ -372,6 +366,20 @@ mod tests {
         format!("{{\"EVENT_ID\":{id},\"EVENT_TYPE\":\"X\"}}\n")
     }
 
+    /// A write row (WNL_ID `wnl`) of transaction `txn`.
+    fn write_row(wnl: i64, txn: i64) -> String {
+        format!(
+            "{{\"WNL_ID\":{wnl},\"WNL_TXNID\":{txn},\"WNL_DATABASE\":\"d\",\"WNL_TABLE\":\"t\",\"WNL_FILES\":\"x###\"}}\n"
+        )
+    }
+
+    /// Event `id`, the COMMIT_TXN of transaction `txn`.
+    fn commit_row(id: i64, txn: i64) -> String {
+        format!(
+            "{{\"EVENT_ID\":{id},\"EVENT_TYPE\":\"COMMIT_TXN\",\"MESSAGE\":\"{{\\\"txnid\\\":{txn}}}\"}}\n"
+        )
+    }
+
     fn bad_row(got: Result<Vec<NotificationRow>, RowSourceError>) -> (String, String, Option<i64>) {
         match got {
             Err(RowSourceError::BadRow {
@@ -431,19 +439,16 @@ mod tests {
     fn write_rows_of_commits_before_a_restart_are_not_kept() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rows.jsonl");
-        let write = |txn: i64| {
-            format!(
-                "{{\"WNL_ID\":{txn},\"WNL_TXNID\":{txn},\"WNL_DATABASE\":\"d\",\"WNL_TABLE\":\"t\",\"WNL_FILES\":\"x###\"}}\n"
-            )
-        };
-        let commit = |id: i64, txn: i64| {
-            format!(
-                "{{\"EVENT_ID\":{id},\"EVENT_TYPE\":\"COMMIT_TXN\",\"MESSAGE\":\"{{\\\"txnid\\\":{txn}}}\"}}\n"
-            )
-        };
+        let write = |txn: i64| write_row(txn, txn);
         append(
             &path,
-            &format!("{}{}{}{}", write(7), commit(1, 7), write(8), commit(2, 8)),
+            &format!(
+                "{}{}{}{}",
+                write(7),
+                commit_row(1, 7),
+                write(8),
+                commit_row(2, 8)
+            ),
         );
         // Resumed after event 1: transaction 7's write row is dropped,
         // transaction 8's waits for its commit.
@@ -485,22 +490,18 @@ mod tests {
         assert!(rows.poll(6, 10).unwrap().is_empty());
     }
 
-    const WRITE_7: &str =
-        "{\"WNL_ID\":1,\"WNL_TXNID\":7,\"WNL_DATABASE\":\"d\",\"WNL_TABLE\":\"t\",\"WNL_FILES\":\"x###\"}\n";
-    const COMMIT_7: &str =
-        "{\"EVENT_ID\":1,\"EVENT_TYPE\":\"COMMIT_TXN\",\"MESSAGE\":\"{\\\"txnid\\\":7}\"}\n";
-
     #[test]
     fn a_replaced_export_keeps_the_writes_of_commits_read_ahead() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rows.jsonl");
-        append(&path, &format!("{WRITE_7}{COMMIT_7}"));
+        let (write, commit) = (write_row(1, 7), commit_row(1, 7));
+        append(&path, &format!("{write}{commit}"));
         let mut rows = FileRows::open(&path).unwrap();
         // The commit is returned (a full batch) ...
         assert_eq!(rows.poll(0, 1).unwrap()[0].event_id, 1);
         // ... the export is replaced (the same rows and one more) ...
         let aside = dir.path().join("rows.tmp");
-        std::fs::write(&aside, format!("{WRITE_7}{COMMIT_7}{}", row(2))).unwrap();
+        std::fs::write(&aside, format!("{write}{commit}{}", row(2))).unwrap();
         std::fs::rename(&aside, &path).unwrap();
         // ... the next batch is read ahead before the commit is decoded ...
         assert_eq!(rows.poll(1, 1).unwrap()[0].event_id, 2);
@@ -513,7 +514,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rows.jsonl");
         // Read in one go with its commit before it was decoded: taken.
-        append(&path, &format!("{COMMIT_7}{WRITE_7}{}", row(2)));
+        append(
+            &path,
+            &format!("{}{}{}", commit_row(1, 7), write_row(1, 7), row(2)),
+        );
         let mut rows = FileRows::open(&path).unwrap();
         assert_eq!(rows.poll(0, 10).unwrap().len(), 2);
         assert_eq!(rows.txn_writes(7).unwrap().len(), 1);
@@ -526,11 +530,7 @@ mod tests {
     fn a_write_row_after_its_commit_was_read_is_a_bad_row() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rows.jsonl");
-        let write = |txn: i64| {
-            format!(
-                "{{\"WNL_ID\":1,\"WNL_TXNID\":{txn},\"WNL_DATABASE\":\"d\",\"WNL_TABLE\":\"t\",\"WNL_FILES\":\"x###\"}}\n"
-            )
-        };
+        let write = |txn: i64| write_row(1, txn);
         append(&path, &format!("{}{}", row(1), row(2)));
         let mut rows = FileRows::open(&path).unwrap();
         assert_eq!(rows.poll(0, 10).unwrap().len(), 2);
