@@ -1050,7 +1050,7 @@ fn bench_stage(o: &Opts) -> Res<()> {
         }
         for n in threads.iter().filter(|_| runs.contains(&"prototype")) {
             // Not the library: the copy_file_range variant suggested in
-            // docs/BENCHMARKS.md, to size the gain before anyone builds it.
+            // docs/benchmarks/HISTORY.md, to size the gain before anyone builds it.
             prepare()?;
             fs::create_dir_all(&dest)?;
             let next = Arc::new(AtomicUsize::new(0));

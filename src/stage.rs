@@ -94,7 +94,7 @@ const TMP_SUFFIX: &str = ".tmp";
 /// its directory's lock while the filesystem allocates the inode, so
 /// parallel copies into one directory wait for each other: a bootstrap of
 /// 15,000 small files spent 27 % of its samples spinning on the lock of
-/// `tmp/` (`perf`, docs/BENCHMARKS.md "Bootstrap").
+/// `tmp/` (`perf`, docs/benchmarks/HISTORY.md "Bootstrap").
 const TMP_SHARDS: u64 = 16;
 
 /// Where a fetched blob came from.
