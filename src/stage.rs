@@ -58,7 +58,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
@@ -66,7 +66,6 @@ use sha2::{Digest, Sha256};
 
 use crate::durable::{fsync_dir, Writeback};
 use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
-use crate::replicate::fetch::heartbeat;
 use crate::source_open::open_beneath_sized;
 
 /// Read → hash → write in chunks this large: big enough that syscall and
@@ -96,6 +95,35 @@ const TMP_SUFFIX: &str = ".tmp";
 /// 15,000 small files spent 27 % of its samples spinning on the lock of
 /// `tmp/` (`perf`, docs/BENCHMARKS.md "Bootstrap").
 const TMP_SHARDS: u64 = 16;
+
+/// Whoever watches the copies on a thread for signs of progress (the
+/// fetch pool's deadline, [`crate::replicate::fetch`]).
+pub trait ProgressWatch: Send + Sync {
+    /// A chunk was read, copied or hashed.
+    fn beat(&self);
+}
+
+thread_local! {
+    /// The watch of the copies on this thread, if any.
+    static WATCH: std::cell::RefCell<Option<Arc<dyn ProgressWatch>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Makes `watch` hear the [`heartbeat`]s of the copies on this thread
+/// (`None`: nobody).
+pub fn watch_this_thread(watch: Option<Arc<dyn ProgressWatch>>) {
+    WATCH.with(|w| *w.borrow_mut() = watch);
+}
+
+/// Tells the watch of this thread that the copy is making progress (a
+/// chunk was read, copied or hashed). A no-op on a thread nobody watches.
+pub fn heartbeat() {
+    WATCH.with(|w| {
+        if let Some(watch) = w.borrow().as_ref() {
+            watch.beat();
+        }
+    });
+}
 
 /// Where a fetched blob came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +218,8 @@ pub struct BlobStore {
     /// Open on `root` when a whole group can be made durable with one
     /// `syncfs` (see [`GroupSync`]); `None`: one `fdatasync` per copy.
     group_sync: Option<File>,
+    /// Makes the checks beyond sha256 that files name ([`SourceChecks`]).
+    checks: Arc<dyn SourceChecks>,
 }
 
 /// [`BlobStore`]`::fan_outs`: not looked at yet by this store.
@@ -299,6 +329,7 @@ impl BlobStore {
             pid: std::process::id(),
             fan_outs: (0..256).map(|_| AtomicU8::new(FAN_OUT_UNKNOWN)).collect(),
             group_sync,
+            checks: Arc::new(NoSourceChecks),
         };
         store.remove_leftover_temps()?;
         let (mut total, mut count) = (0u64, 0u64);
@@ -309,6 +340,14 @@ impl BlobStore {
         store.staged_bytes.store(total, Ordering::Relaxed);
         store.stored_blobs.store(count, Ordering::Relaxed);
         Ok(store)
+    }
+
+    /// The store checking files also by what `checks` makes of their
+    /// [`Verify`] (the Hive source's HDFS checksum); without it, a file
+    /// that asks for more than size and sha256 is unusable.
+    pub fn with_checks(mut self, checks: Arc<dyn SourceChecks>) -> BlobStore {
+        self.checks = checks;
+        self
     }
 
     /// Where the blob `id` is (or would be) stored.
@@ -699,7 +738,7 @@ impl BlobStore {
                 return Ok(Err(format!("size {expected} expected {size}")));
             }
         }
-        let check = match stream_check(&file.verify) {
+        let check = match stream_check(&*self.checks, &file.verify) {
             Ok(check) => check,
             Err(problem) => return Ok(Err(problem)),
         };
@@ -1463,12 +1502,40 @@ impl Hashing {
     }
 }
 
+/// Makes the check a file's [`Verify`] asks for beyond size and sha256
+/// (which the store checks itself), for the source that knows what it
+/// means: the Hive source's HDFS file checksum
+/// (`crate::source::hive::checksum::HdfsChecks`). Handed to the store with
+/// [`BlobStore::with_checks`] by whoever wires the pipeline.
+pub trait SourceChecks: Send + Sync + std::fmt::Debug {
+    /// The check for `verify`, ready to be fed; `Ok(None)` when there is
+    /// none beyond sha256; `Err` when the expected value cannot be a
+    /// checksum of its kind (or this source knows no such kind).
+    fn stream_check(&self, verify: &Verify) -> Result<Option<Box<dyn StreamCheck>>, String>;
+}
+
+/// The store's [`SourceChecks`] until it is given others: none.
+#[derive(Debug)]
+struct NoSourceChecks;
+
+impl SourceChecks for NoSourceChecks {
+    fn stream_check(&self, verify: &Verify) -> Result<Option<Box<dyn StreamCheck>>, String> {
+        Err(format!(
+            "no check for {} checksums is configured",
+            verify.label()
+        ))
+    }
+}
+
 /// The checksum `verify` asks for beyond sha256, ready to be fed; `Err`
 /// when the expected value cannot be a checksum of that kind.
-fn stream_check(verify: &Verify) -> Result<Option<Box<dyn StreamCheck>>, String> {
+fn stream_check(
+    checks: &dyn SourceChecks,
+    verify: &Verify,
+) -> Result<Option<Box<dyn StreamCheck>>, String> {
     match verify {
         Verify::Sha256 { .. } | Verify::None => Ok(None),
-        Verify::Hdfs { checksum } => crate::source::hive::checksum_check(checksum).map(Some),
+        Verify::Hdfs { .. } => checks.stream_check(verify),
     }
 }
 
@@ -2345,6 +2412,15 @@ mod tests {
         assert_eq!(temp_count(&fx.state), 0);
     }
 
+    fn store(fx: &Fixture) -> BlobStore {
+        BlobStore::open(&fx.state).unwrap()
+    }
+
+    /// A store that checks Hive's HDFS checksums.
+    fn hive_store(fx: &Fixture) -> BlobStore {
+        store(fx).with_checks(Arc::new(crate::source::hive::HdfsChecks))
+    }
+
     /// A file of `pieces` kernel-copy pieces and a bit, on the pipelined path.
     fn multi_piece_content(pieces: u64, seed: usize) -> Vec<u8> {
         let len = (KERNEL_COPY_PIECE_BYTES * pieces) as usize + 4321;
@@ -2356,10 +2432,10 @@ mod tests {
     /// the source file after the second piece was copied; the error text.
     fn fetch_while_changing(
         fx: &Fixture,
+        store: BlobStore,
         f: &FileRef,
         change: impl FnOnce(&Path) + 'static,
     ) -> String {
-        let store = BlobStore::open(&fx.state).unwrap();
         let path = fx.src.join(&f.path);
         let mut change = Some(change);
         test_hooks::after_each_piece(Some(Box::new(move || {
@@ -2385,7 +2461,7 @@ mod tests {
         let content = multi_piece_content(3, 7);
         let f = file_ref("db/t/grows", &content);
         put(&fx.src, &f.path, &content);
-        let err = fetch_while_changing(&fx, &f, append_to);
+        let err = fetch_while_changing(&fx, store(&fx), &f, append_to);
         assert!(err.contains("grew while reading"), "{err}");
     }
 
@@ -2396,7 +2472,7 @@ mod tests {
         let f = file_ref("db/t/shrinks", &content);
         put(&fx.src, &f.path, &content);
         let keep = KERNEL_COPY_PIECE_BYTES * 2 + 10;
-        let err = fetch_while_changing(&fx, &f, move |path| {
+        let err = fetch_while_changing(&fx, store(&fx), &f, move |path| {
             let file = OpenOptions::new().write(true).open(path).unwrap();
             file.set_len(keep).unwrap();
         });
@@ -2411,7 +2487,7 @@ mod tests {
         put(&fx.src, "t/000000_0", &content);
         let checksum = hdfs_hex(&content, CrcType::Crc32c);
         let f = hive_ref(&fx.src, "t/000000_0", Verify::Hdfs { checksum });
-        let err = fetch_while_changing(&fx, &f, append_to);
+        let err = fetch_while_changing(&fx, hive_store(&fx), &f, append_to);
         assert!(err.contains("grew while reading"), "{err}");
     }
 
@@ -2433,7 +2509,7 @@ mod tests {
     fn hdfs_checksum_of_either_crc_type_verifies_small_and_large_files() {
         use crate::source::hive::checksum::CrcType;
         let fx = fixture();
-        let store = BlobStore::open(&fx.state).unwrap();
+        let store = hive_store(&fx);
         let large = KERNEL_COPY_PIECE_BYTES as usize * 2 + 777;
         for (i, size) in [1000, large].into_iter().enumerate() {
             for (j, ty) in [CrcType::Crc32c, CrcType::Crc32].into_iter().enumerate() {
@@ -2456,7 +2532,7 @@ mod tests {
     {
         use crate::source::hive::checksum::CrcType;
         let fx = fixture();
-        let store = BlobStore::open(&fx.state).unwrap();
+        let store = hive_store(&fx);
         let good = multi_piece_content(2, 7);
         let mut corrupt = good.clone();
         corrupt[KERNEL_COPY_PIECE_BYTES as usize + 5] ^= 1;

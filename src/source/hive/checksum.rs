@@ -25,13 +25,16 @@
 //! [`ChecksumVerifier`] accepts the one that matches;
 //! [`ChecksumVerifier::with_types`] computes only the types asked for (the
 //! stager asks for CRC32C, and for CRC32 in a second pass over the stored
-//! copy only when CRC32C did not match: `crate::source::hive::checksum_check`). Tests check this
+//! copy only when CRC32C did not match: [`checksum_check`]). Tests check this
 //! against values published by independent implementations
 //! (tests/hive_decode.rs, scripts/hdfs_checksum_vectors.py).
 //!
 //! Pure computation: the stager feeds bytes while copying.
 
 use md5::{Digest, Md5};
+
+use crate::event::Verify;
+use crate::stage;
 
 /// Which CRC the cluster's `dfs.checksum.type` was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -444,6 +447,83 @@ impl ChecksumVerifier {
             computed: computed.iter().map(|(t, c)| (*t, c.to_hex())).collect(),
             size,
         })
+    }
+}
+
+/// The checks the Hive source's files carry, for the blob store
+/// ([`stage::SourceChecks`]): the HDFS file checksum of
+/// [`Verify::Hdfs`], through [`checksum_check`]. The pipeline hands it to
+/// the store ([`stage::BlobStore::with_checks`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HdfsChecks;
+
+impl stage::SourceChecks for HdfsChecks {
+    fn stream_check(&self, verify: &Verify) -> Result<Option<Box<dyn stage::StreamCheck>>, String> {
+        match verify {
+            Verify::Hdfs { checksum } => checksum_check(checksum).map(Some),
+            Verify::Sha256 { .. } | Verify::None => Ok(None),
+        }
+    }
+}
+
+/// The HDFS file checksum `expected` (hex) as a check the stager feeds
+/// while copying; `Err` when `expected` is not an HDFS checksum.
+///
+/// The check computes CRC32C only (Hadoop's default `dfs.checksum.type`):
+/// one CRC of every byte instead of two. When that does not match, its
+/// [`CheckFailed`](stage::CheckFailed) offers a CRC32 check (older
+/// clusters), which the stager feeds the stored copy again. So a file is
+/// verified when either type matches, as with
+/// [`ChecksumVerifier::new`], and always from the bytes staged;
+/// only a file of an old cluster (or a wrong one) is read twice.
+pub fn checksum_check(expected: &str) -> Result<Box<dyn stage::StreamCheck>, String> {
+    let expected = HdfsChecksum::from_hex(expected).map_err(|e| e.to_string())?;
+    Ok(Box::new(HdfsCheck {
+        verifier: ChecksumVerifier::with_types(expected, &[CrcType::Crc32c]),
+        earlier: None,
+    }))
+}
+
+/// One CRC type's pass of an HDFS checksum check.
+struct HdfsCheck {
+    verifier: ChecksumVerifier,
+    /// What the CRC32C pass computed, in the CRC32 pass after it.
+    earlier: Option<Vec<(CrcType, String)>>,
+}
+
+impl stage::StreamCheck for HdfsCheck {
+    fn update(&mut self, bytes: &[u8]) {
+        self.verifier.update(bytes);
+    }
+
+    fn verify(self: Box<Self>) -> Result<(), stage::CheckFailed> {
+        let HdfsCheck { verifier, earlier } = *self;
+        let expected = *verifier.expected();
+        let mut mismatch = match verifier.finish() {
+            Ok(_) => return Ok(()),
+            Err(mismatch) => mismatch,
+        };
+        match earlier {
+            // An empty file, or a layout only an empty file has, computes
+            // the same whatever the type: a second pass cannot match.
+            None if mismatch.size > 0 && !mismatch.computed.is_empty() => Err(stage::CheckFailed {
+                problem: mismatch.to_string(),
+                again: Some(Box::new(HdfsCheck {
+                    verifier: ChecksumVerifier::with_types(expected, &[CrcType::Crc32]),
+                    earlier: Some(mismatch.computed),
+                })),
+            }),
+            earlier => {
+                // The message names what every type computed, CRC32C first.
+                let mut computed = earlier.unwrap_or_default();
+                computed.append(&mut mismatch.computed);
+                mismatch.computed = computed;
+                Err(stage::CheckFailed {
+                    problem: mismatch.to_string(),
+                    again: None,
+                })
+            }
+        }
     }
 }
 
