@@ -608,3 +608,104 @@ mod tests {
         assert_eq!(CrcType::Crc32.append(0, b"123456789"), 0xcbf43926);
     }
 }
+
+/// The Hive check through the blob store: the store verifies a copy with
+/// it ([`stage::BlobStore::with_checks`]).
+#[cfg(test)]
+mod stage_tests {
+    use std::fs;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::stage::testing::*;
+    use crate::stage::{BlobStore, FetchOutcome};
+
+    /// A store that checks Hive's HDFS checksums.
+    fn hive_store(fx: &Fixture) -> BlobStore {
+        store(fx).with_checks(Arc::new(HdfsChecks))
+    }
+
+    #[test]
+    fn hive_file_known_by_checksum_only_growing_mid_copy_is_unusable() {
+        use CrcType;
+        let fx = fixture();
+        let content = multi_piece_content(2, 13);
+        put(&fx.src, "t/000000_0", &content);
+        let checksum = hdfs_hex(&content, CrcType::Crc32c);
+        let f = hive_ref(&fx.src, "t/000000_0", Verify::Hdfs { checksum });
+        let err = fetch_while_changing(&fx, hive_store(&fx), &f, append_to);
+        assert!(err.contains("grew while reading"), "{err}");
+    }
+
+    /// The HDFS checksum (hex) of `bytes` as a cluster using `ty` reports
+    /// it: 512 bytes per CRC, 1 MiB blocks.
+    fn hdfs_hex(bytes: &[u8], ty: CrcType) -> String {
+        use {HdfsChecksum, HdfsChecksummer};
+        let shape = HdfsChecksum::Md5Md5Crc {
+            bytes_per_crc: 512,
+            crc_per_block: 2048,
+            md5: [0; 16],
+        };
+        let mut summer = HdfsChecksummer::new(&shape, &[ty]);
+        summer.update(bytes);
+        summer.finish()[0].1.to_hex()
+    }
+
+    #[test]
+    fn hdfs_checksum_of_either_crc_type_verifies_small_and_large_files() {
+        use CrcType;
+        let fx = fixture();
+        let store = hive_store(&fx);
+        let large = KERNEL_COPY_PIECE_BYTES as usize * 2 + 777;
+        for (i, size) in [1000, large].into_iter().enumerate() {
+            for (j, ty) in [CrcType::Crc32c, CrcType::Crc32].into_iter().enumerate() {
+                let seed = i * 2 + j + 1;
+                let content: Vec<u8> = (0..size).map(|k| (k * seed % 253) as u8).collect();
+                let rel = format!("t/{seed:06}_0");
+                put(&fx.src, &rel, &content);
+                let checksum = hdfs_hex(&content, ty);
+                let f = hive_ref(&fx.src, &rel, Verify::Hdfs { checksum });
+                let outcome = store.fetch(&f, Path::new(""), None);
+                assert_eq!(outcome.unwrap(), FetchOutcome::FromSource, "{size} {ty:?}");
+                assert!(fs::read(store.path(&sha(&content))).unwrap() == content);
+            }
+        }
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn large_hive_file_with_a_wrong_checksum_is_taken_from_cm_and_a_mismatch_names_both_crc_types()
+    {
+        use CrcType;
+        let fx = fixture();
+        let store = hive_store(&fx);
+        let good = multi_piece_content(2, 7);
+        let mut corrupt = good.clone();
+        corrupt[KERNEL_COPY_PIECE_BYTES as usize + 5] ^= 1;
+        put(&fx.src, "t/000000_0", &corrupt);
+        put(&fx.cm, "000000_0_x", &good);
+        // An old cluster's CRC32 checksum: the good copy passes on the
+        // second pass, the corrupt one on neither.
+        let checksum = hdfs_hex(&good, CrcType::Crc32);
+        let mut f = hive_ref(&fx.src, "t/000000_0", Verify::Hdfs { checksum });
+        f.cm_path = Some(fx.cm.join("000000_0_x").display().to_string());
+        f.cm_dir = Some(fx.cm.display().to_string());
+        assert_eq!(
+            store.fetch(&f, Path::new(""), None).unwrap(),
+            FetchOutcome::FromChangeManagement
+        );
+        assert!(fs::read(store.path(&sha(&good))).unwrap() == good);
+
+        // Wrong at both places: the error names what both CRC types gave.
+        put(&fx.cm, "000000_0_x", &corrupt);
+        fs::remove_file(store.path(&sha(&good))).unwrap();
+        let err = store
+            .fetch(&f, Path::new(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("HDFS checksum mismatch"), "{err}");
+        assert!(err.contains("(CRC32C)") && err.contains("(CRC32)"), "{err}");
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+}
