@@ -6,7 +6,7 @@
 //! source that grows or shrinks while read is a source problem.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::path::Path;
 use std::sync::mpsc;
 use std::thread;
@@ -14,6 +14,7 @@ use std::thread;
 use sha2::Digest;
 
 use crate::durable::Writeback;
+use crate::source_file::SourceFile;
 
 use super::heartbeat::heartbeat;
 use super::store::TempBlob;
@@ -57,10 +58,11 @@ fn check_length(copied: u64, expected: u64, at_end: bool) -> Option<String> {
     }
 }
 
-/// Reads once into `buf`, retrying on EINTR. `Err` describes a source problem.
-fn read_chunk(src: &mut File, buf: &mut [u8], copied: u64) -> Result<usize, String> {
+/// Reads once into `buf` at offset `copied`, retrying on EINTR. `Err`
+/// describes a source problem.
+fn read_chunk(src: &dyn SourceFile, buf: &mut [u8], copied: u64) -> Result<usize, String> {
     loop {
-        match src.read(buf) {
+        match src.read_at(buf, copied) {
             Ok(n) => {
                 heartbeat();
                 return Ok(n);
@@ -350,7 +352,7 @@ pub(super) fn read_back(
 /// Copies `src` into `temp`, returning the digests of what was written. The
 /// outer `Err` is a store failure, the inner one a source problem.
 pub(super) fn copy_sequential(
-    src: &mut File,
+    src: &dyn SourceFile,
     temp: &mut TempBlob,
     expected: u64,
     mut hashing: Hashing,
@@ -380,7 +382,7 @@ pub(super) fn copy_sequential(
 /// written first and then handed to the hasher, so exactly the bytes written
 /// are hashed; a fixed set of buffers circulates, so memory stays bounded.
 pub(super) fn copy_pipelined(
-    src: &mut File,
+    src: &dyn SourceFile,
     temp: &mut TempBlob,
     expected: u64,
     mut hashing: Hashing,

@@ -12,6 +12,7 @@ use std::thread;
 
 use crate::durable::fsync_dir;
 use crate::event::BlobId;
+use crate::source_file::Identity;
 
 use super::placement::{Placed, FAN_OUT_DURABLE};
 use super::store::{BlobStore, TempBlob};
@@ -226,8 +227,8 @@ pub struct Unsynced {
     pub(super) size: u64,
     /// Already fdatasynced by [`Unsynced::sync_data`]: publish skips it.
     pub(super) synced: bool,
-    /// The source's metadata through the descriptor read, after the copy.
-    pub(super) source_after: fs::Metadata,
+    /// The source's identity through the file read, after the copy.
+    pub(super) source_after: Identity,
 }
 
 impl Unsynced {
@@ -235,10 +236,11 @@ impl Unsynced {
         self.id
     }
 
-    /// The source file's metadata, read through the descriptor the bytes
-    /// were copied from, after the copy: a caller that listed the file
-    /// compares its identity with this instead of a `stat` of the path.
-    pub fn source_after(&self) -> &fs::Metadata {
+    /// The source file's identity, read through the file the bytes were
+    /// copied from (for a local file its descriptor), after the copy: a
+    /// caller that listed the file compares its identity with this instead
+    /// of a `stat` of the path.
+    pub fn source_after(&self) -> &Identity {
         &self.source_after
     }
 

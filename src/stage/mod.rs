@@ -11,7 +11,7 @@
 //! Invariants:
 //! - A blob path only ever holds verified, durable bytes: a fetch copies into
 //!   a temp file while counting and hashing and compares size and sha256
-//!   with the [`FileRef`]; then either [`BlobStore::fetch`] `sync_data`s it,
+//!   with the [`FileRef`](crate::event::FileRef); then either [`BlobStore::fetch`] `sync_data`s it,
 //!   renames it into place (never replacing an existing blob) and fsyncs the
 //!   fan-out directory (and `blobs/` when the fan-out directory is new), or
 //!   [`BlobStore::fetch_unsynced`] leaves it in `tmp/` for
@@ -32,12 +32,15 @@
 //!   [`BlobStore::stored_blobs`] their number): scanned
 //!   on open, then kept up to date by fetch and remove.
 //!
-//! Source and change-management files are opened only beneath their root
-//! and only when regular ([`crate::source_open`]): a symlink out of the
+//! Source and change-management files are read through
+//! [`crate::source_file`] (its [`Location`](crate::source_file::Location)
+//! and [`SourceFile`](crate::source_file::SourceFile)); a local one is
+//! opened only beneath its root and only when regular: a symlink out of the
 //! root, a FIFO or a device node is a source problem like a missing file.
 //! A native file's root is `--source-root` (or `--cm-root`); a Hive file's
 //! is the `--source-map` directory its URI (or its cm root's URI) was
-//! mapped through ([`FileRef::source_dir`], [`FileRef::cm_dir`]).
+//! mapped through ([`FileRef::source_dir`](crate::event::FileRef::source_dir),
+//! [`FileRef::cm_dir`](crate::event::FileRef::cm_dir)).
 //!
 //! Errors split by side: whatever is wrong at the *source* (missing, not
 //! readable, escaping its root, not a regular file, wrong size, wrong

@@ -1,11 +1,13 @@
 //! Where a file is looked for, in order: a native file at the source root
 //! and then under its change-management names; a Hive file at its mapped
 //! source path and then at its URI's change-management copy, each beneath
-//! the `--source-map` directory it was mapped through.
+//! the `--source-map` directory it was mapped through. Each place is a
+//! [`Location`] (today always local).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::event::{FileRef, Verify};
+use crate::source_file::Location;
 
 use super::FetchOutcome;
 
@@ -19,27 +21,6 @@ pub(super) fn is_valid_mapped_path(s: &str) -> bool {
             .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
-/// A place a file may be read from: a path that must resolve beneath its
-/// root ([`open_beneath`]).
-pub(super) struct Place {
-    pub(super) root: PathBuf,
-    pub(super) relative: PathBuf,
-}
-
-impl Place {
-    fn new(root: &Path, relative: impl Into<PathBuf>) -> Place {
-        Place {
-            root: root.to_owned(),
-            relative: relative.into(),
-        }
-    }
-
-    /// The joined path, for messages.
-    pub(super) fn shown(&self) -> PathBuf {
-        self.root.join(&self.relative)
-    }
-}
-
 /// The places to look for `file`, in order, with the outcome each stands for
 /// (or why a place cannot be used). Native: the source root, then
 /// `<cm-root>/<name>_<sha256>`. Hive: the mapped source path, then the URI's
@@ -50,7 +31,7 @@ pub(super) fn candidate_places(
     file: &FileRef,
     source_root: &Path,
     cm_root: Option<&Path>,
-) -> Vec<(Result<Place, String>, FetchOutcome)> {
+) -> Vec<(Result<Location, String>, FetchOutcome)> {
     let Some((sha, _)) = file.known() else {
         let mut places = vec![(
             mapped_place(file.source_dir.as_deref(), &file.path),
@@ -65,21 +46,21 @@ pub(super) fn candidate_places(
         return places;
     };
     let mut places = vec![(
-        Ok(Place::new(source_root, &file.path)),
+        Ok(Location::local(source_root, &file.path)),
         FetchOutcome::FromSource,
     )];
     if let Some(cm) = cm_root {
         let hex = sha.to_hex();
         let base = file.path.rsplit('/').next().unwrap_or(&file.path);
         places.push((
-            Ok(Place::new(cm, format!("{base}_{hex}"))),
+            Ok(Location::local(cm, format!("{base}_{hex}"))),
             FetchOutcome::FromChangeManagement,
         ));
         // The source names cm copies after the file; `name` can differ from
         // the path's last component, so look under both.
         if file.name != base {
             places.push((
-                Ok(Place::new(cm, format!("{}_{hex}", file.name))),
+                Ok(Location::local(cm, format!("{}_{hex}", file.name))),
                 FetchOutcome::FromChangeManagement,
             ));
         }
@@ -90,14 +71,14 @@ pub(super) fn candidate_places(
 /// A Hive file's `path` (absolute, from `--source-map`) opened beneath the
 /// mapped directory `dir` it lies in: the part below `dir` comes from the
 /// source and must not lead out of it, by `..` or by a symlink.
-fn mapped_place(dir: Option<&str>, path: &str) -> Result<Place, String> {
+fn mapped_place(dir: Option<&str>, path: &str) -> Result<Location, String> {
     let Some(dir) = dir else {
         return Err(format!(
             "{path}: refused: the event names no --source-map directory to open it beneath"
         ));
     };
     match Path::new(path).strip_prefix(dir) {
-        Ok(rest) if !rest.as_os_str().is_empty() => Ok(Place::new(Path::new(dir), rest)),
+        Ok(rest) if !rest.as_os_str().is_empty() => Ok(Location::local(Path::new(dir), rest)),
         _ => Err(format!(
             "{path}: refused: not below its mapped directory {dir}"
         )),

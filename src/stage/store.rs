@@ -297,14 +297,14 @@ impl BlobStore {
                     if origin == FetchOutcome::FromChangeManagement {
                         tracing::info!(
                             path = %file.path,
-                            from = %place.shown().display(),
+                            from = %place,
                             source_problem = %findings.join("; "),
                             "fetched from change management"
                         );
                     }
                     return Ok((origin, copied));
                 }
-                Err(problem) => findings.push(format!("{}: {problem}", place.shown().display())),
+                Err(problem) => findings.push(format!("{place}: {problem}")),
             }
         }
         match (&file.verify, &file.cm_path) {

@@ -5,18 +5,15 @@
 //! bytes in the same pass. [`BlobStore::copy_verified`] copies one place
 //! into a temp file and checks what the file asks for.
 
-use std::fs;
-
 use sha2::{Digest, Sha256};
 
 use crate::event::{BlobId, FileRef, Verify};
-use crate::source_open::open_beneath_sized;
+use crate::source_file::{Identity, Location};
 
 use super::copy::{
     advise_sequential, copy_in_kernel, copy_pipelined, copy_sequential, read_back,
     COPY_BUFFER_BYTES, PIPELINE_MIN_BYTES,
 };
-use super::origins::Place;
 use super::store::{BlobStore, TempBlob};
 use super::StageError;
 
@@ -138,8 +135,8 @@ pub(super) struct Copied {
     pub(super) temp: TempBlob,
     pub(super) blob: BlobId,
     pub(super) size: u64,
-    /// The source's metadata through the descriptor read, after the copy.
-    pub(super) source_after: fs::Metadata,
+    /// The source's identity through the file read, after the copy.
+    pub(super) source_after: Identity,
 }
 
 impl BlobStore {
@@ -151,17 +148,18 @@ impl BlobStore {
     /// is unusable (try the next place).
     pub(super) fn copy_verified(
         &self,
-        place: &Place,
+        place: &Location,
         file: &FileRef,
         sync: bool,
     ) -> Result<Result<Copied, String>, StageError> {
-        // Beneath its root, never through a link out of it, and only if it
-        // is a regular file (a FIFO or device is refused unopened).
-        // The size comes from the check of that very inode.
-        let (mut src, expected) = match open_beneath_sized(&place.root, &place.relative) {
+        // A local file: beneath its root, never through a link out of it,
+        // and only if it is a regular file (a FIFO or device is refused
+        // unopened). The size comes from the check of that very inode.
+        let src = match place.open() {
             Ok(opened) => opened,
             Err(e) => return Ok(Err(e.to_string())),
         };
+        let expected = src.identity().size;
         let known = file.known();
         // Checked before copying so a wrong multi-GiB file costs nothing. A
         // file known only by its checksum must keep the length it had when
@@ -181,16 +179,24 @@ impl BlobStore {
         };
         if expected > COPY_BUFFER_BYTES as u64 {
             // Below one buffer the readahead window does not matter.
-            advise_sequential(&src);
+            if let Some(local) = src.local_file() {
+                advise_sequential(local);
+            }
         }
 
         let mut temp = self.create_temp(&file.key())?;
-        let copied = match copy_in_kernel(&src, &mut temp, expected, hashing)? {
+        // In the kernel where the file is local (and the kernel can copy
+        // between the two filesystems), else through userspace.
+        let in_kernel = match src.local_file() {
+            Some(local) => copy_in_kernel(local, &mut temp, expected, hashing)?,
+            None => Err(hashing),
+        };
+        let copied = match in_kernel {
             Ok(result) => result,
             Err(hashing) if expected >= PIPELINE_MIN_BYTES => {
-                copy_pipelined(&mut src, &mut temp, expected, hashing)?
+                copy_pipelined(&*src, &mut temp, expected, hashing)?
             }
-            Err(hashing) => copy_sequential(&mut src, &mut temp, expected, hashing)?,
+            Err(hashing) => copy_sequential(&*src, &mut temp, expected, hashing)?,
         };
         let (got, check) = match copied {
             Ok(digests) => digests,
@@ -199,14 +205,14 @@ impl BlobStore {
         // `copy_file_range` never reads past `expected`: growth after the
         // last byte read shows only in the size. The caller also compares
         // the whole identity with what it listed.
-        let source_after = match src.metadata() {
-            Ok(m) if m.len() > expected => {
+        let source_after = match src.identity_now() {
+            Ok(now) if now.size > expected => {
                 return Ok(Err(format!(
                     "size {} expected {expected} (grew while reading)",
-                    m.len()
+                    now.size
                 )))
             }
-            Ok(m) => m,
+            Ok(now) => now,
             Err(e) => return Ok(Err(format!("cannot stat after the copy: {e}"))),
         };
         if let Some((sha, _)) = known {
