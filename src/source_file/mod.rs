@@ -14,9 +14,9 @@
 //! arm in [`Location::open`] and [`Location`]'s `Display`; nothing else
 //! changes.
 //!
-//! Called by the blob store's fetch ([`crate::stage`]) and by the bootstrap
+//! Called by the blob store's fetch (`stage`) and by the bootstrap
 //! listing when it re-reads a file it staged before
-//! ([`crate::bootstrap::listing`]).
+//! (`bootstrap::listing`).
 
 pub mod local;
 

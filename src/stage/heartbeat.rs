@@ -1,13 +1,13 @@
 //! Signs of progress of the copies on a thread, for whoever watches that
 //! thread: the fetch pool abandons an attempt that gave none for its
-//! timeout ([`crate::replicate::fetch`]). The copy loops call [`heartbeat`]
+//! timeout (`replicate::fetch`). The copy loops call [`heartbeat`]
 //! after every chunk read, copied or hashed, so a large file read slowly
 //! but steadily never times out.
 
 use std::sync::Arc;
 
 /// Whoever watches the copies on a thread for signs of progress (the
-/// fetch pool's deadline, [`crate::replicate::fetch`]).
+/// fetch pool's deadline, `replicate::fetch`).
 pub trait ProgressWatch: Send + Sync {
     /// A chunk was read, copied or hashed.
     fn beat(&self);

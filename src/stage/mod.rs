@@ -115,7 +115,7 @@ pub enum StageError {
     Io { context: String, source: io::Error },
     /// Reading the source made no progress for `after` (a hung NFS or FUSE
     /// source): the fetch workers abandoned the attempt
-    /// ([`crate::replicate::fetch`]).
+    /// (`replicate::fetch`).
     #[error("read timed out after {after:?} with no progress")]
     TimedOut { after: Duration },
 }

@@ -39,7 +39,7 @@ pub struct CheckFailed {
 /// Makes the check a file's [`Verify`] asks for beyond size and sha256
 /// (which the store checks itself), for the source that knows what it
 /// means: the Hive source's HDFS file checksum
-/// (`crate::source::hive::checksum::HdfsChecks`). Handed to the store with
+/// (`source::hive::checksum::HdfsChecks`). Handed to the store with
 /// [`BlobStore::with_checks`] by whoever wires the pipeline.
 pub trait SourceChecks: Send + Sync + std::fmt::Debug {
     /// The check for `verify`, ready to be fed; `Ok(None)` when there is
@@ -234,5 +234,35 @@ impl BlobStore {
             size: expected,
             source_after,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::stage::testing::*;
+
+    #[test]
+    fn a_check_the_store_was_not_given_makes_the_copy_unusable_with_the_reason() {
+        let fx = fixture();
+        put(&fx.src, "t/000000_0", b"hive bytes");
+        let f = hive_ref(
+            &fx.src,
+            "t/000000_0",
+            Verify::Hdfs {
+                checksum: "00".into(),
+            },
+        );
+        let err = store(&fx).fetch(&f, Path::new(""), None).unwrap_err();
+        let StageError::Unavailable { detail, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            detail.contains("no check for hdfs-md5md5crc32c checksums is configured"),
+            "{detail}"
+        );
+        assert_eq!(temp_count(&fx.state), 0);
     }
 }
