@@ -57,13 +57,13 @@
 //! process per store; within it, GC must not remove a blob that a fetch or a
 //! retained version still needs.
 //!
-//! The parts, by job: [`store`] (the store, its temp files and the fetch
-//! of a file from the first place that has it), [`origins`] (where a file
-//! is looked for), [`copy`] (the copy engines: in the kernel, pipelined,
-//! sequential), [`verify`] (size, sha256 and the checksums a source's files
-//! carry, [`SourceChecks`]), [`placement`] (a verified copy renamed into its
-//! fan-out directory, durably), [`durability`] (a group made durable at
-//! once, [`GroupSync`]) and [`heartbeat`] (signs of progress for the fetch
+//! The parts, by job: `store` (the store, its temp files and the fetch
+//! of a file from the first place that has it), `origins` (where a file
+//! is looked for), `copy` (the copy engines: in the kernel, pipelined,
+//! sequential), `verify` (size, sha256 and the checksums a source's files
+//! carry, [`SourceChecks`]), `placement` (a verified copy renamed into its
+//! fan-out directory, durably), `durability` (a group made durable at
+//! once, [`GroupSync`]) and `heartbeat` (signs of progress for the fetch
 //! deadline).
 
 mod copy;

@@ -130,7 +130,7 @@ impl BlobStore {
         fs::symlink_metadata(self.path(id)).is_ok_and(|m| m.is_file())
     }
 
-    /// How [`BlobStore::publish`] makes groups of [`GROUP_SYNC_MIN`] or
+    /// How [`BlobStore::publish`] makes groups of [`GROUP_SYNC_MIN`](super::GROUP_SYNC_MIN) or
     /// more copies durable on this store's filesystem.
     pub fn group_sync(&self) -> GroupSync {
         if self.group_sync.is_some() {
