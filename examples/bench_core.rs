@@ -864,7 +864,7 @@ fn measure(total_mib: f64, f: impl FnOnce() -> Res<()>) -> Res<(f64, f64)> {
     ))
 }
 
-/// The staging variant suggested for `stage.rs`: copy in the kernel
+/// The staging variant suggested for the store (now `src/stage/copy.rs`): copy in the kernel
 /// (`copy_file_range`), then hash what was stored by reading the temp file
 /// back from the page cache; `sync_data`, rename, fsync the directory.
 fn stage_by_copy_file_range(f: &FileRef, src: &Path, dest: &Path, n: usize) -> Res<()> {

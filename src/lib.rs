@@ -24,7 +24,7 @@ pub mod redact;
 pub mod replicate;
 pub mod run;
 pub mod source;
-pub mod source_open;
+pub mod source_file;
 pub mod stage;
 pub mod status;
 pub mod view;

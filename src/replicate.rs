@@ -51,7 +51,7 @@ use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Resolution
 use crate::checkpoint::{self, CheckpointData};
 use crate::event::{BlobId, Event, FileRef, StateId};
 use crate::journal::{Compactor, Journal, JournalConfig, JournalError};
-use crate::source::hive::{HiveConfig, HiveSource};
+use crate::source::hive::{HdfsChecks, HiveConfig, HiveSource};
 use crate::source::native::{LogPosition, NativeSource, SourceLog};
 use crate::source::Rejection;
 use crate::source::{
@@ -351,7 +351,7 @@ impl Replica {
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|e| ReplicaError::Io(format!("creating {}", cfg.state_dir.display()), e))?;
         let lock = lock_state(&cfg.state_dir)?;
-        let blobs = Arc::new(BlobStore::open(&cfg.state_dir)?);
+        let blobs = Arc::new(BlobStore::open(&cfg.state_dir)?.with_checks(Arc::new(HdfsChecks)));
         let (record, mut pins) = load_durable(&cfg.state_dir)?;
         let cancelled = || cfg.cancel.is_some_and(|c| c());
         let journal_dir = cfg.state_dir.join("journal");
