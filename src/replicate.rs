@@ -33,15 +33,12 @@
 //! descriptor, so unlinking it does not disturb the read.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, info_span, warn};
 
 use crate::bootstrap::after_gap::{AfterGap, Gap, GcHold};
@@ -49,8 +46,10 @@ use crate::bootstrap::{BootstrapConfig, Built};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{self, load_durable, AddedFile, Catalog, Pending, Resolutions, Tree};
 use crate::checkpoint::{self, CheckpointData};
-use crate::event::{BlobId, Event, FileRef, StateId};
-use crate::journal::{Compactor, Journal, JournalConfig, JournalError};
+use crate::event::{BlobId, FileRef, StateId};
+use crate::journal::{
+    encode_entry, journal_payload, Compactor, Journal, JournalConfig, JournalEntry, JournalError,
+};
 use crate::source::hive::{HiveConfig, HiveSource};
 use crate::source::native::{LogPosition, NativeSource, SourceLog};
 use crate::source::Rejection;
@@ -58,6 +57,7 @@ use crate::source::{
     Accepted, DecodeError, DupWindow, Position, Source, SourceError, Validator, Verdict,
 };
 use crate::stage::{backoff, BlobStore, FetchOutcome, Fetched, StageError, Unsynced};
+use crate::state_lock::{lock_state, StateLock, StateLockError};
 use crate::status::{JournalReport, Progress, Stall, StatusReport};
 
 pub mod fetch;
@@ -169,66 +169,23 @@ pub enum ReplicaError {
     Cancelled,
 }
 
-/// One journal record's payload: the accepted event and where the source
-/// continues after it.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct JournalEntry {
-    pub event: Event,
-    pub next: Position,
+impl From<StateLockError> for ReplicaError {
+    fn from(e: StateLockError) -> ReplicaError {
+        match e {
+            StateLockError::InUse(dir) => ReplicaError::Locked(dir),
+            StateLockError::Open(path, e) => {
+                ReplicaError::Io(format!("opening {}", path.display()), e)
+            }
+        }
+    }
 }
 
-/// [`JournalEntry`] by reference, to encode without copying the event.
-#[derive(Serialize)]
-struct JournalEntryRef<'a> {
-    event: &'a Event,
-    next: &'a Position,
-}
-
-/// The bytes of [`JournalEntryRef`] for an event already serialised
-/// (`serde_json::to_vec(event)`): the same bytes `serde_json::to_vec`
-/// gives for the entry, without serialising the event again.
-pub fn journal_payload(event: &[u8], next: &Position) -> serde_json::Result<Vec<u8>> {
-    let next = serde_json::to_vec(next)?;
-    let mut out = Vec::with_capacity(event.len() + next.len() + 20);
-    out.extend_from_slice(br#"{"event":"#);
-    out.extend_from_slice(event);
-    out.extend_from_slice(br#","next":"#);
-    out.extend_from_slice(&next);
-    out.push(b'}');
-    Ok(out)
-}
-
+/// The entry a journal record holds.
 fn decode(id: StateId, payload: &[u8]) -> Result<JournalEntry, ReplicaError> {
-    serde_json::from_slice(payload).map_err(|e| ReplicaError::BadRecord {
+    JournalEntry::decode(payload).map_err(|e| ReplicaError::BadRecord {
         id,
         detail: e.to_string(),
     })
-}
-
-/// Takes the state folder's lock: one daemon per state folder.
-pub(crate) fn lock_state(dir: &Path) -> Result<File, ReplicaError> {
-    let path = dir.join("lock");
-    let f = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| ReplicaError::Io(format!("opening {}", path.display()), e))?;
-    // SAFETY: flock on a valid, owned descriptor.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(ReplicaError::Locked(dir.to_owned()));
-    }
-    Ok(f)
-}
-
-/// True when a daemon holds the state folder's lock.
-pub fn state_in_use(dir: &Path) -> bool {
-    let Ok(f) = File::open(dir.join("lock")) else {
-        return false;
-    };
-    // SAFETY: flock on a valid, owned descriptor; released when `f` drops.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
 }
 
 /// Accepted events with the trees ingest already built for them, so the
@@ -340,7 +297,7 @@ pub struct Replica {
     gate: Arc<GcGate>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
-    _lock: File,
+    _lock: StateLock,
 }
 
 impl Replica {
@@ -1160,11 +1117,8 @@ fn journal_rebootstrap(
     let next = Position::Hive {
         hive_event_id: y.0 as i64,
     };
-    let payload = serde_json::to_vec(&JournalEntryRef {
-        event: &acc.event,
-        next: &next,
-    })
-    .map_err(|e| format!("encoding the bootstrap record: {e}"))?;
+    let payload = encode_entry(&acc.event, &next)
+        .map_err(|e| format!("encoding the bootstrap record: {e}"))?;
     let bytes = payload.len();
     let mut j = match journal.lock() {
         Ok(j) => j,
@@ -2190,6 +2144,7 @@ fn mark(dir: &catalog::DirNode, live: &mut HashSet<BlobId>, seen: &mut HashSet<c
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::Event;
 
     /// GC's mark over retained versions, walking each only where it
     /// differs from the one before, marks exactly the union of every
@@ -2263,33 +2218,6 @@ mod tests {
                 !expected.is_empty(),
                 "seed {seed}: the workload named no file"
             );
-        }
-    }
-
-    #[test]
-    fn journal_payload_from_the_serialised_event_equals_the_entry_serialised_whole() {
-        let lines = [
-            r#"{"id":7,"op":"create_database","db":"d"}"#,
-            r#"{"id":9,"time_ms":1700000000000,"op":"add_files","db":"d","table":"t","partition":{"ds":"2024-01-01","r":"e\"u"},"files":[{"path":"d/t/x","size":3,"sha256":"0000000000000000000000000000000000000000000000000000000000000000"}]}"#,
-        ];
-        let positions = [
-            Position::Hive { hive_event_id: 42 },
-            Position::Log(Default::default()),
-        ];
-        for line in lines {
-            let event = Event::parse_line(line.as_bytes()).unwrap();
-            for next in &positions {
-                let whole = serde_json::to_vec(&JournalEntryRef {
-                    event: &event,
-                    next,
-                })
-                .unwrap();
-                let once = journal_payload(&serde_json::to_vec(&event).unwrap(), next).unwrap();
-                assert_eq!(
-                    String::from_utf8(once).unwrap(),
-                    String::from_utf8(whole).unwrap()
-                );
-            }
         }
     }
 }

@@ -40,7 +40,8 @@ use crate::event::{
     is_valid_file_name, is_valid_name, is_valid_source_path, BlobId, Change, Event, FileRef, Op,
     StateId, Verify,
 };
-use crate::source::{DecodeError, Position, Rejection, Source, SourceError, SourceReport};
+use crate::source::{DecodeError, Position, Rejection, Source, SourceError};
+use crate::status::SourceReport;
 
 /// Where the rows come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
