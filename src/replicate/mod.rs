@@ -1,14 +1,14 @@
 //! The replication pipeline: source → journal → staged blobs → commits,
 //! one file per thread.
 //!
-//! [`Replica::start`] recovers the state folder ([`recovery`]) and starts
+//! [`Replica::start`] recovers the state folder (`recovery.rs`) and starts
 //! the threads, each the single writer of what it owns:
-//! - **ingest** ([`ingest`]) follows the source, validates each event
+//! - **ingest** (`ingest.rs`) follows the source, validates each event
 //!   against the newest accepted state and appends accepted events to the
-//!   journal, fsynced in groups on the journal's sync thread ([`syncer`]).
+//!   journal, fsynced in groups on the journal's sync thread (`syncer.rs`).
 //!   A rejected event holds ingest at the last good state until the source
 //!   is corrected ([`Source::reread_from`](crate::source::Source::reread_from)).
-//! - **stager** ([`stager`]) follows the journal (memory ring first, segment
+//! - **stager** (`stager.rs`) follows the journal (memory ring first, segment
 //!   files when behind), builds pending states ([`catalog::Pending`],
 //!   bounded in number), sends each missing blob to the fetch workers,
 //!   retries failures with capped backoff, and commits the newest complete
@@ -17,15 +17,15 @@
 //! - **fetch workers** ([`fetch`]) copy and verify one file each into the
 //!   blob store; one that makes no progress for `fetch_timeout` (a hung
 //!   source read) is abandoned and replaced, and the attempt retried.
-//! - **gc** ([`gc`]) deletes blobs that no retained or pending state
+//! - **gc** (`gc.rs`) deletes blobs that no retained or pending state
 //!   references, nor any directory a reader holds.
-//! - **checkpoint** ([`checkpointer`]) writes the retained and pinned trees
+//! - **checkpoint** (`checkpointer.rs`) writes the retained and pinned trees
 //!   to `checkpoints/` every [`ReplicaConfig::checkpoint_events`] state-ids
 //!   or [`ReplicaConfig::checkpoint_interval`], then compacts the journal
 //!   ([`crate::checkpoint`]). A restart loads the newest readable
 //!   checkpoint and replays only the journal after it.
 //!
-//! Every thread is supervised and runs at its CPU priority ([`threads`]).
+//! Every thread is supervised and runs at its CPU priority (`threads.rs`).
 //! GC and the stager agree through `gc::GcGate`: the stager publishes what
 //! its pending states reference ([`catalog::PendingRefs`]: the visible tree
 //! plus the file entries of their events) and checks blob presence under
@@ -342,7 +342,7 @@ struct Shared {
 }
 
 impl Shared {
-    /// Starts a supervised pipeline thread (see [`threads`]).
+    /// Starts a supervised pipeline thread (see `threads.rs`).
     fn spawn(
         &self,
         name: &str,

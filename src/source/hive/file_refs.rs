@@ -4,8 +4,8 @@
 //! unique to the file's place in its event.
 //!
 //! Pure functions of the message and the map (no tree), so both the
-//! adapter's mapping on the ingest thread ([`map_file`]) and the decoding
-//! threads of [`super::ahead`] ([`premap_files`], an INSERT's files mapped
+//! adapter's mapping on the ingest thread (`map_file`) and the decoding
+//! threads of [`super::ahead`] (`premap_files`, an INSERT's files mapped
 //! ahead) call them and get the same references.
 
 use sha2::{Digest, Sha256};
