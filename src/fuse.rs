@@ -53,7 +53,7 @@ use fuser::{
 use tracing::{debug, error, info, warn};
 
 use crate::fusermount;
-use crate::metrics::{FuseOp, FuseRequests, RequestTimer};
+use crate::latency::{FuseOp, FuseRequests, RequestTimer};
 use crate::view::{readers, Attr, Caller, DentryAction, FileKind, OpenContent, View, ViewError};
 
 /// Why mounting or unmounting failed.

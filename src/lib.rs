@@ -3,9 +3,11 @@
 //! The modules follow the data flow:
 //! source ([`source`]: native JSONL or Hive) → [`journal`] → [`stage`] (blobs) → [`catalog`]
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
-//! [`replicate`] runs the pipeline threads; [`daemon`], [`run`] and [`demo`]
-//! are the commands; [`status`] reports on them ([`metrics`] exports it to
-//! Prometheus); [`workload`] generates test warehouses.
+//! [`replicate`] runs the pipeline threads, one file each; [`daemon`],
+//! [`run`] and [`demo`] are the commands; [`status`] reports on them
+//! ([`metrics`] exports it to Prometheus, with the [`latency`] histograms);
+//! [`workload`] generates test warehouses. `scripts/import-graph.py` checks
+//! that no module imports one that imports it back.
 
 pub mod bootstrap;
 pub mod catalog;
@@ -19,6 +21,7 @@ pub mod fuse;
 pub mod fusermount;
 pub mod hive_writer;
 pub mod journal;
+pub mod latency;
 pub mod metrics;
 pub mod redact;
 pub mod replicate;
@@ -26,6 +29,7 @@ pub mod run;
 pub mod source;
 pub mod source_file;
 pub mod stage;
+pub mod state_lock;
 pub mod status;
 pub mod view;
 pub mod workload;

@@ -297,7 +297,7 @@ fn check_journal_from(
     );
     let mut checked = 0;
     while let Some(rec) = follower.try_next().expect("read") {
-        let entry: stagefs::replicate::JournalEntry =
+        let entry: stagefs::journal::JournalEntry =
             serde_json::from_slice(&rec.payload).expect("record JSON");
         let (next, added) = tree.apply(&entry.event).expect("the record applies");
         resolutions.attach(&added);

@@ -17,6 +17,7 @@
 pub mod adapter;
 pub mod ahead;
 pub mod checksum;
+pub mod file_refs;
 pub mod files;
 pub mod map;
 pub mod message;
