@@ -66,10 +66,10 @@ pub fn gzip_json(json: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// The text of one file of ../shared/hive-samples/.
+/// The text of one file of tests/data/hive-samples/.
 pub fn sample(name: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/hive-samples")
+        .join("tests/data/hive-samples")
         .join(name);
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))

@@ -1378,7 +1378,7 @@ mod tests {
         // event (JSONAlterPartitionsMessage), the objects of sample 06.
         let sample = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../shared/hive-samples/06_alter_partition.json"
+            "/tests/data/hive-samples/06_alter_partition.json"
         );
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(sample).unwrap()).unwrap();
