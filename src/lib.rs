@@ -5,11 +5,13 @@
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
 //! [`replicate`] runs the pipeline threads; [`daemon`], [`run`] and [`demo`]
 //! are the commands; [`status`] reports on them ([`metrics`] exports it to
-//! Prometheus); [`workload`] generates test warehouses.
+//! Prometheus); [`workload`] generates the changing warehouse of the demo,
+//! the tests and the benchmarks. The test kit (the consistency checker) is
+//! `testkit`, built only with the cargo feature `testkit` (the tests,
+//! examples and benchmarks enable it).
 
 pub mod bootstrap;
 pub mod catalog;
-pub mod checker;
 pub mod checkpoint;
 pub mod daemon;
 pub mod demo;
@@ -17,7 +19,6 @@ pub mod durable;
 pub mod event;
 pub mod fuse;
 pub mod fusermount;
-pub mod hive_writer;
 pub mod journal;
 pub mod metrics;
 pub mod redact;
@@ -27,5 +28,7 @@ pub mod source;
 pub mod source_open;
 pub mod stage;
 pub mod status;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod view;
 pub mod workload;

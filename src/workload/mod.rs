@@ -10,6 +10,12 @@
 //!
 //! [`Workload::expected`] answers "what did table db.t hold at state S?",
 //! the oracle of the consistency checkers.
+//!
+//! [`hive_export`] writes the same warehouse's events as Hive's notification
+//! rows. Both are library code, not test kit, because `stagefs demo` (and
+//! `demo --hive`) runs them.
+
+pub mod hive_export;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
