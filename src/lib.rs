@@ -6,12 +6,14 @@
 //! [`replicate`] runs the pipeline threads, one file each; [`daemon`],
 //! [`run`] and [`demo`] are the commands; [`status`] reports on them
 //! ([`metrics`] exports it to Prometheus, with the [`latency`] histograms);
-//! [`workload`] generates test warehouses. `scripts/import-graph.py` checks
-//! that no module imports one that imports it back.
+//! [`workload`] generates the changing warehouse of the demo, the tests and
+//! the benchmarks. The test kit (the consistency checker) is `testkit`, built
+//! only with the cargo feature `testkit` (the tests, examples and benchmarks
+//! enable it). `scripts/import-graph.py` checks that no module imports one
+//! that imports it back.
 
 pub mod bootstrap;
 pub mod catalog;
-pub mod checker;
 pub mod checkpoint;
 pub mod daemon;
 pub mod demo;
@@ -19,7 +21,6 @@ pub mod durable;
 pub mod event;
 pub mod fuse;
 pub mod fusermount;
-pub mod hive_writer;
 pub mod journal;
 pub mod latency;
 pub mod metrics;
@@ -31,5 +32,7 @@ pub mod source_file;
 pub mod stage;
 pub mod state_lock;
 pub mod status;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod view;
 pub mod workload;

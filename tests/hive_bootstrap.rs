@@ -20,10 +20,10 @@
 mod common;
 #[path = "common/dbserver.rs"]
 mod dbserver;
-#[path = "common/hive_writer.rs"]
-mod hive_writer;
 #[path = "common/hms_warehouse.rs"]
 mod hms_warehouse;
+#[path = "common/metastore_rows.rs"]
+mod metastore_rows;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

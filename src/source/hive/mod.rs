@@ -1,5 +1,5 @@
 //! The Hive metastore source: Hive's notification log (SPEC §2 "Hive
-//! metastore source", ../shared/HIVE.md, docs/HIVE.md). [`model`] holds the
+//! metastore source", docs/HIVE.md). [`model`] holds the
 //! rows and the decoded messages that the other parts of this module share.
 //!
 //! Decoding is pure (no I/O): [`message`] turns a row into a

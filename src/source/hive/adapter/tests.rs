@@ -427,7 +427,7 @@ fn alter_partitions_with_truncate_empties_each_partition() {
     // event (JSONAlterPartitionsMessage), the objects of sample 06.
     let sample = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/hive-samples/06_alter_partition.json"
+        "/tests/data/hive-samples/06_alter_partition.json"
     );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(sample).unwrap()).unwrap();

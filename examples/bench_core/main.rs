@@ -12,7 +12,7 @@
 //!   million files (module [`checkpoints`], docs/BENCHMARKS.md
 //!   "Checkpoints and restart")
 //! - `hive-ingest`, `hive-stage`  the Hive source's figures (issue 11; see
-//!   `bench_core/hive.rs`)
+//!   `hive.rs` beside this file)
 //!
 //! Every subcommand prints progress to stderr and, on stdout, lines of the
 //! form `ROW|<benchmark>|<figure>|<target>|<met>` (the figure table) and
@@ -40,9 +40,7 @@ use stagefs::stage::BlobStore;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use stagefs::workload::Rng;
 
-#[path = "bench_core/checkpoints.rs"]
 mod checkpoints;
-#[path = "bench_core/hive.rs"]
 mod hive;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
