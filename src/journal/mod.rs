@@ -1,6 +1,6 @@
 //! The journal: stagefs's own write-ahead log of accepted events.
 //!
-//! Owns the journal directory (segment files, see [`segment`] for the format)
+//! Owns the journal directory (segment files, see `segment.rs` for the format)
 //! and an in-memory ring of the most recent durable records. `ingest` is the
 //! single writer: it [`Journal::append`]s a batch of events (serialised by
 //! `event`) and calls [`Journal::sync`] once per batch (group commit). The

@@ -43,7 +43,7 @@ pub fn encode_entry(event: &Event, next: &Position) -> serde_json::Result<Vec<u8
     serde_json::to_vec(&JournalEntryRef { event, next })
 }
 
-/// The bytes of [`JournalEntryRef`] for an event already serialised
+/// The bytes of the entry (`event`, `next`) for an event already serialised
 /// (`serde_json::to_vec(event)`): the same bytes `serde_json::to_vec`
 /// gives for the entry, without serialising the event again.
 pub fn journal_payload(event: &[u8], next: &Position) -> serde_json::Result<Vec<u8>> {

@@ -2,7 +2,7 @@
 //! while the ingest thread validates, applies and journals the rows before
 //! them.
 //!
-//! [`message::decode_message`] (base64, gunzip, JSON, Thrift-JSON) is a
+//! [`super::message::decode_message`] (base64, gunzip, JSON, Thrift-JSON) is a
 //! pure function of the row, and the most expensive step of a Hive event,
 //! so the adapter hands every polled row to [`DecodeAhead::submit`] and
 //! takes each row's result with [`DecodeAhead::take`] when the ingest loop
