@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-readers.sh
+scripts/setup-servers.sh
 cargo build --all-targets
 cargo test --all-targets
