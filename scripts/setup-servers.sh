@@ -64,6 +64,8 @@ if ! launcher_built; then
     echo "setup-servers: building the HDFS launcher (downloads Hadoop into $maven_repo)" >&2
     mvn "${mvn_args[@]}"
   fi
+  # build-classpath leaves an unchanged classpath file alone; it stamps the build.
+  touch "$launcher/target/classpath.txt"
   launcher_built || { echo "setup-servers: the HDFS launcher did not build" >&2; exit 1; }
 fi
 

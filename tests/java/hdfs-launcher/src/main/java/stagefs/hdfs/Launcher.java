@@ -108,6 +108,7 @@ public final class Launcher {
         // A stopped DataNode is noticed in seconds rather than minutes.
         conf.setInt("dfs.heartbeat.interval", 1);
         conf.setInt("dfs.namenode.heartbeat.recheck-interval", 2000);
+        conf.setLong("dfs.namenode.stale.datanode.interval", 3000);
         conf.set("hadoop.security.authentication", "simple");
         conf.setBoolean("dfs.permissions.enabled", false);
         conf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");
@@ -247,7 +248,9 @@ public final class Launcher {
             try {
                 reply = run(words).put("ok", true);
             } catch (Exception e) {
-                reply = new Json().put("ok", false).put("error", e.getClass().getSimpleName() + ": " + e.getMessage());
+                // A RemoteException's message carries the server's stack; its first line says what went wrong.
+                String message = String.valueOf(e.getMessage()).lines().findFirst().orElse("");
+                reply = new Json().put("ok", false).put("error", e.getClass().getSimpleName() + ": " + message);
             }
             out.println(reply);
         }
