@@ -12,6 +12,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,7 +22,7 @@ use hmac::{Hmac, Mac};
 use md5::Md5;
 use sha2::{Digest, Sha256};
 
-use super::{free_port, log_tail, servers_dir, wait_until};
+use super::{free_port, log_tail, servers_dir};
 
 pub const REGION: &str = "us-east-1";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -130,7 +131,19 @@ impl S3Server {
         let port = free_port();
         let p = |name: &str| format!("-{name}={}", free_port());
         let d = |name: &str, path: PathBuf| format!("-{name}={}", path.display());
-        let child = Command::new(&weed)
+        let mut cmd = Command::new(&weed);
+        // If the test process dies without dropping the server, the kernel
+        // kills weed too (the death signal follows the spawning thread, the
+        // test's own, which holds the server until it ends).
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
             .arg("mini")
             .arg(d("dir", data.clone()))
             .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
@@ -482,16 +495,9 @@ impl S3Server {
 
 impl Drop for S3Server {
     fn drop(&mut self) {
-        // SIGTERM lets weed close its stores; SIGKILL if it lingers.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let ended = wait_until(Duration::from_secs(10), || {
-            matches!(self.child.try_wait(), Ok(Some(_)))
-        });
-        if !ended {
-            let _ = self.child.kill();
-        }
+        // SIGKILL: the data is thrown away, and `weed mini` 4.48's own
+        // shutdown (SIGTERM) hangs after stopping the S3 gateway.
+        let _ = self.child.kill();
         let _ = self.child.wait();
         // `dir` (data, config, log) is removed when the TempDir drops.
     }
