@@ -7,4 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-readers.sh
+scripts/setup-servers.sh
 exec cargo test --all-targets --no-fail-fast
