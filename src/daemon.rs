@@ -53,20 +53,52 @@ impl From<ReplicaError> for DaemonError {
     }
 }
 
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event; coloured only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (with
+    /// `message`) and `spans`, the same fields as the text form.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("unknown log format {other:?} (text or json)")),
+        }
+    }
+}
+
 /// Logging to stderr, filtered by `STAGEFS_LOG` (default `info`).
-pub fn init_logging() {
+pub fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("STAGEFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser::session=error"));
-    // Colour only on a terminal: a log file or pipe gets plain text
-    // (and NO_COLOR, https://no-color.org, turns it off everywhere).
-    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(colour)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => {
+            // Colour only on a terminal: a log file or pipe gets plain text
+            // (and NO_COLOR, https://no-color.org, turns it off everywhere).
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            builder.with_ansi(colour).try_init()
+        }
+        LogFormat::Json => builder
+            .json()
+            .with_ansi(false)
+            .with_current_span(false)
+            .with_span_list(true)
+            .try_init(),
+    };
 }
 
 /// Arguments shared by `mount` and `replicate`.

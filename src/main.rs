@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use stagefs::daemon::{self, HiveArgs, MountArgs, ReplicateArgs};
+use stagefs::daemon::{self, HiveArgs, LogFormat, MountArgs, ReplicateArgs};
 use stagefs::source::hive::HiveRows;
 
 #[derive(Parser)]
@@ -16,6 +16,15 @@ use stagefs::source::hive::HiveRows;
     about = "A FUSE filesystem that shows a replicated warehouse only in states the source really had"
 )]
 struct Cli {
+    /// How log lines are written to stderr: text (coloured only on a
+    /// terminal) or json (one object per line).
+    #[arg(
+        long = "log-format",
+        value_name = "text|json",
+        global = true,
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -131,8 +140,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    daemon::init_logging();
     let cli = Cli::parse();
+    daemon::init_logging(cli.log_format);
     let result = match cli.command {
         Command::Mount {
             mountpoint,
