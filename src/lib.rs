@@ -11,6 +11,8 @@ pub mod bootstrap;
 pub mod catalog;
 pub mod checker;
 pub mod checkpoint;
+pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod durable;
