@@ -281,6 +281,31 @@ impl ReplicateArgs {
     }
 }
 
+/// Tells systemd how the service is (`Type=notify`: `READY=1` once mounted,
+/// `STOPPING=1` when shutting down) through the datagram socket named by
+/// `$NOTIFY_SOCKET` (a path, or `@name` for an abstract socket). Without
+/// it (not started by systemd) nothing is sent; a failed send is logged at
+/// debug level only, since readiness is a courtesy to the supervisor.
+pub fn notify_systemd(state: &str) {
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let bytes = target.as_encoded_bytes();
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            SocketAddr::from_abstract_name(name)
+        }
+        None => SocketAddr::from_pathname(&target),
+    };
+    let sent = UnixDatagram::unbound()
+        .and_then(|sock| addr.and_then(|addr| sock.send_to_addr(state.as_bytes(), &addr)));
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "cannot notify systemd");
+    }
+}
+
 /// Set by SIGINT/SIGTERM.
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -328,6 +353,7 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     };
     show_bootstrap(&replica, &args.state);
     info!(state = %args.state.display(), "replicating (headless)");
+    notify_systemd("READY=1\nSTATUS=replicating (headless)");
     let mut tick = 0u32;
     while !stop_requested() {
         std::thread::sleep(Duration::from_millis(50));
@@ -336,6 +362,7 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
             write_status_file(&args.state, &replica.status());
         }
     }
+    notify_systemd("STOPPING=1");
     write_status_file(&args.state, &replica.status());
     replica.stop();
     info!("stopped");
@@ -713,6 +740,10 @@ pub fn serve(
     let mounted = fuse::mount(Arc::clone(&view), &args.mountpoint, &opts)
         .map_err(|e| DaemonError::Mount(format!("mounting {}: {e}", args.mountpoint.display())))?;
     info!(mountpoint = %args.mountpoint.display(), "mounted");
+    notify_systemd(&format!(
+        "READY=1\nSTATUS=mounted at {}",
+        args.mountpoint.display()
+    ));
     let metrics = match exporter {
         Some(exporter) => Some(
             exporter
@@ -743,6 +774,7 @@ pub fn serve(
             break;
         }
     }
+    notify_systemd("STOPPING=1");
     if !external {
         info!("unmounting");
     }

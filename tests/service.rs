@@ -48,8 +48,10 @@ fn python_open_writes_no_warning_to_the_log() {
     let mut d = Daemon::start(seeded(dir.path()));
     d.wait_visible(50);
     python_reads_every_file(d.mnt());
-    assert!(d.sigterm().success());
+    // The reads' log, before the shutdown's own lines.
+    std::thread::sleep(std::time::Duration::from_millis(200));
     let log = d.stderr();
+    assert!(d.sigterm().success());
     assert!(log.contains("mounted"), "no log at all?\n{log}");
     for line in log.lines() {
         assert!(
@@ -66,8 +68,9 @@ fn json_log_lines_parse_and_carry_the_text_fields() {
     let mut d = Daemon::start(seeded(dir.path()).arg("--log-format").arg("json"));
     d.wait_visible(50);
     python_reads_every_file(d.mnt());
-    assert!(d.sigterm().success());
+    std::thread::sleep(std::time::Duration::from_millis(200));
     let log = d.stderr();
+    assert!(d.sigterm().success());
     let mut messages = Vec::new();
     for line in log.lines() {
         let v: Value = serde_json::from_str(line)
@@ -105,4 +108,118 @@ fn an_unknown_log_format_is_a_usage_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("xml"));
+}
+
+/// The mount's options as a config file (native source).
+fn config_file(args: &DaemonArgs, mountpoint: &Path) -> String {
+    format!(
+        "# test config\nmountpoint = {:?}\nstate = {:?}\nsource-root = {:?}\nevents = {:?}\ncm-root = {:?}\nretain = 4\nlog-format = \"json\"\n",
+        mountpoint,
+        args.state,
+        args.source_root,
+        args.events,
+        args.cm_root.as_ref().unwrap()
+    )
+}
+
+/// A `stagefs` process started by hand: SIGKILLed on drop (the mount is
+/// detached by the [`common::MountGuard`] next to it).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_mount_runs_from_a_config_file_and_flags_override_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = seeded(dir.path());
+    let conf = dir.path().join("stagefs.toml");
+    // The file names a mountpoint that does not exist; the flag wins.
+    std::fs::write(&conf, config_file(&args, &dir.path().join("nowhere"))).unwrap();
+    let log = dir.path().join("stderr.log");
+    let _guard = common::MountGuard(args.mnt.clone());
+    let mut child = Child(
+        stagefs()
+            .arg("mount")
+            .arg(&args.mnt)
+            .arg("--config")
+            .arg(&conf)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // Wait by the state folder's status, not through the mount: a process
+    // that reads the mount early keeps seeing that state (SPEC, readers).
+    let status = args.state.join("status.json");
+    poll(
+        "state 50 visible",
+        WAIT,
+        || {
+            let v: Value = serde_json::from_slice(&std::fs::read(&status).ok()?).ok()?;
+            (visible(&v) == 50).then_some(())
+        },
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    );
+    assert!(mounted(&args.mnt), "not mounted at the flag's mountpoint");
+    let table = args.mnt.join("default/blah");
+    assert!(
+        std::fs::read_dir(&table).unwrap().next().is_some(),
+        "the seed's table is empty"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    assert!(child.0.wait().unwrap().success());
+    // log-format came from the file: every line is JSON.
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.is_empty());
+    for line in text.lines() {
+        serde_json::from_str::<Value>(line)
+            .unwrap_or_else(|e| panic!("log-format from the file not used ({e}): {line}"));
+    }
+}
+
+#[test]
+fn an_unknown_config_key_names_the_key_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("stagefs.toml");
+    std::fs::write(&conf, "state = \"/tmp/x\"\n\nsource_root = \"/tmp/y\"\n").unwrap();
+    let out = stagefs()
+        .args(["replicate", "--config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 3") && err.contains("`source_root`"),
+        "{err}"
+    );
+}
+
+/// systemd `Type=notify`: `READY=1` arrives on $NOTIFY_SOCKET only once the
+/// mount answers, and `STOPPING=1` on SIGTERM.
+#[test]
+fn systemd_hears_ready_once_mounted_and_stopping_on_sigterm() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let args = seeded(dir.path()).env("NOTIFY_SOCKET", sock_path.to_str().unwrap());
+    let mut d = Daemon::spawn(args);
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("READY=1 within the deadline");
+    let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    // Ready means mounted: the root answers now, without waiting.
+    assert!(mounted(d.mnt()), "READY=1 before the mount: {ready:?}");
+    std::fs::read_dir(d.mnt()).expect("the mount answers at READY=1");
+    assert!(d.sigterm().success());
+    let n = sock.recv(&mut buf).expect("STOPPING=1 on SIGTERM");
+    assert_eq!(&buf[..n], b"STOPPING=1");
 }
