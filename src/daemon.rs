@@ -260,12 +260,8 @@ impl ReplicateArgs {
             }
             return Ok(None);
         };
+        // No map is fine: hdfs:// URIs are read where they are.
         let map = SourceMap::parse(&self.hive.source_map).map_err(DaemonError::Usage)?;
-        if map.is_empty() {
-            return Err(DaemonError::Usage(
-                "a Hive source needs --source-map PREFIX=DIR to find its files".into(),
-            ));
-        }
         for dir in map.dirs() {
             require_dir("--source-map", dir)?;
         }

@@ -128,6 +128,16 @@ pub(super) fn copy_verified(
                 now.size
             )))
         }
+        // A remote file (HDFS) rewritten while read (an INSERT OVERWRITE
+        // reusing its name) may keep its length; its modification time or
+        // block size then differ. Its bytes may be a mix of both contents:
+        // not a usable copy.
+        Ok(now) if src.local_file().is_none() && now != *src.identity() => {
+            return Ok(Err(format!(
+                "changed while reading (was {:?}, now {now:?})",
+                src.identity()
+            )))
+        }
         Ok(now) => now,
         Err(e) => return Ok(Err(format!("cannot stat after the copy: {e}"))),
     };

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
+use crate::source_file::Location;
 
 use super::copy::{copy_verified, Copied};
 use super::durability::{self, GroupSync, Unsynced};
@@ -223,8 +224,12 @@ impl BlobStore {
     ) -> Result<(FetchOutcome, Copied), StageError> {
         let path_ok = match file.known() {
             Some(_) => is_valid_source_path(&file.path),
-            // Hive files carry the absolute local path `--source-map` gave.
-            None => is_valid_mapped_path(&file.path),
+            // Hive files carry the absolute local path `--source-map` gave,
+            // or the URI of a file read where it is (HDFS).
+            None => {
+                is_valid_mapped_path(&file.path)
+                    || matches!(Location::remote(&file.path), Some(Ok(_)))
+            }
         };
         if !path_ok {
             // `Path::join` with an absolute path would escape the source root.
