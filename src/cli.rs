@@ -148,4 +148,50 @@ pub enum Command {
         #[command(flatten)]
         source: SourceArgs,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell) on stdout.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page stagefs(1) (roff) on stdout.
+    Manpage,
+}
+
+/// Writes the completion script of `stagefs` for `shell` to `out`.
+/// (Generated in memory first: clap_complete panics on a write error,
+/// such as a closed pipe.)
+pub fn write_completions(
+    shell: clap_complete::Shell,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    let mut script = Vec::new();
+    clap_complete::generate(
+        shell,
+        &mut <Cli as clap::CommandFactory>::command(),
+        "stagefs",
+        &mut script,
+    );
+    out.write_all(&script)
+}
+
+/// Writes the man page stagefs(1) to `out`: the top-level page, then each
+/// subcommand's page (its options) as a section of the same document, so
+/// one file documents every option.
+pub fn write_manpage(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let cli = <Cli as clap::CommandFactory>::command();
+    clap_mangen::Man::new(cli.clone()).render(out)?;
+    for sub in cli.get_subcommands() {
+        let name = format!("stagefs-{}", sub.get_name());
+        let bin_name = format!("stagefs {}", sub.get_name());
+        let sub = sub.clone().display_name(name).bin_name(bin_name);
+        let man = clap_mangen::Man::new(sub);
+        // Name, synopsis, description, options: no second title header.
+        man.render_name_section(out)?;
+        man.render_synopsis_section(out)?;
+        man.render_description_section(out)?;
+        man.render_options_section(out)?;
+    }
+    Ok(())
 }

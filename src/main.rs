@@ -51,6 +51,12 @@ fn main() -> ExitCode {
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source } => daemon::replicate(replicate_args(source)),
         Command::Bootstrap { source } => daemon::bootstrap(replicate_args(source)),
+        Command::Completions { shell } => {
+            stagefs::cli::write_completions(shell, &mut std::io::stdout())
+                .map_err(|e| daemon::DaemonError::Io(format!("writing the completions: {e}")))
+        }
+        Command::Manpage => stagefs::cli::write_manpage(&mut std::io::stdout())
+            .map_err(|e| daemon::DaemonError::Io(format!("writing the man page: {e}"))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -223,3 +223,61 @@ fn systemd_hears_ready_once_mounted_and_stopping_on_sigterm() {
     let n = sock.recv(&mut buf).expect("STOPPING=1 on SIGTERM");
     assert_eq!(&buf[..n], b"STOPPING=1");
 }
+
+#[test]
+fn completions_are_produced_for_bash_zsh_and_fish() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef stagefs"),
+        ("fish", "complete -c stagefs"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(marker), "{shell} script lacks {marker:?}");
+        // The script knows every subcommand and a long flag of `mount`.
+        let cli = <stagefs::cli::Cli as clap::CommandFactory>::command();
+        for sub in cli.get_subcommands() {
+            assert!(
+                text.contains(sub.get_name()),
+                "{shell}: no {}",
+                sub.get_name()
+            );
+        }
+        assert!(text.contains("source-map"), "{shell}: no --source-map");
+    }
+    let out = Command::new(BIN)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "an unknown shell is refused");
+}
+
+#[test]
+fn the_man_page_names_every_subcommand() {
+    let out = Command::new(BIN).arg("manpage").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH stagefs"),
+        "not roff:\n{page}"
+    );
+    let cli = <stagefs::cli::Cli as clap::CommandFactory>::command();
+    let names: Vec<String> = cli
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    assert!(names.len() >= 8, "{names:?}");
+    for name in &names {
+        assert!(
+            page.contains(&format!("stagefs\\-{name}")),
+            "the man page does not name `{name}`"
+        );
+    }
+    // Each option of `mount` is documented.
+    assert!(page.contains("\\-\\-source\\-map"), "no --source-map");
+    assert!(page.contains("\\-\\-allow\\-other"), "no --allow-other");
+}
