@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use stagefs::catalog::{Snapshot, Tree};
 use stagefs::checker::{mount_flags, run_readers, CheckConfig, DaemonProcess, Oracle, Target};
 use stagefs::event::StateId;
-use stagefs::view::readers::{proc_of_pid, proc_run_delay, ProcId, Reader, Readers, ViewRule};
+use stagefs::view::readers::{proc_busy, proc_of_pid, ProcId, Reader, Readers, ViewRule};
 use stagefs::workload::{Workload, WorkloadConfig};
 
 fn usage() -> ! {
@@ -134,9 +134,9 @@ fn attribution(iters: u64) {
     );
     let me = proc_of_pid(std::process::id()).expect("this process");
     row(
-        "run delay read (only when a move is considered)",
+        "busy sample read: process, parent, daemon (only when a move is considered)",
         ns_per(misses, || {
-            std::hint::black_box(proc_run_delay(me));
+            std::hint::black_box(proc_busy(me));
         }),
         "ns",
     );
