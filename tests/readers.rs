@@ -21,9 +21,12 @@ use common::*;
 use serde_json::json;
 
 /// The documented staleness bound of a polling process (docs/SEMANTICS.md
-/// "Readers": max age 2 s, then the next pause of 40 ms), with room for a
-/// loaded machine; the test checks the poller advances, not a timing.
-const POLL_BOUND_WITH_SLACK: Duration = Duration::from_secs(8);
+/// "Readers": max age 2 s, then the next pause of 40 ms that is not
+/// computing; 10 s when its gaps are computing — this process's threads
+/// include the other tests' — then the first gap with 10 ms idle), with
+/// room for a loaded machine; the test checks the poller advances, not a
+/// timing.
+const POLL_BOUND_WITH_SLACK: Duration = Duration::from_secs(20);
 
 fn state_of(path: &Path) -> u64 {
     getxattr(path, "user.stagefs.state_id")

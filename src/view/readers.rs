@@ -182,7 +182,7 @@ impl Default for ViewRule {
         // to a second and more, busy on the CPU.
         ViewRule {
             quiet_gap: Duration::from_millis(250),
-            poll_gap: Duration::from_millis(150),
+            poll_gap: Duration::from_millis(40),
             max_age: Duration::from_secs(2),
             hard_age: Duration::from_secs(10),
             hard_gap: Duration::from_millis(10),
@@ -1137,8 +1137,10 @@ mod tests {
         // A young view survives a poller's pause; an old one moves once
         // the pause reaches the poll gap.
         assert_eq!(d(1_000, 160, act(150, 1, 0, 0)), Keep);
-        assert_eq!(d(2_100, 100, act(90, 1, 0, 0)), Keep);
-        assert_eq!(d(2_100, 160, act(150, 1, 0, 0)), Move);
+        assert_eq!(d(2_100, 30, act(20, 1, 0, 0)), Keep);
+        assert_eq!(d(2_100, 60, act(50, 1, 0, 0)), Move);
+        // ... unless it computed through the pause.
+        assert_eq!(d(2_100, 60, act(50, 10, 5, 0)), KeepBusy);
         // Past the hard age, a gap with 10 ms in which none of its threads
         // ran or waited is enough; a gap busy throughout is not.
         assert_eq!(d(10_500, 5, None), Keep);
