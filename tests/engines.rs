@@ -276,22 +276,41 @@ fn tail(s: &str, n: usize) -> &str {
     &s[start..]
 }
 
-/// Waits for `child`; kills it (and fails) after `timeout`.
+/// Waits for `child`; kills it (and fails) after `timeout`. Its stdout
+/// and stderr are read while it runs: a JVM logging exceptions (views
+/// off) would otherwise fill the pipe and block.
 fn wait_or_kill(mut child: std::process::Child, timeout: Duration) -> std::process::Output {
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(child.stdout.take().map(|s| Box::new(s) as _));
+    let err = drain(child.stderr.take().map(|s| Box::new(s) as _));
     let deadline = Instant::now() + timeout;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
+            let _ = child.wait();
+            let err = err.join().unwrap_or_default();
             panic!(
                 "engine run exceeded {timeout:?}:\n{}",
-                tail(&String::from_utf8_lossy(&out.stderr), 4000)
+                tail(&String::from_utf8_lossy(&err), 4000)
             );
         }
         thread::sleep(Duration::from_millis(100));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
     }
 }
 
