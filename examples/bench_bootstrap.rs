@@ -34,10 +34,10 @@
 mod bench_common;
 #[path = "../tests/common/dbserver.rs"]
 mod dbserver;
-#[path = "../tests/common/hive_writer.rs"]
-mod hive_writer;
 #[path = "../tests/common/hms_warehouse.rs"]
 mod hms_warehouse;
+#[path = "../tests/common/metastore_rows.rs"]
+mod metastore_rows;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;

@@ -15,8 +15,8 @@
 
 #[path = "../tests/common/dbserver.rs"]
 mod dbserver;
-#[path = "../tests/common/hive_writer.rs"]
-mod hive_writer;
+#[path = "../tests/common/metastore_rows.rs"]
+mod metastore_rows;
 
 #[path = "bench_common/mod.rs"]
 mod bench_common;
@@ -33,17 +33,17 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use stagefs::event::Event;
-use stagefs::hive_writer::HiveWriter;
 use stagefs::source::hive::model::NotificationRow;
+use stagefs::workload::hive_export::HiveWriter;
 
 use dbserver::{DbServer, Kind, TableCase, PASSWORD};
-use hive_writer::MetastoreWriter;
+use metastore_rows::MetastoreWriter;
 
 fn opt(args: &[String], name: &str, default: &str) -> String {
     arg(args, name).unwrap_or(default).to_string()
 }
 
-/// Native event lines → Hive rows (as `stagefs::hive_writer` writes them).
+/// Native event lines → Hive rows (as `stagefs::workload::hive_export` writes them).
 fn hive_rows(
     writer: &mut HiveWriter,
     rows_path: &Path,

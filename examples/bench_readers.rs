@@ -38,8 +38,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stagefs::catalog::{Snapshot, Tree};
-use stagefs::checker::{mount_flags, run_readers, CheckConfig, DaemonProcess, Oracle, Target};
 use stagefs::event::StateId;
+use stagefs::testkit::checker::{
+    mount_flags, run_readers, CheckConfig, DaemonProcess, Oracle, Target,
+};
 use stagefs::view::readers::{proc_busy, proc_of_pid, ProcId, Reader, Readers, ViewRule};
 use stagefs::workload::{Workload, WorkloadConfig};
 

@@ -17,11 +17,13 @@ use tracing::{info, warn};
 use crate::catalog::{self, load_durable};
 use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
-use crate::metrics::{Exporter, FuseRequests, Sources};
+use crate::latency::FuseRequests;
+use crate::metrics::{Exporter, Sources};
 use crate::redact::Redactor;
-use crate::replicate::{state_in_use, Replica, ReplicaConfig, ReplicaError};
+use crate::replicate::{Replica, ReplicaConfig, ReplicaError};
 use crate::source::hive::map::SourceMap;
 use crate::source::hive::{HiveConfig, HiveRows};
+use crate::state_lock::state_in_use;
 use crate::status::StatusReport;
 use crate::view::{StatusSource, View, ViewConfig};
 

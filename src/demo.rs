@@ -5,7 +5,7 @@
 //! folders.
 //!
 //! `--hive`: the same warehouse reaches stagefs as Hive would write it:
-//! every native event is converted (`hive_writer`) into `NOTIFICATION_LOG`
+//! every native event is converted (`workload::hive_export`) into `NOTIFICATION_LOG`
 //! rows with `gzip(json-2.0)` messages, file URIs with HDFS checksums and
 //! a change-management root, and replicated through `--hive-events` and
 //! `--source-map`.
@@ -16,10 +16,10 @@ use std::time::Instant;
 use tracing::info;
 
 use crate::daemon::{self, DaemonError, MountArgs, ReplicateArgs};
-use crate::hive_writer::{HiveWriter, LogConverter};
 use crate::replicate::{Replica, ReplicaConfig};
 use crate::source::hive::map::SourceMap;
 use crate::source::hive::{HiveConfig, HiveRows};
+use crate::workload::hive_export::{HiveWriter, LogConverter};
 use crate::workload::{write_seed_example, Workload, WorkloadConfig};
 
 /// Events the demo source produces per second after the example.

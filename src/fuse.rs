@@ -53,7 +53,7 @@ use fuser::{
 use tracing::{debug, error, info, warn};
 
 use crate::fusermount;
-use crate::metrics::{FuseOp, FuseRequests, RequestTimer};
+use crate::latency::{FuseOp, FuseRequests, RequestTimer};
 use crate::view::{readers, Attr, Caller, DentryAction, FileKind, OpenContent, View, ViewError};
 
 /// Why mounting or unmounting failed.
@@ -371,7 +371,7 @@ impl Filesystem for StagefsFs {
         // a directory's first page only until lookups follow, and tools
         // built on fts (`find`, `ls`, `du`) read a whole directory before
         // they stat anything, so every later page cost one LOOKUP per
-        // entry (measured in docs/BENCHMARKS.md). The price: each listed
+        // entry (measured in docs/benchmarks/HISTORY.md). The price: each listed
         // entry is a kernel inode (and a view reference) until the kernel
         // reclaims it.
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS) {

@@ -3,13 +3,17 @@
 //! The modules follow the data flow:
 //! source ([`source`]: native JSONL or Hive) → [`journal`] → [`stage`] (blobs) → [`catalog`]
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
-//! [`replicate`] runs the pipeline threads; [`daemon`], [`run`] and [`demo`]
-//! are the commands; [`status`] reports on them ([`metrics`] exports it to
-//! Prometheus); [`workload`] generates test warehouses.
+//! [`replicate`] runs the pipeline threads, one file each; [`daemon`],
+//! [`run`] and [`demo`] are the commands; [`status`] reports on them
+//! ([`metrics`] exports it to Prometheus, with the [`latency`] histograms);
+//! [`workload`] generates the changing warehouse of the demo, the tests and
+//! the benchmarks. The test kit (the consistency checker) is `testkit`, built
+//! only with the cargo feature `testkit` (the tests, examples and benchmarks
+//! enable it). `scripts/import-graph.py` checks that no module imports one
+//! that imports it back.
 
 pub mod bootstrap;
 pub mod catalog;
-pub mod checker;
 pub mod checkpoint;
 pub mod daemon;
 pub mod demo;
@@ -17,15 +21,18 @@ pub mod durable;
 pub mod event;
 pub mod fuse;
 pub mod fusermount;
-pub mod hive_writer;
 pub mod journal;
+pub mod latency;
 pub mod metrics;
 pub mod redact;
 pub mod replicate;
 pub mod run;
 pub mod source;
-pub mod source_open;
+pub mod source_file;
 pub mod stage;
+pub mod state_lock;
 pub mod status;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod view;
 pub mod workload;

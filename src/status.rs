@@ -4,6 +4,11 @@
 //! and two small mutexes, never held across I/O); [`StatusReport`] is the
 //! rendered, serialisable picture served by `.stagefs/status` and
 //! `stagefs status`.
+//!
+//! Status owns the report types of every part it shows, and the parts fill
+//! them: a source its [`SourceReport`] (`Source::report`), the bootstrap
+//! its [`BootstrapReport`], the view its [`ReadersReport`]. So this module
+//! imports no reporting module, and each of them imports it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -15,8 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::Snapshot;
 use crate::event::StateId;
-use crate::metrics::LatencyHistogram;
-use crate::source::SourceReport;
+use crate::latency::LatencyHistogram;
 
 /// Why replication cannot progress.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +43,67 @@ pub struct NotInLog {
     /// `db.table`
     pub table: String,
     pub reason: String,
+}
+
+/// What status shows about the source (SPEC §7 `source`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceReport {
+    /// `native` or `hive`.
+    pub kind: String,
+    /// The events folder, the `--hive-events` path, or the metastore URL
+    /// without its password.
+    pub location: String,
+    /// Hive: the last `EVENT_ID` read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<i64>,
+    /// The newest id the source reports (the metastore's `NEXT_EVENT_ID - 1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newest: Option<i64>,
+    /// Why the source cannot be read right now (retrying), or null.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// A table that could not be bootstrapped, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnlistedTable {
+    /// `db.table`.
+    pub table: String,
+    pub reason: String,
+}
+
+/// The status JSON's `bootstrap` object.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BootstrapReport {
+    /// `snapshot`, `waiting` (a re-bootstrap whose metastore is not above
+    /// the replica's id yet), `listing`, `events`, `committing`, `done`,
+    /// `failed`.
+    pub phase: String,
+    pub round: u32,
+    /// The id of the newest metadata snapshot.
+    pub snapshot_id: i64,
+    /// The id the bootstrap state is at (once done).
+    pub state_id: Option<i64>,
+    pub tables_total: u64,
+    pub tables_listed: u64,
+    pub partitions: u64,
+    pub files_copied: u64,
+    pub bytes_copied: u64,
+    /// Files already staged by an earlier (killed) run: not copied again.
+    pub files_reused: u64,
+    pub bytes_reused: u64,
+    pub events_applied: u64,
+    pub elapsed_seconds: f64,
+    pub bytes_per_second: f64,
+    /// Seconds until every table of this round is listed, when known.
+    pub eta_seconds: Option<f64>,
+    /// Tables listed again because they changed while listed.
+    pub relisted: u64,
+    /// Tables that could not be listed consistently (bootstrap failed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unlisted: Vec<UnlistedTable>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Counters and states written by the pipeline.
@@ -74,7 +139,7 @@ pub struct Progress {
     /// The source, as its ingest thread last reported it.
     pub source: Mutex<SourceReport>,
     /// The bootstrap that built this state folder's first state, if any.
-    pub bootstrap: Mutex<Option<crate::bootstrap::BootstrapReport>>,
+    pub bootstrap: Mutex<Option<BootstrapReport>>,
     /// Replication stopped for good (a pipeline thread panicked): shown
     /// before any other stall, never cleared until restart.
     pub failure: Mutex<Option<Stall>>,
@@ -279,7 +344,7 @@ pub struct StatusReport {
     pub sessions: Vec<SessionReport>,
     /// Bootstrap progress while one runs, then its outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bootstrap: Option<crate::bootstrap::BootstrapReport>,
+    pub bootstrap: Option<BootstrapReport>,
 }
 
 /// Per-process views in use.

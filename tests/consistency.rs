@@ -1,7 +1,7 @@
 //! SPEC §3 under load: 8 reader threads observe a live stagefs mount while
 //! the source keeps committing (inserts, overwrites with change management,
 //! partition drops, table drop/re-create, renames), and every observation is
-//! compared with the source's real state (`stagefs::checker`). The same
+//! compared with the source's real state (`stagefs::testkit::checker`). The same
 //! readers pointed at a naive state-transfer copier see rubberbanding.
 //! Eight reader processes walk the mount beside the checker. The stagefs
 //! check runs twice: with the default options and in no-open mode
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use stagefs::checker::{
+use stagefs::testkit::checker::{
     check_stagefs_table, mount_flags, run_readers, visible, CheckConfig, DaemonProcess,
     NaiveCopier, Oracle, Target,
 };

@@ -18,8 +18,8 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use stagefs::checker::{check_stagefs_table, mount_flags, visible, DaemonProcess, Oracle};
 use stagefs::event::StateId;
+use stagefs::testkit::checker::{check_stagefs_table, mount_flags, visible, DaemonProcess, Oracle};
 use stagefs::workload::{Rng, Workload, WorkloadConfig};
 
 struct Dirs {
@@ -251,7 +251,7 @@ fn sigkill_rounds(kills: usize, env: &[(&str, &str)]) {
     }
     let n = check_mount(&oracle, &mnt, "final");
     assert_eq!(n, w.expected(latest).unwrap().len(), "final table count");
-    let status = stagefs::checker::mount_status(&mnt).unwrap();
+    let status = stagefs::testkit::checker::mount_status(&mnt).unwrap();
     assert!(status.stalled.is_none(), "{:?}", status.stalled);
     assert!(
         daemon.terminate(Duration::from_secs(10)).unwrap(),

@@ -25,11 +25,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use stagefs::checker::{
-    detach, getxattr_string, is_mounted, mount_flags, mount_status, visible, DaemonProcess,
-};
 use stagefs::event::StateId;
 use stagefs::status::StatusReport;
+use stagefs::testkit::checker::{
+    detach, getxattr_string, is_mounted, mount_flags, mount_status, visible, DaemonProcess,
+};
 
 #[path = "common/fuse_attr.rs"]
 mod fuse_attr;

@@ -20,10 +20,10 @@
 mod common;
 #[path = "common/dbserver.rs"]
 mod dbserver;
-#[path = "common/hive_writer.rs"]
-mod hive_writer;
 #[path = "common/hms_warehouse.rs"]
 mod hms_warehouse;
+#[path = "common/metastore_rows.rs"]
+mod metastore_rows;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -297,7 +297,7 @@ fn check_journal_from(
     );
     let mut checked = 0;
     while let Some(rec) = follower.try_next().expect("read") {
-        let entry: stagefs::replicate::JournalEntry =
+        let entry: stagefs::journal::JournalEntry =
             serde_json::from_slice(&rec.payload).expect("record JSON");
         let (next, added) = tree.apply(&entry.event).expect("the record applies");
         resolutions.attach(&added);

@@ -1,4 +1,4 @@
-//! Decoding Hive's notification log: every sample in ../shared/hive-samples/
+//! Decoding Hive's notification log: every sample in tests/data/hive-samples/
 //! decodes to the message it records (real values asserted), every
 //! DecodeError class is reachable from bad input with a message naming the
 //! problem, and no input (arbitrary bytes, mutated samples) panics.
@@ -16,14 +16,10 @@ use stagefs::source::hive::model::{
 };
 use stagefs::source::hive::thrift;
 
-/// CI clones the project with shared/ beside it: `<root>/../shared`.
+/// Hive's messages, one per file (tests/data/README.md).
 fn samples_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/hive-samples");
-    assert!(
-        dir.is_dir(),
-        "Hive samples not found at {}: shared/ must lie beside the project (../shared)",
-        dir.display()
-    );
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/hive-samples");
+    assert!(dir.is_dir(), "Hive samples not found at {}", dir.display());
     dir
 }
 

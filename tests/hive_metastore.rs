@@ -1,6 +1,6 @@
 //! The metastore row source against real servers: a private PostgreSQL and
 //! a private MariaDB (tests/common/dbserver.rs), with rows written the way
-//! Hive's DbNotificationListener writes them (tests/common/hive_writer.rs).
+//! Hive's DbNotificationListener writes them (tests/common/metastore_rows.rs).
 //!
 //! Starting a server costs seconds, so each server runs once and one test
 //! per server walks through the cases, each in its own database; the
@@ -9,13 +9,13 @@
 
 #[path = "common/dbserver.rs"]
 mod dbserver;
-#[path = "common/hive_writer.rs"]
-mod hive_writer;
+#[path = "common/metastore_rows.rs"]
+mod metastore_rows;
 
 use std::time::{Duration, Instant};
 
 use dbserver::{DbServer, Kind, TableCase, PASSWORD};
-use hive_writer::{gzip_json, sample, MetastoreWriter, NewEvent};
+use metastore_rows::{gzip_json, sample, MetastoreWriter, NewEvent};
 use stagefs::source::hive::metastore::{MetastoreSource, Timeouts};
 use stagefs::source::hive::model::{NotificationRow, RowSource, RowSourceError, TxnWriteRow};
 

@@ -1,6 +1,6 @@
 //! `stagefs mount --hive-metastore URL` end to end, on a private PostgreSQL
 //! and a private MariaDB: a native workload is turned into Hive rows
-//! (`stagefs::hive_writer`), the rows are written into the metastore
+//! (`stagefs::workload::hive_export`), the rows are written into the metastore
 //! database the way DbNotificationListener writes them, and the mount must
 //! show exactly the workload's oracle at the replicated id. Then the daemon
 //! is killed with -9 while polling and restarted (nothing lost, nothing
@@ -10,8 +10,8 @@
 mod common;
 #[path = "common/dbserver.rs"]
 mod dbserver;
-#[path = "common/hive_writer.rs"]
-mod hive_writer;
+#[path = "common/metastore_rows.rs"]
+mod metastore_rows;
 
 use std::path::Path;
 use std::time::Duration;
@@ -19,9 +19,9 @@ use std::time::Duration;
 use common::daemon::*;
 use common::*;
 use dbserver::{DbServer, Kind, TableCase, PASSWORD};
-use hive_writer::{ExportPump, MetastoreWriter};
+use metastore_rows::{ExportPump, MetastoreWriter};
 use stagefs::event::StateId;
-use stagefs::hive_writer::{HiveWriter, LogConverter};
+use stagefs::workload::hive_export::{HiveWriter, LogConverter};
 use stagefs::workload::{Workload, WorkloadConfig};
 
 /// Every table of the oracle at `state` equals what the mount shows.

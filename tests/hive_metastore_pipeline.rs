@@ -1,13 +1,13 @@
 //! Replication from a real metastore database: a private PostgreSQL and a
 //! private MariaDB (tests/common/dbserver.rs) hold NOTIFICATION_LOG and
 //! TXN_WRITE_NOTIFICATION_LOG rows for a warehouse that changes by native
-//! events (`stagefs::hive_writer`), and stagefs follows them through
+//! events (`stagefs::workload::hive_export`), and stagefs follows them through
 //! `--hive-metastore` exactly as it would a Hive cluster's. The states are
 //! the native ones; a metastore that stops is retried (status says why)
 //! and replication goes on when it is back, losing nothing and applying
 //! nothing twice.
 
-#[path = "common/hive_writer.rs"]
+#[path = "common/metastore_rows.rs"]
 mod db_writer;
 #[path = "common/dbserver.rs"]
 mod dbserver;
@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use dbserver::{DbServer, Kind, TableCase, PASSWORD};
 use stagefs::catalog::Tree;
 use stagefs::event::{BlobId, StateId};
-use stagefs::hive_writer::{HiveWriter, LogConverter};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::map::SourceMap;
 use stagefs::source::hive::model::{NotificationRow, TxnWriteRow};
 use stagefs::source::hive::{HiveConfig, HiveRows};
+use stagefs::workload::hive_export::{HiveWriter, LogConverter};
 use stagefs::workload::{Workload, WorkloadConfig};
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
@@ -34,7 +34,7 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Copies the rows `hive_writer` appends to its JSON Lines file into the
+/// Copies the rows `HiveWriter` appends to its JSON Lines file into the
 /// metastore database, as the listener would have written them there.
 struct Feeder {
     rows: PathBuf,

@@ -15,12 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use source_files::{event, put_file};
-use stagefs::checker::{
+use stagefs::event::StateId;
+use stagefs::testkit::checker::{
     check_stagefs_table, getxattr_string, mount_status, run_readers, visible, CheckConfig,
     DaemonProcess, Oracle, Target,
 };
-use stagefs::event::StateId;
-use stagefs::hive_writer::{HiveWriter, LogConverter, TxnFiles};
+use stagefs::workload::hive_export::{HiveWriter, LogConverter, TxnFiles};
 use stagefs::workload::{Workload, WorkloadConfig};
 
 /// The mount tests share 2 cores: one at a time.

@@ -1,5 +1,5 @@
 //! The Hive source end to end without a mount: NOTIFICATION_LOG rows (as
-//! `--hive-events` JSON Lines, written by `hive_writer` the way Hive's
+//! `--hive-events` JSON Lines, written by `workload::hive_export` the way Hive's
 //! listener would) → journal → staged, checksum-verified blobs → commits,
 //! checked against native replication of the same warehouse and against the
 //! workload's oracle.
@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use source_files::{event, put_file};
 use stagefs::catalog::{Node, Tree};
 use stagefs::event::{BlobId, Change, Event, FileRef, Op, StateId};
-use stagefs::hive_writer::{hdfs_checksum, HiveWriter, LogConverter, TxnFiles};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::map::SourceMap;
 use stagefs::source::hive::{HiveConfig, HiveRows};
+use stagefs::workload::hive_export::{hdfs_checksum, HiveWriter, LogConverter, TxnFiles};
 use stagefs::workload::{write_seed_example, Workload, WorkloadConfig};
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {

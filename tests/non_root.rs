@@ -16,7 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use stagefs::checker::{detach, is_mounted};
+use stagefs::testkit::checker::{detach, is_mounted};
 
 struct User {
     uid: u32,

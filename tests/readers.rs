@@ -609,8 +609,8 @@ fn a_query_starved_of_cpu_between_listing_and_opening_sees_one_state() {
     assert!(d.status()["readers"]["starved_keeps"].as_u64() >= Some(1));
 }
 
-/// The hand run that found the limit (docs/BENCHMARKS.md "views move
-/// mid-query"): 200 Python processes at once on the shared cores, each
+/// The hand run that found the limit (docs/benchmarks/HISTORY.md "Views
+/// under mixed readers"): 200 Python processes at once on the shared cores, each
 /// listing the table and then opening every file it listed, while the
 /// table's file names change every 20 ms. Long-only (minutes on 2 cores).
 #[test]

@@ -1,5 +1,5 @@
 //! Checkpoint benchmarks of `bench_core` (docs/BENCHMARKS.md, "Checkpoints
-//! and restart"; `scripts/bench/checkpoints.sh` runs them):
+//! and restart"; `scripts/bench/core.sh checkpoints` runs them):
 //!
 //! - `checkpoint --files N`: time and bytes of one checkpoint of a catalog
 //!   of N files (16 retained versions sharing their nodes, as a daemon with

@@ -11,7 +11,7 @@
 //!   blob durable) against `cp -r` + `sync` of the same files, interleaved
 //!   in the same run; plus the single-thread speed of each hash.
 //!
-//! Inputs (files and rows, written by `stagefs::hive_writer::HiveWriter`, the
+//! Inputs (files and rows, written by `stagefs::workload::hive_export::HiveWriter`, the
 //! project's DbNotificationListener stand-in) are generated before any clock
 //! starts.
 
@@ -25,9 +25,8 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use stagefs::catalog::Tree;
 use stagefs::event::{Event, StateId};
-use stagefs::hive_writer::HiveWriter;
-use stagefs::journal::{Journal, JournalConfig, SyncTicket};
-use stagefs::replicate::{journal_payload, JournalEntry, Replica, ReplicaConfig};
+use stagefs::journal::{journal_payload, Journal, JournalConfig, JournalEntry, SyncTicket};
+use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::ahead;
 use stagefs::source::hive::checksum::ChecksumVerifier;
 use stagefs::source::hive::files::FileRows;
@@ -36,6 +35,7 @@ use stagefs::source::hive::message::{decode_message, decode_text};
 use stagefs::source::hive::model::{NotificationRow, RowSource};
 use stagefs::source::hive::{HiveConfig, HiveRows, HiveSource};
 use stagefs::source::{Source, Validator, Verdict};
+use stagefs::workload::hive_export::HiveWriter;
 
 use super::{
     cpu_seconds, grouped, measure, median, note, row, sh, thread_times, wait_visible,
@@ -217,7 +217,7 @@ pub fn bench_ingest(o: &Opts) -> Res<()> {
     );
     breakdown(&rows, &writer, root, last)?;
     note(&format!(
-        "hive-ingest: {} rows ({} MiB of JSON Lines) written by hive_writer: 2 setup rows then INSERT rows \
+        "hive-ingest: {} rows ({} MiB of JSON Lines) written by HiveWriter: 2 setup rows then INSERT rows \
          (gzip(json-2.0), Thrift-JSON table and partition objects, one {payload}-byte file with an HDFS \
          checksum and cm root each) into 100 partitions of one table; clock from Replica::start until \
          Progress::latest (set after the journal's group fsync) is the last id; the stager runs as in the \
@@ -538,7 +538,7 @@ fn hash_speeds() -> Res<()> {
         .map(|i| ((i * 2_654_435_761) >> 13) as u8)
         .collect();
     let gib = data.len() as f64 / f64::from(1u32 << 30);
-    let hex = stagefs::hive_writer::hdfs_checksum(&data);
+    let hex = stagefs::workload::hive_export::hdfs_checksum(&data);
     let time = |f: &dyn Fn()| {
         let t = Instant::now();
         f();

@@ -2,7 +2,7 @@
 # Core replication benchmarks (docs/BENCHMARKS.md, "Core replication"), or
 # with the argument `checkpoints` those of "Checkpoints and restart".
 #
-# Builds examples/bench_core.rs in release, runs each benchmark in its own
+# Builds examples/bench_core/ in release, runs each benchmark in its own
 # process, prints the figure table and rewrites the section between the
 # `core:begin` / `core:end` (or `checkpoints:begin` / `checkpoints:end`)
 # markers of docs/BENCHMARKS.md with it.

@@ -16,7 +16,7 @@ Prints p50, p99 and max of the flush latency and the total time flushes
 spent above 20 ms (a stall of S ms delays every commit in it, so this is
 what moves a lag p99). Usage: flush-latency.py MODE [DIR] (DIR default
 /var/tmp; it must be on the disk the state folder uses). Used for
-docs/BENCHMARKS.md "Checkpoints and restart".
+docs/benchmarks/HISTORY.md "Checkpoints and restart".
 """
 import os
 import sys

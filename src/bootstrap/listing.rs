@@ -53,12 +53,12 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use crate::event::{BlobId, FileRef, Verify};
+use crate::source_file::{identity_of, Identity, Location, Stamp};
 use crate::stage::{BlobStore, GroupSync, Unsynced};
 
 use super::progress::BootstrapProgress;
@@ -82,6 +82,19 @@ pub struct ListedFile {
 }
 
 impl ListedFile {
+    /// What must be unchanged for a staged copy to stand for the file:
+    /// size, mtime, ctime and inode as listed.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            stamp: Stamp::Local {
+                ctime_ns: self.ctime_ns,
+                ino: self.ino,
+            },
+        }
+    }
+
     /// `(subdirectory, file name)` of [`ListedFile::rel`].
     pub fn split(&self) -> (Option<&str>, &str) {
         match self.rel.rsplit_once('/') {
@@ -89,14 +102,6 @@ impl ListedFile {
             None => (None, self.rel.as_str()),
         }
     }
-}
-
-fn mtime_ns(m: &std::fs::Metadata) -> i64 {
-    m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec()
-}
-
-fn ctime_ns(m: &std::fs::Metadata) -> i64 {
-    m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec()
 }
 
 /// How much older than the listing a file's ctime must be for its
@@ -109,12 +114,6 @@ fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
-/// `(size, mtime, ctime, inode)`: what must be unchanged for a staged
-/// copy to stand for the file.
-fn identity(m: &std::fs::Metadata) -> (u64, i64, i64, u64) {
-    (m.len(), mtime_ns(m), ctime_ns(m), m.ino())
 }
 
 /// Every file below `dir` (Hive's rules, see the module docs), sorted.
@@ -153,16 +152,20 @@ pub fn list_location(source_dir: &Path, dir: &Path) -> Result<Vec<ListedFile>, S
             if meta.is_dir() {
                 stack.push((entry.path(), child_rel));
             } else if meta.is_file() {
-                let ctime = ctime_ns(&meta);
+                let Identity {
+                    size,
+                    mtime_ns,
+                    stamp: Stamp::Local { ctime_ns, ino },
+                } = identity_of(&meta);
                 out.push(ListedFile {
                     path: entry.path(),
                     source_dir: source_dir.to_owned(),
                     rel: child_rel,
-                    size: meta.len(),
-                    mtime_ns: mtime_ns(&meta),
-                    ctime_ns: ctime,
-                    ino: meta.ino(),
-                    settled: ctime.saturating_add(SETTLED_MARGIN_NS) < listed_at,
+                    size,
+                    mtime_ns,
+                    ctime_ns,
+                    ino,
+                    settled: ctime_ns.saturating_add(SETTLED_MARGIN_NS) < listed_at,
                 });
             }
         }
@@ -375,8 +378,7 @@ impl FileStager {
             .ok_or_else(|| format!("{}: no copy to publish", f.path.display()))?;
         // Through the descriptor copied from: the same inode as listed
         // (inode number), unchanged since (size, mtime, ctime).
-        let after = identity(copy.source_after());
-        if fetched.size != f.size || after != (f.size, f.mtime_ns, f.ctime_ns, f.ino) {
+        if fetched.size != f.size || *copy.source_after() != f.identity() {
             return Err(format!("{} changed while it was copied", f.path.display()));
         }
         Ok((fetched.blob, fetched.size, copy))
@@ -455,18 +457,17 @@ impl FileStager {
 /// read).
 fn reads_as(f: &ListedFile, blob: &BlobId) -> bool {
     use sha2::{Digest, Sha256};
-    use std::io::Read;
     let Ok(rel) = f.path.strip_prefix(&f.source_dir) else {
         return false;
     };
-    let Ok(mut file) = crate::source_open::open_beneath(&f.source_dir, rel) else {
+    let Ok(file) = Location::local(&f.source_dir, rel).open() else {
         return false;
     };
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 64 << 10];
     let mut len = 0u64;
     loop {
-        match file.read(&mut buf) {
+        match file.read_at(&mut buf, len) {
             Ok(0) => break,
             Ok(n) => {
                 h.update(&buf[..n]);
@@ -476,9 +477,7 @@ fn reads_as(f: &ListedFile, blob: &BlobId) -> bool {
             Err(_) => return false,
         }
     }
-    let same = file
-        .metadata()
-        .is_ok_and(|m| identity(&m) == (f.size, f.mtime_ns, f.ctime_ns, f.ino));
+    let same = file.identity_now().is_ok_and(|now| now == f.identity());
     same && len == f.size && BlobId(h.finalize().into()) == *blob
 }
 

@@ -61,17 +61,17 @@ use tracing::{info, warn};
 
 use crate::catalog::Resolutions;
 use crate::event::{is_valid_file_name, is_valid_source_path, BlobId, FileRef, StateId, Verify};
-use crate::journal::{Journal, JournalConfig};
-use crate::replicate::JournalEntry;
+use crate::journal::{Journal, JournalConfig, JournalEntry};
 use crate::source::hive::adapter::{name, DEFAULT_PARTITION};
 use crate::source::hive::model::NotificationRow;
 use crate::source::hive::{HiveConfig, HiveRows, HiveSource};
 use crate::source::{DecodeError, Position, Source, SourceError};
 use crate::stage::BlobStore;
+use crate::status::{BootstrapReport, UnlistedTable};
 
 use listing::{list_location, FileStager, ListedFile, Staged};
 use plan::{PartitionFiles, Plan, TableBase, TableName};
-pub use progress::{BootstrapProgress, BootstrapReport, UnlistedTable};
+pub use progress::BootstrapProgress;
 use snapshot::{Snapshot, SnapshotError, TableMeta};
 
 /// How to bootstrap.
@@ -179,7 +179,7 @@ pub fn run(
     std::fs::create_dir_all(&cfg.state_dir).map_err(|e| {
         BootstrapError::Failed(format!("creating {}: {e}", cfg.state_dir.display()))
     })?;
-    let _lock = crate::replicate::lock_state(&cfg.state_dir)
+    let _lock = crate::state_lock::lock_state(&cfg.state_dir)
         .map_err(|e| BootstrapError::Usage(e.to_string()))?;
     let (mut journal, _) = Journal::open(JournalConfig::new(cfg.state_dir.join("journal")))
         .map_err(|e| io("opening the journal".into())(e.to_string()))?;

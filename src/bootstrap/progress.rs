@@ -1,54 +1,13 @@
-//! Bootstrap progress: counters the driver and the copy threads update, the
-//! `bootstrap` object of the status JSON ([`BootstrapReport`]), and the
-//! progress line logged every few seconds.
+//! Bootstrap progress: counters the driver and the copy threads update,
+//! rendered as the `bootstrap` object of the status JSON
+//! ([`BootstrapReport`], a type status owns), and the progress line logged
+//! every few seconds.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
-/// A table that could not be bootstrapped, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnlistedTable {
-    /// `db.table`.
-    pub table: String,
-    pub reason: String,
-}
-
-/// The status JSON's `bootstrap` object.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct BootstrapReport {
-    /// `snapshot`, `waiting` (a re-bootstrap whose metastore is not above
-    /// the replica's id yet), `listing`, `events`, `committing`, `done`,
-    /// `failed`.
-    pub phase: String,
-    pub round: u32,
-    /// The id of the newest metadata snapshot.
-    pub snapshot_id: i64,
-    /// The id the bootstrap state is at (once done).
-    pub state_id: Option<i64>,
-    pub tables_total: u64,
-    pub tables_listed: u64,
-    pub partitions: u64,
-    pub files_copied: u64,
-    pub bytes_copied: u64,
-    /// Files already staged by an earlier (killed) run: not copied again.
-    pub files_reused: u64,
-    pub bytes_reused: u64,
-    pub events_applied: u64,
-    pub elapsed_seconds: f64,
-    pub bytes_per_second: f64,
-    /// Seconds until every table of this round is listed, when known.
-    pub eta_seconds: Option<f64>,
-    /// Tables listed again because they changed while listed.
-    pub relisted: u64,
-    /// Tables that could not be listed consistently (bootstrap failed).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unlisted: Vec<UnlistedTable>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
+use crate::status::{BootstrapReport, UnlistedTable};
 
 /// The live counters.
 pub struct BootstrapProgress {

@@ -1,10 +1,12 @@
 //! The journal: stagefs's own write-ahead log of accepted events.
 //!
-//! Owns the journal directory (segment files, see [`segment`] for the format)
+//! Owns the journal directory (segment files, see `segment.rs` for the format)
 //! and an in-memory ring of the most recent durable records. `ingest` is the
 //! single writer: it [`Journal::append`]s a batch of events (serialised by
 //! `event`) and calls [`Journal::sync`] once per batch (group commit). The
-//! stager, and replay after a restart, read through [`Follower`]s.
+//! stager, and replay after a restart, read through [`Follower`]s. A
+//! record's payload is a [`JournalEntry`] (the event and the source position
+//! after it), encoded and decoded in `record.rs`.
 //!
 //! Invariants:
 //! - Record ids strictly increase across the whole journal; segment `N.seg`
@@ -27,6 +29,7 @@
 //!   with an error and changes nothing.
 
 mod follower;
+mod record;
 mod recovery;
 mod segment;
 #[cfg(test)]
@@ -43,6 +46,7 @@ use crate::durable::fsync_dir;
 use crate::event::StateId;
 
 pub use follower::Follower;
+pub use record::{encode_entry, journal_payload, JournalEntry};
 pub use segment::MAX_PAYLOAD;
 
 /// Default size after which a new segment is started.

@@ -26,7 +26,6 @@
 //! Owned by the stager thread (single owner: every method takes `&mut
 //! self`); the workers run the fetch closure it is given.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +35,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::warn;
+
+pub use crate::stage::heartbeat;
 
 /// How many workers, and when a worker counts as stuck.
 #[derive(Debug, Clone, Copy)]
@@ -91,19 +92,11 @@ impl Slot {
     }
 }
 
-thread_local! {
-    /// The slot of the fetch worker running on this thread, if any.
-    static CURRENT: RefCell<Option<Arc<Slot>>> = const { RefCell::new(None) };
-}
-
-/// Tells the pool that the fetch on this thread is making progress (a
-/// chunk was read, copied or hashed). A no-op outside a fetch worker.
-pub fn heartbeat() {
-    CURRENT.with(|c| {
-        if let Some(slot) = c.borrow().as_ref() {
-            slot.beat();
-        }
-    });
+/// The worker's slot hears the heartbeats of the copies on its thread.
+impl crate::stage::ProgressWatch for Slot {
+    fn beat(&self) {
+        Slot::beat(self);
+    }
 }
 
 struct Queued<J> {
@@ -321,7 +314,9 @@ fn run_worker<J, R>(
     work: &(dyn Fn(&J) -> R + Send + Sync),
     slot: Arc<Slot>,
 ) {
-    CURRENT.with(|c| *c.borrow_mut() = Some(Arc::clone(&slot)));
+    crate::stage::watch_this_thread(Some(
+        Arc::clone(&slot) as Arc<dyn crate::stage::ProgressWatch>
+    ));
     loop {
         let next = {
             let rx = jobs.lock().unwrap_or_else(|p| p.into_inner());

@@ -16,17 +16,31 @@
 //!   appended since are written again, in order, until a sync succeeds
 //!   (the same retry as a failed synchronous sync).
 //!
-//! Used by `replicate::run_ingest` only.
+//! Used by the ingest thread only (`super::ingest`), which also calls
+//! [`rewrite_journal_until_synced`] for the re-bootstrap's record.
 
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use super::{rewrite_journal_until_synced, IngestTo};
+use tracing::{debug, error, info};
+
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::event::StateId;
 use crate::journal::{Journal, JournalError, SyncTicket};
+use crate::stage::backoff;
+use crate::status::{Progress, Stall};
+
+/// Where ingest writes what it accepts, and its shared flags.
+#[derive(Clone, Copy)]
+pub(super) struct IngestTo<'a> {
+    pub journal: &'a Mutex<Journal>,
+    pub progress: &'a Progress,
+    pub stop: &'a AtomicBool,
+}
 
 /// A batch whose records are in the journal but not yet published.
 pub(super) struct Batch {
@@ -210,4 +224,62 @@ fn rewrite(
     }
     publish(batch, to);
     Ok(!since.is_empty())
+}
+
+/// After a failed journal sync: reports the stall, then (with capped
+/// backoff) cuts the journal back to its durable end and writes `records`
+/// again until a sync succeeds (true) or shutdown (false).
+pub(super) fn rewrite_journal_until_synced(
+    j: &mut Journal,
+    records: &[(StateId, Vec<u8>)],
+    first: JournalError,
+    progress: &Progress,
+    stop: &AtomicBool,
+) -> bool {
+    let mut error = first;
+    let mut attempt = 0;
+    loop {
+        let reason = if error.is_no_space() {
+            format!("disk full: journal: {error} (retrying)")
+        } else {
+            format!("journal: {error} (retrying)")
+        };
+        if attempt == 0 {
+            error!(%reason, "journal sync failed; ingest waits and retries");
+        }
+        progress.set_ingest_stall(Some(Stall {
+            state_id: None,
+            reason,
+            file: None,
+            line: None,
+        }));
+        let until = Instant::now() + backoff(attempt);
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let retried = j.reset_after_failure().and_then(|()| {
+            for (id, payload) in records {
+                j.append(*id, payload)?;
+            }
+            j.sync()
+        });
+        match retried {
+            Ok(()) => {
+                info!(
+                    attempts = attempt + 1,
+                    "journal sync succeeded again; ingest resumes"
+                );
+                progress.set_ingest_stall(None);
+                return true;
+            }
+            Err(e) => {
+                debug!(attempt, error = %e, "journal retry failed");
+                error = e;
+                attempt = attempt.saturating_add(1);
+            }
+        }
+    }
 }

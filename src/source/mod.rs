@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::Tree;
 use crate::event::{Event, StateId};
-use crate::status::Stall;
+use crate::status::{SourceReport, Stall};
 
 pub use validate::{Accepted, DupWindow, Validator, Verdict, DUPLICATE_WINDOW};
 
@@ -107,25 +107,6 @@ impl From<Rejection> for DecodeError {
     fn from(r: Rejection) -> DecodeError {
         DecodeError::Rejected(r)
     }
-}
-
-/// What status shows about the source (SPEC §7 `source`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceReport {
-    /// `native` or `hive`.
-    pub kind: String,
-    /// The events folder, the `--hive-events` path, or the metastore URL
-    /// without its password.
-    pub location: String,
-    /// Hive: the last `EVENT_ID` read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub position: Option<i64>,
-    /// The newest id the source reports (the metastore's `NEXT_EVENT_ID - 1`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub newest: Option<i64>,
-    /// Why the source cannot be read right now (retrying), or null.
-    #[serde(default)]
-    pub error: Option<String>,
 }
 
 /// A source of events. One ingest thread owns it and calls, in a loop,

@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{DecodeError, Position, Rejection, Source, SourceError, SourceReport};
+use super::{DecodeError, Position, Rejection, Source, SourceError};
 use crate::catalog::Tree;
 use crate::event::{peek_id, Event, MAX_LINE_BYTES};
+use crate::status::SourceReport;
 
 /// Where the next unread line of the source log starts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1309,8 +1309,8 @@ mod tests {
         *since = Instant::now();
     }
 
-    /// The limit found with 200 readers on 2 cores (docs/BENCHMARKS.md
-    /// "views move mid-query"): a query's gap that stretched past the
+    /// The limit found with 200 readers on 2 cores (docs/benchmarks/HISTORY.md
+    /// "Views under mixed readers"): a query's gap that stretched past the
     /// quiet gap because the process waited for a CPU kept its view.
     #[test]
     fn a_gap_spent_waiting_for_a_cpu_does_not_move_the_view() {

@@ -10,7 +10,7 @@
 //! them). [`HmsWarehouse::step`] then changes it the way Hive does: files
 //! are put in place first (an overwrite renames new bytes over the old
 //! name), then ONE database transaction changes the metadata, writes the
-//! notification row (`stagefs::hive_writer` writes the message, with HDFS
+//! notification row (`stagefs::workload::hive_export` writes the message, with HDFS
 //! checksums and change-management copies) and bumps the sequence; a
 //! dropped partition's directory is deleted after the commit. Tables are
 //! renamed with their directory. [`HmsWarehouse::expected`] is the oracle:
@@ -33,12 +33,12 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use stagefs::event::{BlobId, Change, Event, FileRef, Op, StateId};
-use stagefs::hive_writer::{HiveWriter, WAREHOUSE_URI};
 use stagefs::source::hive::model::NotificationRow;
+use stagefs::workload::hive_export::{HiveWriter, WAREHOUSE_URI};
 use stagefs::workload::{Rng, TableContent, WarehouseContent};
 
 use crate::dbserver::{Admin, DbServer, Kind, TableCase};
-use crate::hive_writer::MetastoreWriter;
+use crate::metastore_rows::MetastoreWriter;
 
 /// Shape of the warehouse.
 #[derive(Debug, Clone)]
@@ -963,7 +963,7 @@ impl HmsWarehouse {
             .writer
             .write_txn(
                 1_700_000_000,
-                &[stagefs::hive_writer::TxnFiles {
+                &[stagefs::workload::hive_export::TxnFiles {
                     db: db.to_owned(),
                     table: table.to_owned(),
                     partition: None,

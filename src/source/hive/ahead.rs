@@ -2,12 +2,12 @@
 //! while the ingest thread validates, applies and journals the rows before
 //! them.
 //!
-//! [`message::decode_message`] (base64, gunzip, JSON, Thrift-JSON) is a
+//! [`super::message::decode_message`] (base64, gunzip, JSON, Thrift-JSON) is a
 //! pure function of the row, and the most expensive step of a Hive event,
 //! so the adapter hands every polled row to [`DecodeAhead::submit`] and
 //! takes each row's result with [`DecodeAhead::take`] when the ingest loop
 //! reaches it. An INSERT's files are also mapped there
-//! (`adapter::premap_files`: `--source-map`, checksum, reference key; a
+//! (`file_refs::premap_files`: `--source-map`, checksum, reference key; a
 //! pure function of the message, the event id and the map). Everything
 //! that depends on the replica's state (the rest of the mapping against
 //! the newest tree, the transaction-log lookups, validation) stays on the
@@ -37,7 +37,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
-use super::adapter::premap_files;
+use super::file_refs::premap_files;
 use super::map::SourceMap;
 use super::message::{decode_message, DecodeError};
 use super::model::{HiveMessage, NotificationRow};

@@ -25,13 +25,16 @@
 //! [`ChecksumVerifier`] accepts the one that matches;
 //! [`ChecksumVerifier::with_types`] computes only the types asked for (the
 //! stager asks for CRC32C, and for CRC32 in a second pass over the stored
-//! copy only when CRC32C did not match: `crate::source::hive::checksum_check`). Tests check this
+//! copy only when CRC32C did not match: [`checksum_check`]). Tests check this
 //! against values published by independent implementations
 //! (tests/hive_decode.rs, scripts/hdfs_checksum_vectors.py).
 //!
 //! Pure computation: the stager feeds bytes while copying.
 
 use md5::{Digest, Md5};
+
+use crate::event::Verify;
+use crate::stage;
 
 /// Which CRC the cluster's `dfs.checksum.type` was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -447,6 +450,83 @@ impl ChecksumVerifier {
     }
 }
 
+/// The checks the Hive source's files carry, for the blob store
+/// ([`stage::SourceChecks`]): the HDFS file checksum of
+/// [`Verify::Hdfs`], through [`checksum_check`]. The pipeline hands it to
+/// the store ([`stage::BlobStore::with_checks`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HdfsChecks;
+
+impl stage::SourceChecks for HdfsChecks {
+    fn stream_check(&self, verify: &Verify) -> Result<Option<Box<dyn stage::StreamCheck>>, String> {
+        match verify {
+            Verify::Hdfs { checksum } => checksum_check(checksum).map(Some),
+            Verify::Sha256 { .. } | Verify::None => Ok(None),
+        }
+    }
+}
+
+/// The HDFS file checksum `expected` (hex) as a check the stager feeds
+/// while copying; `Err` when `expected` is not an HDFS checksum.
+///
+/// The check computes CRC32C only (Hadoop's default `dfs.checksum.type`):
+/// one CRC of every byte instead of two. When that does not match, its
+/// [`CheckFailed`](stage::CheckFailed) offers a CRC32 check (older
+/// clusters), which the stager feeds the stored copy again. So a file is
+/// verified when either type matches, as with
+/// [`ChecksumVerifier::new`], and always from the bytes staged;
+/// only a file of an old cluster (or a wrong one) is read twice.
+pub fn checksum_check(expected: &str) -> Result<Box<dyn stage::StreamCheck>, String> {
+    let expected = HdfsChecksum::from_hex(expected).map_err(|e| e.to_string())?;
+    Ok(Box::new(HdfsCheck {
+        verifier: ChecksumVerifier::with_types(expected, &[CrcType::Crc32c]),
+        earlier: None,
+    }))
+}
+
+/// One CRC type's pass of an HDFS checksum check.
+struct HdfsCheck {
+    verifier: ChecksumVerifier,
+    /// What the CRC32C pass computed, in the CRC32 pass after it.
+    earlier: Option<Vec<(CrcType, String)>>,
+}
+
+impl stage::StreamCheck for HdfsCheck {
+    fn update(&mut self, bytes: &[u8]) {
+        self.verifier.update(bytes);
+    }
+
+    fn verify(self: Box<Self>) -> Result<(), stage::CheckFailed> {
+        let HdfsCheck { verifier, earlier } = *self;
+        let expected = *verifier.expected();
+        let mut mismatch = match verifier.finish() {
+            Ok(_) => return Ok(()),
+            Err(mismatch) => mismatch,
+        };
+        match earlier {
+            // An empty file, or a layout only an empty file has, computes
+            // the same whatever the type: a second pass cannot match.
+            None if mismatch.size > 0 && !mismatch.computed.is_empty() => Err(stage::CheckFailed {
+                problem: mismatch.to_string(),
+                again: Some(Box::new(HdfsCheck {
+                    verifier: ChecksumVerifier::with_types(expected, &[CrcType::Crc32]),
+                    earlier: Some(mismatch.computed),
+                })),
+            }),
+            earlier => {
+                // The message names what every type computed, CRC32C first.
+                let mut computed = earlier.unwrap_or_default();
+                computed.append(&mut mismatch.computed);
+                mismatch.computed = computed;
+                Err(stage::CheckFailed {
+                    problem: mismatch.to_string(),
+                    again: None,
+                })
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,5 +606,106 @@ mod tests {
         // The standard check values of both polynomials.
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe3069283);
         assert_eq!(CrcType::Crc32.append(0, b"123456789"), 0xcbf43926);
+    }
+}
+
+/// The Hive check through the blob store: the store verifies a copy with
+/// it ([`stage::BlobStore::with_checks`]).
+#[cfg(test)]
+mod stage_tests {
+    use std::fs;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::stage::testing::*;
+    use crate::stage::{BlobStore, FetchOutcome};
+
+    /// A store that checks Hive's HDFS checksums.
+    fn hive_store(fx: &Fixture) -> BlobStore {
+        store(fx).with_checks(Arc::new(HdfsChecks))
+    }
+
+    #[test]
+    fn hive_file_known_by_checksum_only_growing_mid_copy_is_unusable() {
+        use CrcType;
+        let fx = fixture();
+        let content = multi_piece_content(2, 13);
+        put(&fx.src, "t/000000_0", &content);
+        let checksum = hdfs_hex(&content, CrcType::Crc32c);
+        let f = hive_ref(&fx.src, "t/000000_0", Verify::Hdfs { checksum });
+        let err = fetch_while_changing(&fx, hive_store(&fx), &f, append_to);
+        assert!(err.contains("grew while reading"), "{err}");
+    }
+
+    /// The HDFS checksum (hex) of `bytes` as a cluster using `ty` reports
+    /// it: 512 bytes per CRC, 1 MiB blocks.
+    fn hdfs_hex(bytes: &[u8], ty: CrcType) -> String {
+        use {HdfsChecksum, HdfsChecksummer};
+        let shape = HdfsChecksum::Md5Md5Crc {
+            bytes_per_crc: 512,
+            crc_per_block: 2048,
+            md5: [0; 16],
+        };
+        let mut summer = HdfsChecksummer::new(&shape, &[ty]);
+        summer.update(bytes);
+        summer.finish()[0].1.to_hex()
+    }
+
+    #[test]
+    fn hdfs_checksum_of_either_crc_type_verifies_small_and_large_files() {
+        use CrcType;
+        let fx = fixture();
+        let store = hive_store(&fx);
+        let large = KERNEL_COPY_PIECE_BYTES as usize * 2 + 777;
+        for (i, size) in [1000, large].into_iter().enumerate() {
+            for (j, ty) in [CrcType::Crc32c, CrcType::Crc32].into_iter().enumerate() {
+                let seed = i * 2 + j + 1;
+                let content: Vec<u8> = (0..size).map(|k| (k * seed % 253) as u8).collect();
+                let rel = format!("t/{seed:06}_0");
+                put(&fx.src, &rel, &content);
+                let checksum = hdfs_hex(&content, ty);
+                let f = hive_ref(&fx.src, &rel, Verify::Hdfs { checksum });
+                let outcome = store.fetch(&f, Path::new(""), None);
+                assert_eq!(outcome.unwrap(), FetchOutcome::FromSource, "{size} {ty:?}");
+                assert!(fs::read(store.path(&sha(&content))).unwrap() == content);
+            }
+        }
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn large_hive_file_with_a_wrong_checksum_is_taken_from_cm_and_a_mismatch_names_both_crc_types()
+    {
+        use CrcType;
+        let fx = fixture();
+        let store = hive_store(&fx);
+        let good = multi_piece_content(2, 7);
+        let mut corrupt = good.clone();
+        corrupt[KERNEL_COPY_PIECE_BYTES as usize + 5] ^= 1;
+        put(&fx.src, "t/000000_0", &corrupt);
+        put(&fx.cm, "000000_0_x", &good);
+        // An old cluster's CRC32 checksum: the good copy passes on the
+        // second pass, the corrupt one on neither.
+        let checksum = hdfs_hex(&good, CrcType::Crc32);
+        let mut f = hive_ref(&fx.src, "t/000000_0", Verify::Hdfs { checksum });
+        f.cm_path = Some(fx.cm.join("000000_0_x").display().to_string());
+        f.cm_dir = Some(fx.cm.display().to_string());
+        assert_eq!(
+            store.fetch(&f, Path::new(""), None).unwrap(),
+            FetchOutcome::FromChangeManagement
+        );
+        assert!(fs::read(store.path(&sha(&good))).unwrap() == good);
+
+        // Wrong at both places: the error names what both CRC types gave.
+        put(&fx.cm, "000000_0_x", &corrupt);
+        fs::remove_file(store.path(&sha(&good))).unwrap();
+        let err = store
+            .fetch(&f, Path::new(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("HDFS checksum mismatch"), "{err}");
+        assert!(err.contains("(CRC32C)") && err.contains("(CRC32)"), "{err}");
+        assert_eq!(temp_count(&fx.state), 0);
     }
 }

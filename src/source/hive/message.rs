@@ -2,7 +2,7 @@
 //! `MESSAGE_FORMAT`) into a [`HiveMessage`], and a [`TxnWriteRow`] into a
 //! [`TxnWrite`].
 //!
-//! Formats (../shared/HIVE.md "MESSAGE encodings"): `json-0.2` and NULL are
+//! Formats (docs/HIVE.md "Message formats"): `json-0.2` and NULL are
 //! JSON text; `gzip(json-2.0)` and `gzip` are standard base64 of gzip of the
 //! same JSON, decompressed to at most [`MAX_DECOMPRESSED`] bytes so a gzip
 //! bomb is an error, not an exhausted machine. Any other format is an error.
@@ -1026,13 +1026,13 @@ pub(super) mod tests {
         }
     }
 
-    /// The messages of ../shared/hive-samples/ (JSON objects), each with
+    /// The messages of tests/data/hive-samples/ (JSON objects), each with
     /// every top-level field removed, null, or of each other JSON kind,
     /// repeated with another value, and cut short.
     fn sample_variants() -> Vec<String> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/hive-samples");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hive-samples");
         let mut out = Vec::new();
-        for entry in std::fs::read_dir(&dir).expect("../shared/hive-samples") {
+        for entry in std::fs::read_dir(&dir).expect("tests/data/hive-samples") {
             let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
             let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(&text) else {
                 continue;

@@ -3,7 +3,7 @@
 //! `tableObj{Before,After}Json`, `partitionObj{Before,After}Json`, `dbJson`)
 //! and in `TXN_WRITE_NOTIFICATION_LOG` (`WNL_TABLE_OBJ`, `WNL_PARTITION_OBJ`).
 //!
-//! The encoding (../shared/HIVE.md "Thrift-JSON"): a struct is
+//! The encoding (docs/HIVE.md "Message formats"): a struct is
 //! `{"<field id>":{"<type>":value},…}` with types `tf i8 i16 i32 i64 dbl str
 //! rec lst set map`; a list or set is `["<elem type>",count,e1,…]`; a map is
 //! `["<key type>","<value type>",count,{k:v,…}]`.

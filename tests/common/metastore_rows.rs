@@ -10,7 +10,7 @@
 //! [`MetastoreWriter::delete_events`] is the cleaner that purges old events and
 //! leaves a gap. [`gzip_json`] is the `gzip(json-2.0)` encoding.
 //! [`ExportPump`] copies rows exported as JSON Lines (by
-//! `stagefs::hive_writer`, which turns a native workload into Hive rows)
+//! `stagefs::workload::hive_export`, which turns a native workload into Hive rows)
 //! into the database as they are written.
 #![allow(dead_code)]
 
@@ -66,10 +66,10 @@ pub fn gzip_json(json: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// The text of one file of ../shared/hive-samples/.
+/// The text of one file of tests/data/hive-samples/.
 pub fn sample(name: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/hive-samples")
+        .join("tests/data/hive-samples")
         .join(name);
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -103,7 +103,7 @@ impl MetastoreWriter {
     }
 
     /// Appends an exported row (`--hive-events` JSON Lines, e.g. from
-    /// `stagefs::hive_writer`) the listener's way; its `EVENT_ID` must be
+    /// `stagefs::workload::hive_export`) the listener's way; its `EVENT_ID` must be
     /// the sequence's next id.
     pub fn append_exported(&mut self, row: &NotificationRow) {
         let event = NewEvent {

@@ -19,8 +19,8 @@
 //! between still cannot block) and must be the same inode as the one checked.
 //! The returned file is blocking (the reopen through `/proc` names the
 //! inode already checked to be a regular file, so it is opened without
-//! `O_NONBLOCK`; the second resolution clears it). [`open_beneath_sized`]
-//! also returns the size that check read, so a caller needs no `fstat`
+//! `O_NONBLOCK`; the second resolution clears it). [`LocalFile`]
+//! also keeps the identity that check read, so a caller needs no `fstat`
 //! of its own before copying.
 //!
 //! Kernels without `openat2` (before 5.6, `ENOSYS`) get a component walk:
@@ -30,32 +30,18 @@
 //! refused too; the reason says so.
 //!
 //! `root` itself is the operator's flag and is trusted as given (it may be a
-//! symlink). Called by the blob store's fetch ([`crate::stage`]).
+//! symlink). [`LocalFile`] is the [`SourceFile`] the store reads: the file
+//! opened this way, with the identity that check read.
 
 use std::ffi::CString;
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Component, Path};
 
-/// Why a source file could not be opened. The `Display` text is the reason
-/// shown in a stall (after the path).
-#[derive(Debug, thiserror::Error)]
-pub enum SourceOpenError {
-    #[error("missing")]
-    Missing,
-    #[error("refused: the path leaves its root (through a symlink or `..`)")]
-    Escapes,
-    #[error("refused: a symlink on the path (not followed: {0})")]
-    Symlink(&'static str),
-    #[error("not a regular file (a {0}); refused without opening it")]
-    NotRegular(&'static str),
-    #[error("not readable ({0})")]
-    NotReadable(io::Error),
-    #[error("cannot open: {0}")]
-    Io(io::Error),
-}
+use super::{Identity, SourceFile, SourceOpenError, Stamp};
 
 /// Flags the file is finally read with. `O_NONBLOCK` only matters for a
 /// non-regular file swapped in after the check (see the module docs).
@@ -73,13 +59,13 @@ const PATH_FLAGS: libc::c_int = libc::O_PATH | libc::O_CLOEXEC;
 /// leaving `root`. `relative` must be relative; an absolute one is refused
 /// as [`SourceOpenError::Escapes`].
 pub fn open_beneath(root: &Path, relative: &Path) -> Result<File, SourceOpenError> {
-    open_beneath_sized(root, relative).map(|(file, _)| file)
+    open_beneath_stat(root, relative).map(|(file, _)| file)
 }
 
-/// [`open_beneath`], also returning the file's size as the check read it
-/// (the inode returned is the one checked), so the caller needs no `fstat`
-/// of its own before reading.
-pub fn open_beneath_sized(root: &Path, relative: &Path) -> Result<(File, u64), SourceOpenError> {
+/// [`open_beneath`], also returning the `fstat` of the inode checked (the
+/// inode returned), so the caller needs no `fstat` of its own before
+/// reading.
+fn open_beneath_stat(root: &Path, relative: &Path) -> Result<(File, libc::stat), SourceOpenError> {
     let dir = open_root(root)?;
     let checked = match openat2_beneath(&dir, relative, PATH_FLAGS) {
         Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => walk_beneath(&dir, relative)?,
@@ -87,10 +73,9 @@ pub fn open_beneath_sized(root: &Path, relative: &Path) -> Result<(File, u64), S
     };
     let st = fstat(&checked).map_err(SourceOpenError::Io)?;
     check_regular(&st)?;
-    let size = u64::try_from(st.st_size).unwrap_or(0);
     match reopen_through_proc(&checked) {
         // Opened without O_NONBLOCK: nothing to clear.
-        Ok(f) => Ok((f, size)),
+        Ok(f) => Ok((f, st)),
         // No /proc: resolve again, then make sure it is the inode checked.
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
             let again = match openat2_beneath(&dir, relative, READ_FLAGS) {
@@ -114,10 +99,77 @@ pub fn open_beneath_sized(root: &Path, relative: &Path) -> Result<(File, u64), S
             }
             let file = File::from(again);
             clear_nonblock(&file).map_err(SourceOpenError::Io)?;
-            Ok((file, u64::try_from(now.st_size).unwrap_or(0)))
+            Ok((file, now))
         }
         Err(e) => Err(classify(e)),
     }
+}
+
+/// A regular file opened beneath its root ([`open_beneath`]), with the
+/// identity the check read from that very inode.
+#[derive(Debug)]
+pub struct LocalFile {
+    file: File,
+    identity: Identity,
+}
+
+impl LocalFile {
+    /// Opens `root/relative` as [`open_beneath`] does.
+    pub fn open(root: &Path, relative: &Path) -> Result<LocalFile, SourceOpenError> {
+        let (file, st) = open_beneath_stat(root, relative)?;
+        Ok(LocalFile {
+            file,
+            identity: identity_of_stat(&st),
+        })
+    }
+}
+
+impl SourceFile for LocalFile {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.file.read_at(buf, offset)
+    }
+
+    fn identity_now(&self) -> io::Result<Identity> {
+        self.file.metadata().map(|m| identity_of(&m))
+    }
+
+    fn local_file(&self) -> Option<&File> {
+        Some(&self.file)
+    }
+}
+
+/// The identity of a local file from its metadata (`stat`).
+pub fn identity_of(m: &Metadata) -> Identity {
+    Identity {
+        size: m.len(),
+        mtime_ns: nanos(m.mtime(), m.mtime_nsec()),
+        stamp: Stamp::Local {
+            ctime_ns: nanos(m.ctime(), m.ctime_nsec()),
+            ino: m.ino(),
+        },
+    }
+}
+
+/// [`identity_of`] from a raw `fstat`, read with the same arithmetic.
+#[allow(clippy::unnecessary_cast)]
+fn identity_of_stat(st: &libc::stat) -> Identity {
+    Identity {
+        size: u64::try_from(st.st_size).unwrap_or(0),
+        mtime_ns: nanos(st.st_mtime as i64, st.st_mtime_nsec as i64),
+        stamp: Stamp::Local {
+            ctime_ns: nanos(st.st_ctime as i64, st.st_ctime_nsec as i64),
+            ino: st.st_ino as u64,
+        },
+    }
+}
+
+/// Seconds and nanoseconds as ns since the epoch.
+fn nanos(secs: i64, nsec: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000) + nsec
 }
 
 fn open_root(root: &Path) -> Result<OwnedFd, SourceOpenError> {

@@ -10,6 +10,12 @@
 //!
 //! [`Workload::expected`] answers "what did table db.t hold at state S?",
 //! the oracle of the consistency checkers.
+//!
+//! [`hive_export`] writes the same warehouse's events as Hive's notification
+//! rows. Both are library code, not test kit, because `stagefs demo` (and
+//! `demo --hive`) runs them.
+
+pub mod hive_export;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -479,7 +485,7 @@ impl Workload {
     }
 }
 
-/// The SPEC §1 example (`examples/seed`) written as a source warehouse:
+/// The example of docs/EVENTS.md (`tests/data/seed/`) written as a source warehouse:
 /// events 5..50, with 000002_0 overwritten at 50 and kept only in cm.
 pub fn write_seed_example(root: &Path) -> io::Result<()> {
     for d in [
@@ -587,5 +593,47 @@ mod tests {
             .path()
             .join("cm/000002_0_917df3320d778ddbaa5c5c7742bc4046bf803c36ed2b050f30844ed206783469")
             .exists());
+        // The same files as tests/data/seed/, with the same bytes; event
+        // lines compared as JSON (key order may differ).
+        let copy = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/seed");
+        let written = files_below(dir.path());
+        let mut expected = files_below(&copy);
+        expected.retain(|rel| rel != "README.md");
+        assert_eq!(written, expected);
+        for rel in &written {
+            let a = fs::read(dir.path().join(rel)).unwrap();
+            let b = fs::read(copy.join(rel)).unwrap();
+            if rel.ends_with(".jsonl") {
+                let parse = |bytes: &[u8]| -> Vec<serde_json::Value> {
+                    std::str::from_utf8(bytes)
+                        .unwrap()
+                        .lines()
+                        .map(|l| serde_json::from_str(l).unwrap())
+                        .collect()
+                };
+                assert_eq!(parse(&a), parse(&b), "{rel}");
+            } else {
+                assert_eq!(a, b, "{rel}");
+            }
+        }
+    }
+
+    /// The files below `root`, as sorted relative paths.
+    fn files_below(root: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut dirs = vec![root.to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for e in fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else {
+                    let rel = p.strip_prefix(root).unwrap();
+                    out.push(rel.to_string_lossy().into_owned());
+                }
+            }
+        }
+        out.sort();
+        out
     }
 }

@@ -12,7 +12,7 @@
 //!   million files (module [`checkpoints`], docs/BENCHMARKS.md
 //!   "Checkpoints and restart")
 //! - `hive-ingest`, `hive-stage`  the Hive source's figures (issue 11; see
-//!   `bench_core/hive.rs`)
+//!   `hive.rs` beside this file)
 //!
 //! Every subcommand prints progress to stderr and, on stdout, lines of the
 //! form `ROW|<benchmark>|<figure>|<target>|<met>` (the figure table) and
@@ -40,9 +40,7 @@ use stagefs::stage::BlobStore;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use stagefs::workload::Rng;
 
-#[path = "bench_core/checkpoints.rs"]
 mod checkpoints;
-#[path = "bench_core/hive.rs"]
 mod hive;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -864,7 +862,7 @@ fn measure(total_mib: f64, f: impl FnOnce() -> Res<()>) -> Res<(f64, f64)> {
     ))
 }
 
-/// The staging variant suggested for `stage.rs`: copy in the kernel
+/// The staging variant suggested for the store (now `src/stage/copy.rs`): copy in the kernel
 /// (`copy_file_range`), then hash what was stored by reading the temp file
 /// back from the page cache; `sync_data`, rename, fsync the directory.
 fn stage_by_copy_file_range(f: &FileRef, src: &Path, dest: &Path, n: usize) -> Res<()> {
@@ -1050,7 +1048,7 @@ fn bench_stage(o: &Opts) -> Res<()> {
         }
         for n in threads.iter().filter(|_| runs.contains(&"prototype")) {
             // Not the library: the copy_file_range variant suggested in
-            // docs/BENCHMARKS.md, to size the gain before anyone builds it.
+            // docs/benchmarks/HISTORY.md, to size the gain before anyone builds it.
             prepare()?;
             fs::create_dir_all(&dest)?;
             let next = Arc::new(AtomicUsize::new(0));

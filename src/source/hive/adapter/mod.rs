@@ -1,0 +1,799 @@
+//! The Hive adapter: a [`Source`] over any [`RowSource`] (the metastore
+//! database or `--hive-events` files) that turns notification rows into
+//! stagefs [`Event`]s.
+//!
+//! Owns:
+//! - id checks: ids are contiguous; a jump stops replication at the last
+//!   good state with "events A..B are missing from the metastore:
+//!   re-bootstrap", a repeated (or decreasing) id stops it as corruption;
+//! - polling: `EVENT_ID > last` with a batch limit, every poll interval,
+//!   at once again while a batch comes back full (the ingest loop polls
+//!   again without waiting whenever it got records); an unavailable row
+//!   source is retried with backoff by the ingest loop;
+//! - the mapping of every [`HiveMessage`] onto catalog changes (SPEC §2,
+//!   docs/HIVE.md "What is replicated"): names lower-cased and checked
+//!   against stagefs's name rules, partition values put in key order,
+//!   file URIs mapped through `--source-map` into [`FileRef`]s with their
+//!   checksum, change-management copy, subdirectory and a reference key.
+//!   A `COMMIT_TXN` becomes one event holding every file of the
+//!   transaction's `TXN_WRITE_NOTIFICATION_LOG` rows (none on a metastore
+//!   without that table, Hive before 3.2). Tables whose data the log does
+//!   not carry (external tables; transactional ones on such a metastore)
+//!   carry a `not_in_log` mark in the catalog, which status lists.
+//!
+//! Decoding of the rows themselves (encodings, Thrift-JSON, URIs) is the
+//! `message`/`thrift`/`uri` modules'; mapping a file URI to a [`FileRef`]
+//! is `file_refs`'s (shared with the decoding threads of `ahead`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::ahead::{DecodeAhead, Decoded};
+use super::file_refs::{files_dir, map_file};
+use super::map::SourceMap;
+use super::model::{
+    FileUri, HiveMessage, HivePartition, HiveTable, NotificationRow, RowSource, RowSourceError,
+};
+use crate::catalog::{DirKind, Tree};
+use crate::event::{is_valid_name, Change, Event, FileRef, Op, StateId};
+use crate::source::{DecodeError, Position, Rejection, Source, SourceError};
+use crate::status::SourceReport;
+
+/// Where the rows come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HiveRows {
+    /// `--hive-events PATH`.
+    Files(PathBuf),
+    /// `--hive-metastore URL` (the password comes from the environment or
+    /// the URL's `password_file`, never from here).
+    Metastore(String),
+}
+
+/// How to follow Hive.
+#[derive(Debug, Clone)]
+pub struct HiveConfig {
+    pub rows: HiveRows,
+    pub source_map: SourceMap,
+    /// `--hive-poll-ms`.
+    pub poll_interval: Duration,
+    /// Most rows asked for per poll (also the most decoded ahead).
+    pub batch: usize,
+    /// Threads decoding messages ahead of the ingest thread (`ahead`);
+    /// 0 decodes on the ingest thread.
+    pub decode_threads: usize,
+}
+
+impl HiveConfig {
+    pub fn new(rows: HiveRows, source_map: SourceMap) -> HiveConfig {
+        HiveConfig {
+            rows,
+            source_map,
+            poll_interval: Duration::from_millis(500),
+            batch: 1000,
+            decode_threads: super::ahead::default_threads(),
+        }
+    }
+}
+
+/// Hive's value for a NULL or empty partition value.
+pub const DEFAULT_PARTITION: &str = "__HIVE_DEFAULT_PARTITION__";
+
+/// See the module docs.
+pub struct HiveSource {
+    rows: Box<dyn RowSource>,
+    map: SourceMap,
+    poll_interval: Duration,
+    batch: usize,
+    /// The last id read from the row source.
+    last_read: i64,
+    /// The last id decoded into an event.
+    last_decoded: i64,
+    newest: Option<i64>,
+    error: Option<String>,
+    /// A gap or repeat found after good rows: reported at the next poll.
+    broken: Option<Rejection>,
+    /// The missing ids `(from, to)` when `broken` is a gap.
+    gap: Option<(i64, i64)>,
+    /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG`, once asked.
+    txn_log: Option<bool>,
+    /// Decodes the polled rows' messages on other threads.
+    ahead: DecodeAhead,
+    /// The batch after the one the last poll returned, read (and handed to
+    /// the decoding threads) at that poll: the next poll returns it.
+    next: Option<Batch>,
+}
+
+/// Rows read from the row source and checked, not returned by a poll yet.
+struct Batch {
+    /// `last_read` before these rows.
+    after: i64,
+    /// The poll's limit they were read for.
+    limit: usize,
+    /// Rows with consecutive ids after `after`.
+    rows: Vec<NotificationRow>,
+    /// A gap or repeated id right after `rows` (and the missing ids of a gap).
+    broken: Option<(Rejection, Option<(i64, i64)>)>,
+}
+
+impl HiveSource {
+    /// Opens the row source of `cfg`, to continue after event `after`.
+    pub fn open(cfg: &HiveConfig, after: i64) -> Result<HiveSource, RowSourceError> {
+        let rows: Box<dyn RowSource> = match &cfg.rows {
+            HiveRows::Files(path) => Box::new(super::files::FileRows::open(path)?),
+            HiveRows::Metastore(url) => {
+                super::metastore::connect(url, std::env::var(super::metastore::PASSWORD_ENV).ok())?
+            }
+        };
+        // The next batch is read while this one is decoded and journaled.
+        let rows = match super::rows_ahead::RowsAhead::spawn(rows) {
+            Ok(ahead) => Box::new(ahead),
+            Err(rows) => rows,
+        };
+        Ok(HiveSource::new(rows, cfg, after))
+    }
+
+    /// Follows `rows` after event `after`.
+    pub fn new(rows: Box<dyn RowSource>, cfg: &HiveConfig, after: i64) -> HiveSource {
+        HiveSource {
+            rows,
+            map: cfg.source_map.clone(),
+            poll_interval: cfg.poll_interval,
+            batch: cfg.batch.max(1),
+            last_read: after,
+            last_decoded: after,
+            newest: None,
+            error: None,
+            broken: None,
+            gap: None,
+            txn_log: None,
+            ahead: DecodeAhead::new(cfg.decode_threads, &cfg.source_map),
+            next: None,
+        }
+    }
+
+    /// Reads the rows after `last_read`, checks their ids (stopping at a
+    /// gap or a repeat) and starts decoding them.
+    fn read_batch(&mut self, limit: usize) -> Result<Batch, SourceError> {
+        let after = self.last_read;
+        let rows = match self.rows.poll(after, limit) {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.error = Some(e.to_string());
+                return Err(row_error(e));
+            }
+        };
+        self.error = None;
+        if let Ok(newest) = self.rows.newest_event_id() {
+            self.newest = newest;
+        }
+        let mut good = Vec::with_capacity(rows.len());
+        let mut broken = None;
+        for row in rows {
+            let expected = self.last_read + 1;
+            if row.event_id != expected {
+                let mut gap = None;
+                let reason = if row.event_id > expected {
+                    gap = Some((expected, row.event_id - 1));
+                    format!(
+                        "events {expected}..{} are missing from the metastore: re-bootstrap \
+                         (restart with --bootstrap, or stop the daemon and run `stagefs bootstrap` \
+                         with the same flags)",
+                        row.event_id - 1
+                    )
+                } else {
+                    format!(
+                        "event {} was read again after event {} (a repeated id: the notification log is corrupt)",
+                        row.event_id, self.last_read
+                    )
+                };
+                let rejection = Rejection {
+                    state_id: state_id_of(row.event_id),
+                    file: None,
+                    line: None,
+                    reason,
+                };
+                broken = Some((rejection, gap));
+                break;
+            }
+            self.last_read = row.event_id;
+            good.push(row);
+        }
+        self.ahead.submit(&good);
+        Ok(Batch {
+            after,
+            limit,
+            rows: good,
+            broken,
+        })
+    }
+
+    /// Forgets the batch read ahead (and what was decoded of it): the next
+    /// poll reads from the row source again.
+    fn forget_next(&mut self) {
+        if let Some(next) = self.next.take() {
+            self.last_read = next.after;
+            self.ahead.discard();
+        }
+    }
+
+    /// The missing ids `(from, to)` once the source stopped at a gap
+    /// (the notification log's cleaner purged events not read yet).
+    pub fn gap(&self) -> Option<(i64, i64)> {
+        self.gap
+    }
+
+    /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG` (asked once).
+    fn txn_log(&mut self) -> Result<bool, DecodeError> {
+        if let Some(known) = self.txn_log {
+            return Ok(known);
+        }
+        match self.rows.records_txn_writes() {
+            Ok(known) => {
+                if !known {
+                    tracing::warn!(
+                        "the metastore has no TXN_WRITE_NOTIFICATION_LOG (Hive before 3.2 / 4.0): \
+                         transactional tables are not replicated"
+                    );
+                }
+                self.txn_log = Some(known);
+                Ok(known)
+            }
+            Err(RowSourceError::Unavailable(msg)) => {
+                self.error = Some(msg.clone());
+                Err(DecodeError::Retry(format!(
+                    "asking whether the metastore has TXN_WRITE_NOTIFICATION_LOG: {msg}"
+                )))
+            }
+            Err(e) => Err(DecodeError::Rejected(Rejection {
+                state_id: None,
+                file: None,
+                line: None,
+                reason: format!("asking whether the metastore has TXN_WRITE_NOTIFICATION_LOG: {e}"),
+            })),
+        }
+    }
+}
+
+/// The state of Hive event `event_id`, when it is a valid one (> 0).
+fn state_id_of(event_id: i64) -> Option<StateId> {
+    u64::try_from(event_id).ok().filter(|&i| i > 0).map(StateId)
+}
+
+fn row_error(e: RowSourceError) -> SourceError {
+    match e {
+        RowSourceError::Unavailable(_) => SourceError::Transient(e.to_string()),
+        RowSourceError::BadRow {
+            location,
+            reason,
+            event_id,
+        } => SourceError::Fatal(Rejection {
+            state_id: event_id.and_then(state_id_of),
+            file: Some(location),
+            line: None,
+            reason,
+        }),
+        RowSourceError::Fatal(reason) => SourceError::Fatal(Rejection {
+            state_id: None,
+            file: None,
+            line: None,
+            reason,
+        }),
+    }
+}
+
+impl Source for HiveSource {
+    type Record = NotificationRow;
+
+    fn poll(&mut self, max: usize) -> Result<Vec<NotificationRow>, SourceError> {
+        if let Some(r) = &self.broken {
+            return Err(SourceError::Fatal(r.clone()));
+        }
+        let limit = self.batch.min(max.max(1));
+        if self.next.as_ref().is_some_and(|b| b.limit != limit) {
+            self.forget_next();
+        }
+        let batch = match self.next.take() {
+            Some(batch) => batch,
+            None => self.read_batch(limit)?,
+        };
+        if let Some((rejection, gap)) = batch.broken {
+            // Reported now when nothing good came before it, else at the
+            // next poll, after the good rows are journaled.
+            self.broken = Some(rejection);
+            self.gap = gap;
+        }
+        if batch.rows.is_empty() {
+            return match &self.broken {
+                Some(r) => Err(SourceError::Fatal(r.clone())),
+                None => Ok(Vec::new()),
+            };
+        }
+        // A full batch: the next one is read now and decoded while this one
+        // is validated and journaled. A failure to read it is not reported
+        // here: the next poll reads again and reports what it gets.
+        if self.broken.is_none() && batch.rows.len() >= limit {
+            match self.read_batch(limit) {
+                Ok(next) if !next.rows.is_empty() || next.broken.is_some() => {
+                    self.next = Some(next)
+                }
+                // Nothing more yet: the next poll asks the source afresh.
+                _ => {}
+            }
+        }
+        Ok(batch.rows)
+    }
+
+    fn decode(&mut self, row: &NotificationRow, latest: &Tree) -> Result<Event, DecodeError> {
+        let id = StateId(row.event_id as u64);
+        let reject = |reason: String| DecodeError::Rejected(Rejection::of_event(id, reason));
+        let Decoded { message, files } = self
+            .ahead
+            .take(row)
+            .map_err(|e| reject(format!("cannot decode the {} message: {e}", row.event_type)))?;
+        let txn_log = match &message {
+            HiveMessage::CreateTable { .. }
+            | HiveMessage::AlterTable { .. }
+            | HiveMessage::CommitTxn { .. } => self.txn_log()?,
+            _ => true,
+        };
+        let mut mapper = Mapper {
+            map: &self.map,
+            event_id: row.event_id,
+            files: 0,
+            tree: latest,
+            txn_log,
+            premapped: files,
+        };
+        let changes = match &message {
+            // Hive before 3.2 records the files of transactional writes
+            // nowhere: those tables are marked not in the log (at create),
+            // and a commit changes nothing that the log shows.
+            HiveMessage::CommitTxn { .. } if !txn_log => Vec::new(),
+            &HiveMessage::CommitTxn { txn_id } => {
+                let writes = match self.rows.txn_writes(txn_id) {
+                    Ok(w) => w,
+                    Err(RowSourceError::Unavailable(msg)) => {
+                        self.error = Some(msg.clone());
+                        return Err(DecodeError::Retry(format!(
+                            "reading the writes of transaction {txn_id}: {msg}"
+                        )));
+                    }
+                    Err(e) => {
+                        return Err(reject(format!(
+                            "reading the writes of transaction {txn_id}: {e}"
+                        )))
+                    }
+                };
+                let mut changes = Vec::new();
+                for w in &writes {
+                    let write = super::message::decode_txn_write(w).map_err(|e| {
+                        reject(format!(
+                            "cannot decode the TXN_WRITE_NOTIFICATION_LOG row of {}.{} (transaction {txn_id}): {e}",
+                            w.database, w.table
+                        ))
+                    })?;
+                    let change = mapper
+                        .files_change(
+                            Op::AddFiles,
+                            &write.table,
+                            write.partition.as_ref(),
+                            &write.files,
+                        )
+                        .map_err(&reject)?;
+                    changes.push(change);
+                }
+                changes
+            }
+            other => mapper.changes(other).map_err(&reject)?,
+        };
+        if row.event_id <= 0 {
+            return Err(reject("EVENT_ID must be > 0".into()));
+        }
+        self.last_decoded = row.event_id;
+        Ok(Event {
+            id,
+            time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
+            changes,
+        })
+    }
+
+    fn position_after(&self, row: &NotificationRow) -> Position {
+        Position::Hive {
+            hive_event_id: row.event_id,
+        }
+    }
+
+    fn locate(&self, _row: &NotificationRow) -> (Option<String>, Option<u64>) {
+        (None, None)
+    }
+
+    fn report(&mut self) -> SourceReport {
+        SourceReport {
+            kind: "hive".into(),
+            location: self.rows.describe(),
+            position: Some(self.last_decoded),
+            newest: self.newest,
+            error: self.error.clone(),
+        }
+    }
+
+    fn idle_wait(&self) -> Duration {
+        self.poll_interval
+    }
+
+    fn more_ready(&self) -> bool {
+        self.next.as_ref().is_some_and(|b| !b.rows.is_empty())
+    }
+
+    fn reread_from(&mut self, at: &Position) -> bool {
+        let &Position::Hive { hive_event_id } = at else {
+            return false;
+        };
+        if !self.rows.rewind() {
+            return false;
+        }
+        self.next = None;
+        self.last_read = hive_event_id;
+        self.broken = None;
+        self.ahead.discard();
+        true
+    }
+}
+
+/// Maps one message onto changes against the newest accepted tree.
+struct Mapper<'a> {
+    map: &'a SourceMap,
+    event_id: i64,
+    /// Files mapped so far in this event (each gets its own key).
+    files: usize,
+    tree: &'a Tree,
+    /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG`.
+    txn_log: bool,
+    /// An INSERT's files mapped already by a decoding thread
+    /// ([`super::file_refs::premap_files`]): taken by the first [`Mapper::files`] call when it
+    /// maps the same number of files from the event's first.
+    premapped: Option<Vec<Result<FileRef, String>>>,
+}
+
+/// Why the log does not carry `table`'s data, or None:
+/// - external tables (`tableType` EXTERNAL_TABLE, or the table parameter
+///   `EXTERNAL`=TRUE): Hive's events name none of their files;
+/// - transactional tables (parameter `transactional`=true) when the source
+///   has no `TXN_WRITE_NOTIFICATION_LOG` (`txn_log` false, Hive before
+///   3.2 / 4.0): the files their transactions write are in no log.
+fn not_in_log(table: &HiveTable, txn_log: bool) -> Option<String> {
+    let param = |key: &str| {
+        table
+            .parameters
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case(key) && v.trim().eq_ignore_ascii_case("true"))
+    };
+    let external = table
+        .table_type
+        .as_deref()
+        .is_some_and(|t| t.eq_ignore_ascii_case("EXTERNAL_TABLE"))
+        || param("EXTERNAL");
+    if external {
+        return Some(
+            "external table: Hive's events do not name its files; the mount shows only the files an event names"
+                .to_owned(),
+        );
+    }
+    (!txn_log && param("transactional")).then(|| {
+        "transactional table on a metastore without TXN_WRITE_NOTIFICATION_LOG (Hive before 3.2 / 4.0): \
+         the files its transactions write are in no log; the mount shows only the files an event names"
+            .to_owned()
+    })
+}
+
+/// The files of a CREATE TABLE AS SELECT into a partitioned table, grouped
+/// by partition (in the order they first appear): each file lies below the
+/// table's location at `k1=v1/…/kN=vN/[subdir/]name`.
+fn ctas_partitions(
+    table: &HiveTable,
+    files: &[FileUri],
+) -> Result<Vec<(HivePartition, Vec<FileUri>)>, String> {
+    let shown = format!("{}.{}", table.db, table.name);
+    let location = table
+        .location
+        .as_deref()
+        .map(|l| l.trim_end_matches('/'))
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| {
+            format!("CREATE TABLE AS SELECT into the partitioned table {shown}: the table has no location to find the files' partitions by")
+        })?;
+    let keys = table.partition_keys.len();
+    let mut out: Vec<(HivePartition, Vec<FileUri>)> = Vec::new();
+    for f in files {
+        let below = f
+            .path
+            .strip_prefix(location)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .map(|rest| rest.split('/').collect::<Vec<_>>())
+            .filter(|parts| parts.len() > keys)
+            .ok_or_else(|| {
+                format!(
+                    "CREATE TABLE AS SELECT into the partitioned table {shown}: `{}` is not in a partition directory below the table's location {location}",
+                    f.path
+                )
+            })?;
+        let partition_name = below[..keys].join("/");
+        let values =
+            super::uri::partition_values_in_key_order(&partition_name, &table.partition_keys)
+                .map_err(|e| {
+                    format!(
+                        "CREATE TABLE AS SELECT into the partitioned table {shown}: `{}`: {e}",
+                        f.path
+                    )
+                })?;
+        match out.iter_mut().find(|(p, _)| p.values == values) {
+            Some((_, group)) => group.push(f.clone()),
+            None => out.push((
+                HivePartition {
+                    values,
+                    location: Some(format!("{location}/{partition_name}")),
+                },
+                vec![f.clone()],
+            )),
+        }
+    }
+    Ok(out)
+}
+
+/// Hive's db and table names, lower-cased, as stagefs directory names.
+pub(crate) fn name(raw: &str, what: &str) -> Result<String, String> {
+    let lower = raw.to_ascii_lowercase();
+    if is_valid_name(&lower) {
+        Ok(lower)
+    } else {
+        Err(format!(
+            "{what} name `{raw}` is not 1-128 characters of [A-Za-z0-9_], which stagefs requires"
+        ))
+    }
+}
+
+impl Mapper<'_> {
+    fn changes(&mut self, msg: &HiveMessage) -> Result<Vec<Change>, String> {
+        Ok(match msg {
+            HiveMessage::CreateDatabase { db } => {
+                vec![Change::new(Op::CreateDatabase, &name(db, "database")?, "")]
+            }
+            HiveMessage::DropDatabase { db } => {
+                vec![Change::new(Op::DropDatabase, &name(db, "database")?, "")]
+            }
+            HiveMessage::CreateTable { table, files } => {
+                let (db, t) = (name(&table.db, "database")?, name(&table.name, "table")?);
+                let mut create = Change::new(Op::CreateTable, &db, &t);
+                create.partition_keys = table
+                    .partition_keys
+                    .iter()
+                    .map(|k| name(k, "partition key"))
+                    .collect::<Result<_, _>>()?;
+                create.not_in_log = not_in_log(table, self.txn_log);
+                let mut changes = vec![create];
+                if files.is_empty() {
+                    return Ok(changes);
+                }
+                if table.partition_keys.is_empty() {
+                    let mut add = Change::new(Op::AddFiles, &db, &t);
+                    add.files = self.files(files, files_dir(table, None))?;
+                    changes.push(add);
+                } else {
+                    // CTAS into a partitioned table: each file's partition
+                    // is the `key=value` part of its path below the table.
+                    for (p, files) in ctas_partitions(table, files)? {
+                        changes.push(self.files_change(
+                            Op::AddPartition,
+                            table,
+                            Some(&p),
+                            &files,
+                        )?);
+                    }
+                }
+                changes
+            }
+            HiveMessage::DropTable { db, table } => vec![Change::new(
+                Op::DropTable,
+                &name(db, "database")?,
+                &name(table, "table")?,
+            )],
+            HiveMessage::AlterTable {
+                before,
+                after,
+                is_truncate,
+            } => {
+                let from = (name(&before.db, "database")?, name(&before.name, "table")?);
+                let to = (name(&after.db, "database")?, name(&after.name, "table")?);
+                let mut changes = Vec::new();
+                if from != to {
+                    let mut rename = Change::new(Op::RenameTable, &from.0, &from.1);
+                    rename.new_db = to.0.clone();
+                    rename.new_table = to.1.clone();
+                    changes.push(rename);
+                }
+                if *is_truncate {
+                    changes.push(Change::new(Op::TruncateTable, &to.0, &to.1));
+                }
+                // Made external or managed (`EXTERNAL`, `tableType`): the
+                // mark follows. Properties, columns, statistics: no change.
+                let mark = not_in_log(after, self.txn_log);
+                if let Some(DirKind::Table { not_in_log, .. }) =
+                    self.tree.table(&from.0, &from.1).map(|d| &d.kind)
+                {
+                    if mark.as_deref() != not_in_log.as_deref() {
+                        let mut change = Change::new(Op::MarkTable, &to.0, &to.1);
+                        change.not_in_log = mark;
+                        changes.push(change);
+                    }
+                }
+                changes
+            }
+            HiveMessage::AddPartition {
+                table,
+                partitions,
+                files,
+            } => {
+                if files.len() > partitions.len() {
+                    return Err(format!(
+                        "names files for {} partitions but adds {}",
+                        files.len(),
+                        partitions.len()
+                    ));
+                }
+                let mut changes = Vec::with_capacity(partitions.len());
+                for (i, p) in partitions.iter().enumerate() {
+                    let empty = Vec::new();
+                    let f = files.get(i).unwrap_or(&empty);
+                    changes.push(self.files_change(Op::AddPartition, table, Some(p), f)?);
+                }
+                changes
+            }
+            HiveMessage::AlterPartition {
+                table,
+                before,
+                after,
+                is_truncate,
+            } => {
+                let mut changes = Vec::new();
+                if before.values != after.values {
+                    // A rename: Hive moves the partition's directory, files
+                    // and all, to the new values' place.
+                    let mut rename =
+                        self.files_change(Op::RenamePartition, table, Some(before), &[])?;
+                    let (db, t) = (rename.db.clone(), rename.table.clone());
+                    rename.new_partition = Some(self.partition_spec(&db, &t, table, after)?);
+                    changes.push(rename);
+                }
+                if *is_truncate {
+                    changes.push(self.files_change(Op::ReplaceFiles, table, Some(after), &[])?);
+                }
+                changes
+            }
+            HiveMessage::DropPartition { table, partitions } => {
+                self.each_partition(Op::DropPartition, table, partitions)?
+            }
+            HiveMessage::Insert {
+                table,
+                partition,
+                replace,
+                files,
+            } => {
+                let op = if *replace {
+                    Op::ReplaceFiles
+                } else {
+                    Op::AddFiles
+                };
+                vec![self.files_change(op, table, partition.as_ref(), files)?]
+            }
+            // Mapped by the caller, which reads the transaction's writes.
+            HiveMessage::CommitTxn { .. } => Vec::new(),
+            HiveMessage::TruncatePartitions { table, partitions } => {
+                // Each partition's files become none.
+                self.each_partition(Op::ReplaceFiles, table, partitions)?
+            }
+            HiveMessage::NoData { .. } => Vec::new(),
+        })
+    }
+
+    /// A change `op` without files on each of `table`'s partitions
+    /// (values in key order).
+    fn each_partition(
+        &mut self,
+        op: Op,
+        table: &HiveTable,
+        partitions: &[Vec<String>],
+    ) -> Result<Vec<Change>, String> {
+        partitions
+            .iter()
+            .map(|values| {
+                let p = HivePartition {
+                    values: values.clone(),
+                    location: None,
+                };
+                self.files_change(op, table, Some(&p), &[])
+            })
+            .collect()
+    }
+
+    /// A change `op` on `table`'s `partition` naming `files`.
+    fn files_change(
+        &mut self,
+        op: Op,
+        table: &HiveTable,
+        partition: Option<&HivePartition>,
+        files: &[FileUri],
+    ) -> Result<Change, String> {
+        let (db, t) = (name(&table.db, "database")?, name(&table.name, "table")?);
+        let mut change = Change::new(op, &db, &t);
+        if let Some(p) = partition {
+            change.partition = Some(self.partition_spec(&db, &t, table, p)?);
+        }
+        change.files = self.files(files, files_dir(table, partition))?;
+        Ok(change)
+    }
+
+    /// `key → raw value` for a partition, keyed by the table's partition
+    /// keys: the replica's when it has the table, else the message's.
+    fn partition_spec(
+        &self,
+        db: &str,
+        t: &str,
+        table: &HiveTable,
+        p: &HivePartition,
+    ) -> Result<BTreeMap<String, String>, String> {
+        let keys: Vec<String> = match self.tree.table(db, t).map(|d| &d.kind) {
+            Some(DirKind::Table { partition_keys, .. }) => {
+                partition_keys.iter().map(|k| k.to_string()).collect()
+            }
+            _ => table
+                .partition_keys
+                .iter()
+                .map(|k| name(k, "partition key"))
+                .collect::<Result<_, _>>()?,
+        };
+        if keys.len() != p.values.len() {
+            return Err(format!(
+                "partition ({}) of {db}.{t} does not match its partition keys ({})",
+                p.values.join(", "),
+                keys.join(", ")
+            ));
+        }
+        let mut spec = BTreeMap::new();
+        for (key, value) in keys.into_iter().zip(&p.values) {
+            let value = if value.is_empty() {
+                DEFAULT_PARTITION
+            } else {
+                value.as_str()
+            };
+            if value.contains('\0') || value.len() > 1024 {
+                return Err(format!(
+                    "partition value of `{key}` in {db}.{t} must be at most 1024 bytes without NUL"
+                ));
+            }
+            spec.insert(key, value.to_owned());
+        }
+        Ok(spec)
+    }
+
+    /// The event's next files, in the directory `dir` (see
+    /// [`super::file_refs::map_file`]).
+    fn files(&mut self, uris: &[FileUri], dir: Option<&str>) -> Result<Vec<FileRef>, String> {
+        if let Some(pre) = self.premapped.take() {
+            if self.files == 0 && pre.len() == uris.len() {
+                self.files = pre.len();
+                return pre.into_iter().collect();
+            }
+        }
+        uris.iter()
+            .map(|uri| {
+                let f = map_file(self.map, self.event_id, self.files, uri, dir);
+                self.files += 1;
+                f
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,123 @@
+//! Reading a file that an event names, where the source keeps it.
+//!
+//! [`Location`] says where a file is; [`Location::open`] opens it as a
+//! [`SourceFile`], the one small trait the store reads through: the file's
+//! [`Identity`] as opened and as it is now (a file that changed while it
+//! was read is not a usable copy), its bytes by offset, and, for a file on
+//! a local filesystem, the open [`File`] itself, so the copy engines can
+//! copy it inside the kernel (`copy_file_range`) and advise its readahead.
+//!
+//! One implementation per kind of place, each in its own file: [`local`]
+//! (a path beneath a root directory, opened without ever leaving it and
+//! only when it is a regular file). A reader of another kind of place
+//! (HDFS, S3) is a new file beside it, a new [`Location`] variant and its
+//! arm in [`Location::open`] and [`Location`]'s `Display`; nothing else
+//! changes.
+//!
+//! Called by the blob store's fetch (`stage`) and by the bootstrap
+//! listing when it re-reads a file it staged before
+//! (`bootstrap::listing`).
+
+pub mod local;
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::path::PathBuf;
+
+pub use local::{identity_of, open_beneath, LocalFile};
+
+/// Where a source file is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// `relative` beneath the local directory `root`: opened only if it is
+    /// a regular file reached without leaving `root` ([`local`]).
+    Local { root: PathBuf, relative: PathBuf },
+}
+
+impl Location {
+    /// A path beneath a local root.
+    pub fn local(root: impl Into<PathBuf>, relative: impl Into<PathBuf>) -> Location {
+        Location::Local {
+            root: root.into(),
+            relative: relative.into(),
+        }
+    }
+
+    /// Opens the file for reading.
+    pub fn open(&self) -> Result<Box<dyn SourceFile>, SourceOpenError> {
+        match self {
+            Location::Local { root, relative } => {
+                Ok(Box::new(local::LocalFile::open(root, relative)?))
+            }
+        }
+    }
+}
+
+/// The path (or URI) of the file, for messages.
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Local { root, relative } => write!(f, "{}", root.join(relative).display()),
+        }
+    }
+}
+
+/// An open source file, as the store reads it.
+pub trait SourceFile: Send {
+    /// The file's identity when it was opened (for a local file, read from
+    /// the very inode that is read).
+    fn identity(&self) -> &Identity;
+
+    /// Reads up to `buf.len()` bytes at `offset`; fewer only at the end of
+    /// the file (0 there). Errors as `pread(2)`'s (`Interrupted` is for the
+    /// caller to retry).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// The file's identity now, checked again through the file that was
+    /// read (for a local file, `fstat` of its descriptor): differs from
+    /// [`SourceFile::identity`] when the file changed meanwhile.
+    fn identity_now(&self) -> io::Result<Identity>;
+
+    /// The open file on a local filesystem, for the engines that copy
+    /// inside the kernel; `None` where the file is not one.
+    fn local_file(&self) -> Option<&File>;
+}
+
+/// What must be unchanged for bytes read from a file to stand for it: a
+/// rewrite changes at least one part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub size: u64,
+    /// Last modification, in ns since the epoch.
+    pub mtime_ns: i64,
+    /// What else changes with a rewrite, by kind of place.
+    pub stamp: Stamp,
+}
+
+/// The part of an [`Identity`] that depends on the kind of place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stamp {
+    /// A local file: its ctime (set by the kernel on every change of the
+    /// inode, and not by tools that preserve mtimes) and its inode number
+    /// (another one: the path was replaced).
+    Local { ctime_ns: i64, ino: u64 },
+}
+
+/// Why a source file could not be opened. The `Display` text is the reason
+/// shown in a stall (after the path).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceOpenError {
+    #[error("missing")]
+    Missing,
+    #[error("refused: the path leaves its root (through a symlink or `..`)")]
+    Escapes,
+    #[error("refused: a symlink on the path (not followed: {0})")]
+    Symlink(&'static str),
+    #[error("not a regular file (a {0}); refused without opening it")]
+    NotRegular(&'static str),
+    #[error("not readable ({0})")]
+    NotReadable(io::Error),
+    #[error("cannot open: {0}")]
+    Io(io::Error),
+}
