@@ -323,7 +323,24 @@ pub fn proc_busy(proc: ProcId) -> Option<Busy> {
     let parent = (stat.ppid > 1)
         .then(|| thread_times(stat.ppid).map(|t| (stat.ppid, t)))
         .flatten();
-    let daemon = thread_times(std::process::id()).unwrap_or_default();
+    let me = std::process::id();
+    if proc.pid == me {
+        // The reader is a thread of this very process: a mount served
+        // in-process (tests, benchmarks), where the process's other threads
+        // are this daemon's and other readers'. Only the calling thread is
+        // the reader, and the daemon's own wait is not the reader's.
+        let caller = CALLER.with(|c| c.get());
+        let own = own
+            .into_iter()
+            .filter(|(tid, ..)| Some(*tid) == caller)
+            .collect();
+        return Some(Busy {
+            own,
+            parent,
+            daemon: Vec::new(),
+        });
+    }
+    let daemon = thread_times(me).unwrap_or_default();
     Some(Busy {
         own,
         parent,
@@ -1200,8 +1217,14 @@ mod tests {
         );
         assert_eq!(parse_schedstat("123\n"), None);
         let me = proc_of_pid(std::process::id()).expect("this process");
+        // In-process (this test is the reader of its own mount): the
+        // calling thread only, and no daemon term.
+        let tid = unsafe { libc::gettid() } as u32;
+        CALLER.with(|c| c.set(Some(tid)));
         let b = proc_busy(me).expect("schedstat of this process");
-        assert!(b.own.iter().any(|(tid, ..)| *tid == me.pid));
+        let tids: Vec<u32> = b.own.iter().map(|t| t.0).collect();
+        assert_eq!(tids, vec![tid], "the calling thread only");
+        assert!(b.daemon.is_empty(), "no daemon term in-process");
         // The test harness started this process: its parent is sampled.
         assert!(b.parent.is_some(), "the parent was not sampled");
         // Threads count summed; a new thread wholly, a gone one not.
