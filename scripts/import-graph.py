@@ -66,6 +66,9 @@ LAYERS = [
     ["daemon", "run"],
     ["testkit", "checker", "workload", "hive_writer"],
     ["demo"],
+    # The command line (its flags name defaults from the layers below) and
+    # the config file read as that command line.
+    ["cli", "config"],
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
