@@ -152,13 +152,6 @@ impl Activity {
     }
 }
 
-thread_local! {
-    /// The thread id of the request this daemon thread is serving, set by
-    /// [`Readers::identify`] (a daemon thread serves one request at a
-    /// time, and `tree_for` follows `identify` within it).
-    static CALLER: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-}
-
 /// When a process's view moves on (see the module docs).
 #[derive(Debug, Clone, Copy)]
 pub struct ViewRule {
@@ -325,20 +318,12 @@ pub fn proc_busy(proc: ProcId) -> Option<Busy> {
         .flatten();
     let me = std::process::id();
     if proc.pid == me {
-        // The reader is a thread of this very process: a mount served
-        // in-process (tests, benchmarks), where the process's other threads
-        // are this daemon's and other readers'. Only the calling thread is
-        // the reader, and the daemon's own wait is not the reader's.
-        let caller = CALLER.with(|c| c.get());
-        let own = own
-            .into_iter()
-            .filter(|(tid, ..)| Some(*tid) == caller)
-            .collect();
-        return Some(Busy {
-            own,
-            parent,
-            daemon: Vec::new(),
-        });
+        // The reader is this very process: a mount served in-process
+        // (tests, benchmarks), whose other threads are this daemon's and
+        // other readers'. None of them is the reader's computing, and a
+        // request's thread is not known to the maintenance thread that
+        // samples gaps: such a reader's gaps are wall-clock pauses.
+        return Some(Busy::default());
     }
     let daemon = thread_times(me).unwrap_or_default();
     Some(Busy {
@@ -542,7 +527,6 @@ impl Readers {
     }
 
     pub fn identify(&self, pid: u32) -> Reader {
-        CALLER.with(|c| c.set((pid != 0).then_some(pid)));
         let found = if pid == 0 {
             None
         } else {
@@ -1217,16 +1201,23 @@ mod tests {
         );
         assert_eq!(parse_schedstat("123\n"), None);
         let me = proc_of_pid(std::process::id()).expect("this process");
-        // In-process (this test is the reader of its own mount): the
-        // calling thread only, and no daemon term.
-        let tid = unsafe { libc::gettid() } as u32;
-        CALLER.with(|c| c.set(Some(tid)));
-        let b = proc_busy(me).expect("schedstat of this process");
-        let tids: Vec<u32> = b.own.iter().map(|t| t.0).collect();
-        assert_eq!(tids, vec![tid], "the calling thread only");
-        assert!(b.daemon.is_empty(), "no daemon term in-process");
-        // The test harness started this process: its parent is sampled.
-        assert!(b.parent.is_some(), "the parent was not sampled");
+        // In-process (this test is the reader of its own mount): nothing
+        // counted, its gaps are wall-clock pauses.
+        let b = proc_busy(me).expect("this process");
+        assert!(b.own.is_empty() && b.parent.is_none() && b.daemon.is_empty());
+        // Another process: its threads, its parent (this process) and
+        // this daemon's threads.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep");
+        let c = proc_of_pid(child.id()).expect("the child");
+        let b = proc_busy(c).expect("schedstat of the child");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(b.own.len(), 1, "sleep has one thread");
+        assert_eq!(b.parent.as_ref().map(|p| p.0), Some(me.pid), "the parent");
+        assert!(!b.daemon.is_empty(), "this daemon's threads");
         // Threads count summed; a new thread wholly, a gone one not.
         let mark = vec![
             (1, ms(100), ms(10)),
