@@ -148,6 +148,22 @@ pub enum Command {
         #[command(flatten)]
         source: SourceArgs,
     },
+    /// Check a mount's or a replicate's setup before starting it (FUSE,
+    /// mountpoint, state folder, metastore, source file systems); each
+    /// check says ok or fail with a fix. Exits 0 only when all pass;
+    /// changes nothing.
+    Check {
+        /// The mountpoint `mount` would use (without it: a `replicate` setup).
+        mountpoint: Option<PathBuf>,
+        #[command(flatten)]
+        source: SourceArgs,
+        /// As for `mount`: check that other users may be let in.
+        #[arg(long)]
+        allow_other: bool,
+        /// As for `mount`: check that this HOST:PORT can be bound.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
+    },
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish,
     /// powershell) on stdout.
     Completions {

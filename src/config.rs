@@ -32,7 +32,7 @@ use clap::{ArgAction, Command};
 use toml::Spanned;
 
 /// The commands whose options a config file holds.
-pub const CONFIG_COMMANDS: &[&str] = &["mount", "replicate", "bootstrap"];
+pub const CONFIG_COMMANDS: &[&str] = &["mount", "replicate", "bootstrap", "check"];
 
 /// The flag that names the file; itself no key.
 pub const CONFIG_FLAG: &str = "config";

@@ -14,6 +14,7 @@
 
 pub mod bootstrap;
 pub mod catalog;
+pub mod check;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

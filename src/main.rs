@@ -51,6 +51,25 @@ fn main() -> ExitCode {
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source } => daemon::replicate(replicate_args(source)),
         Command::Bootstrap { source } => daemon::bootstrap(replicate_args(source)),
+        Command::Check {
+            mountpoint,
+            source,
+            allow_other,
+            metrics,
+        } => {
+            let args = stagefs::check::CheckArgs {
+                mountpoint,
+                allow_other,
+                metrics,
+                replicate: replicate_args(source),
+            };
+            let findings = stagefs::check::run(&args, &mut std::io::stdout());
+            return if findings.iter().all(|f| f.passed()) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
         Command::Completions { shell } => {
             stagefs::cli::write_completions(shell, &mut std::io::stdout())
                 .map_err(|e| daemon::DaemonError::Io(format!("writing the completions: {e}")))

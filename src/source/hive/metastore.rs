@@ -102,6 +102,11 @@ impl Endpoint {
         self.target.describe()
     }
 
+    /// The URL's TLS settings (`sslmode=verify-full, sslrootcert=…`).
+    pub(crate) fn tls(&self) -> &TlsSettings {
+        &self.target.tls
+    }
+
     /// Prefixes the source and removes the password from driver texts.
     pub(crate) fn scrub(&self, error: RowSourceError) -> RowSourceError {
         let hide = |text: String| match &self.password {
@@ -781,6 +786,27 @@ impl Session {
             Session::Postgres(s) => s.simple_query(sql, sql),
             Session::Mysql(conn) => my::query_text(conn, sql),
         }
+    }
+
+    /// The TLS version of this connection as the server sees it
+    /// (`TLSv1.3`), None when it is not encrypted.
+    pub(crate) fn tls_version(&mut self) -> Result<Option<String>, RowSourceError> {
+        let sql = match self {
+            Session::Postgres(_) => {
+                "SELECT CASE WHEN ssl THEN version END FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+            }
+            Session::Mysql(_) => "SHOW SESSION STATUS LIKE 'Ssl_version'",
+        };
+        let column = match self {
+            Session::Postgres(_) => 0,
+            Session::Mysql(_) => 1,
+        };
+        let rows = self.query(sql)?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .and_then(|mut row| row.get_mut(column).and_then(Option::take))
+            .filter(|v| !v.is_empty()))
     }
 }
 
