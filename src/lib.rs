@@ -27,6 +27,7 @@ pub mod fusermount;
 pub mod journal;
 pub mod latency;
 pub mod metrics;
+pub mod mount_helper;
 pub mod redact;
 pub mod replicate;
 pub mod run;
