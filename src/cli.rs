@@ -40,7 +40,8 @@ pub struct SourceArgs {
     #[arg(long = "events", value_name = "DIR")]
     pub events: Option<PathBuf>,
     /// Follow Hive's metastore database: postgresql://user@host:port/db or
-    /// mysql://user@host:port/db (password: STAGEFS_METASTORE_PASSWORD or ?password_file=).
+    /// mysql://user@host:port/db (password: STAGEFS_METASTORE_PASSWORD or
+    /// ?password_file=; TLS: ?sslmode=…&sslrootcert=… or ?ssl-mode=…&ssl-ca=…).
     #[arg(long = "hive-metastore", value_name = "URL", conflicts_with_all = ["events", "hive_events"])]
     pub hive_metastore: Option<String>,
     /// Follow Hive NOTIFICATION_LOG rows exported as JSON Lines (a file or a folder of *.jsonl).
