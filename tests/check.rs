@@ -296,3 +296,22 @@ fn chown_tree(path: &Path, uid: u32, gid: u32) {
         }
     }
 }
+
+#[test]
+fn check_names_a_native_events_folder_that_is_missing() {
+    let setup = Setup::new();
+    let args: Vec<OsString> = vec![
+        "check".into(),
+        "--state".into(),
+        setup.path("state").into(),
+        "--source-root".into(),
+        setup.path("warehouse").into(),
+        "--events".into(),
+        setup.path("no-events").into(),
+    ];
+    let text = assert_only_failure(&run(&args), "events");
+    assert!(text.contains("no-events"), "{text}");
+    // Without a mountpoint (a `replicate` setup) FUSE is not looked at.
+    assert!(lines(&text, "ok", "fuse").is_empty(), "{text}");
+    assert!(lines(&text, "ok", "state").len() == 1, "{text}");
+}

@@ -379,7 +379,10 @@ fn an_fstab_line_mounts_with_mount_a_and_umount_stops_the_daemon() {
         .find(|l| l.split(' ').nth(4) == Some(args.mnt.to_str().unwrap()))
         .expect("the mount in mountinfo");
     assert!(line.contains("allow_other"), "{line}");
-    let out = Command::new("umount").arg(&args.mnt).output().expect("run umount");
+    let out = Command::new("umount")
+        .arg(&args.mnt)
+        .output()
+        .expect("run umount");
     assert!(
         out.status.success(),
         "umount failed: {}",
