@@ -290,6 +290,12 @@ impl HelperLink {
         let link = std::path::PathBuf::from("/sbin/mount.fuse.stagefs");
         match std::fs::read_link(&link) {
             Ok(target) if target == Path::new(BIN) => {}
+            // Left by a test run that was killed (a build tree's binary,
+            // or one gone since): replaced.
+            Ok(target) if !target.exists() || target.to_string_lossy().contains("/target/") => {
+                std::fs::remove_file(&link).expect("remove a stale test link");
+                std::os::unix::fs::symlink(BIN, &link).expect("symlink the mount helper");
+            }
             Ok(target) => panic!(
                 "{} exists and points to {} (an installed stagefs?); not replaced",
                 link.display(),
