@@ -49,7 +49,7 @@ from collections import defaultdict
 # store and the sources that validate against them, the journal of what
 # they accepted, the threads that wire them, the commands on top.
 LAYERS = [
-    ["durable", "redact", "fusermount"],
+    ["durable", "redact", "fusermount", "mount_helper"],
     ["event", "state_lock", "latency"],
     ["catalog"],
     ["status"],
@@ -65,7 +65,7 @@ LAYERS = [
     ["metrics"],
     ["daemon", "run"],
     ["testkit", "checker", "workload", "hive_writer"],
-    ["demo"],
+    ["demo", "check"],
     # The command line (its flags name defaults from the layers below) and
     # the config file read as that command line.
     ["cli", "config"],

@@ -19,6 +19,9 @@ have_postgres_server || missing+=(postgresql)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v mariadbd >/dev/null 2>&1 || missing+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
+# The metastore TLS tests (tests/metastore_tls.rs) make their CA and server
+# certificates with the openssl command.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # The metrics test (tests/metrics.rs) parses /metrics with the Prometheus
 # client's own text-format parser, for /usr/bin/python3.
 /usr/bin/python3 -c 'import prometheus_client.parser' >/dev/null 2>&1 || missing+=(python3-prometheus-client)

@@ -40,7 +40,8 @@ pub struct SourceArgs {
     #[arg(long = "events", value_name = "DIR")]
     pub events: Option<PathBuf>,
     /// Follow Hive's metastore database: postgresql://user@host:port/db or
-    /// mysql://user@host:port/db (password: STAGEFS_METASTORE_PASSWORD or ?password_file=).
+    /// mysql://user@host:port/db (password: STAGEFS_METASTORE_PASSWORD or
+    /// ?password_file=; TLS: ?sslmode=…&sslrootcert=… or ?ssl-mode=…&ssl-ca=…).
     #[arg(long = "hive-metastore", value_name = "URL", conflicts_with_all = ["events", "hive_events"])]
     pub hive_metastore: Option<String>,
     /// Follow Hive NOTIFICATION_LOG rows exported as JSON Lines (a file or a folder of *.jsonl).
@@ -147,6 +148,22 @@ pub enum Command {
     Bootstrap {
         #[command(flatten)]
         source: SourceArgs,
+    },
+    /// Check a mount's or a replicate's setup before starting it (FUSE,
+    /// mountpoint, state folder, metastore, source file systems); each
+    /// check says ok or fail with a fix. Exits 0 only when all pass;
+    /// changes nothing.
+    Check {
+        /// The mountpoint `mount` would use (without it: a `replicate` setup).
+        mountpoint: Option<PathBuf>,
+        #[command(flatten)]
+        source: SourceArgs,
+        /// As for `mount`: check that other users may be let in.
+        #[arg(long)]
+        allow_other: bool,
+        /// As for `mount`: check that this HOST:PORT can be bound.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
     },
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish,
     /// powershell) on stdout.

@@ -32,7 +32,7 @@ use clap::{ArgAction, Command};
 use toml::Spanned;
 
 /// The commands whose options a config file holds.
-pub const CONFIG_COMMANDS: &[&str] = &["mount", "replicate", "bootstrap"];
+pub const CONFIG_COMMANDS: &[&str] = &["mount", "replicate", "bootstrap", "check"];
 
 /// The flag that names the file; itself no key.
 pub const CONFIG_FLAG: &str = "config";
@@ -468,14 +468,14 @@ mod tests {
         }
     }
 
-    /// docs/stagefs.example.toml is a complete, valid `mount` and
-    /// `bootstrap` configuration.
+    /// docs/stagefs.example.toml is a complete, valid `mount`,
+    /// `bootstrap` and `check` configuration.
     #[test]
     fn the_example_config_parses() {
         use clap::{CommandFactory, FromArgMatches};
         let real = crate::cli::Cli::command();
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/stagefs.example.toml");
-        for name in ["mount", "bootstrap"] {
+        for name in ["mount", "bootstrap", "check"] {
             let merged = apply(
                 &real,
                 argv(&["stagefs", name, "--config", path.to_str().unwrap()]),
@@ -499,6 +499,20 @@ mod tests {
                 crate::cli::Command::Bootstrap { source } => {
                     assert_eq!(source.state, Path::new("/var/lib/stagefs"));
                     assert!(source.bootstrap);
+                    // The URL's TLS options are ones the metastore accepts.
+                    let url = source.hive_metastore.unwrap();
+                    crate::source::hive::metastore::Endpoint::parse(&url, None)
+                        .unwrap_or_else(|e| panic!("{url}: {e}"));
+                }
+                crate::cli::Command::Check {
+                    mountpoint,
+                    allow_other,
+                    metrics,
+                    ..
+                } => {
+                    assert_eq!(mountpoint.as_deref(), Some(Path::new("/mnt/warehouse")));
+                    assert!(allow_other);
+                    assert_eq!(metrics.as_deref(), Some("127.0.0.1:9464"));
                 }
                 other => panic!("parsed as {other:?}"),
             }

@@ -738,6 +738,8 @@ pub fn serve(
     let mounted = fuse::mount(Arc::clone(&view), &args.mountpoint, &opts)
         .map_err(|e| DaemonError::Mount(format!("mounting {}: {e}", args.mountpoint.display())))?;
     info!(mountpoint = %args.mountpoint.display(), "mounted");
+    // Started by the fstab mount helper: the log leaves its pipe first.
+    crate::mount_helper::detach_stderr();
     notify_systemd(&format!(
         "READY=1\nSTATUS=mounted at {}",
         args.mountpoint.display()

@@ -4,7 +4,8 @@
 //! source ([`source`]: native JSONL or Hive) → [`journal`] → [`stage`] (blobs) → [`catalog`]
 //! (versions) → [`view`] (filesystem semantics) → [`fuse`] (kernel adapter).
 //! [`replicate`] runs the pipeline threads, one file each; [`daemon`],
-//! [`run`] and [`demo`] are the commands; [`status`] reports on them
+//! [`run`], [`demo`] and [`check`] (the pre-flight checks) are the
+//! commands, [`mount_helper`] their `/etc/fstab` entry; [`status`] reports on them
 //! ([`metrics`] exports it to Prometheus, with the [`latency`] histograms);
 //! [`workload`] generates the changing warehouse of the demo, the tests and
 //! the benchmarks. The test kit (the consistency checker) is `testkit`, built
@@ -14,6 +15,7 @@
 
 pub mod bootstrap;
 pub mod catalog;
+pub mod check;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
@@ -26,6 +28,7 @@ pub mod fusermount;
 pub mod journal;
 pub mod latency;
 pub mod metrics;
+pub mod mount_helper;
 pub mod redact;
 pub mod replicate;
 pub mod run;

@@ -10,8 +10,14 @@ use stagefs::daemon::{self, HiveArgs, MountArgs, ReplicateArgs};
 use stagefs::source::hive::HiveRows;
 
 fn main() -> ExitCode {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let command = Cli::command();
+    let subcommands: Vec<&str> = command.get_subcommands().map(|s| s.get_name()).collect();
+    if stagefs::mount_helper::invoked_as_helper(&argv, &subcommands) {
+        return mount_helper(&command, &argv[1..]);
+    }
     // The --config file's options go in ahead of the flags (which win).
-    let argv = match stagefs::config::apply(&Cli::command(), std::env::args_os().collect()) {
+    let argv = match stagefs::config::apply(&command, argv) {
         Ok(argv) => argv,
         Err(e) => {
             eprintln!("stagefs: {e}");
@@ -51,6 +57,25 @@ fn main() -> ExitCode {
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source } => daemon::replicate(replicate_args(source)),
         Command::Bootstrap { source } => daemon::bootstrap(replicate_args(source)),
+        Command::Check {
+            mountpoint,
+            source,
+            allow_other,
+            metrics,
+        } => {
+            let args = stagefs::check::CheckArgs {
+                mountpoint,
+                allow_other,
+                metrics,
+                replicate: replicate_args(source),
+            };
+            let findings = stagefs::check::run(&args, &mut std::io::stdout());
+            return if findings.iter().all(|f| f.passed()) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
         Command::Completions { shell } => {
             stagefs::cli::write_completions(shell, &mut std::io::stdout())
                 .map_err(|e| daemon::DaemonError::Io(format!("writing the completions: {e}")))
@@ -67,6 +92,43 @@ fn main() -> ExitCode {
             } else {
                 ExitCode::FAILURE
             }
+        }
+    }
+}
+
+/// `stagefs SOURCE MOUNTPOINT -o OPTIONS` from mount(8) or fuse3's
+/// `mount.fuse`: starts `stagefs mount` detached and returns once mounted.
+fn mount_helper(command: &clap::Command, args: &[std::ffi::OsString]) -> ExitCode {
+    use stagefs::mount_helper;
+    let mount = command.find_subcommand("mount");
+    let is_flag = |key: &str| {
+        key != "help"
+            && key != "version"
+            && mount
+                .into_iter()
+                .flat_map(|m| m.get_arguments())
+                .chain(command.get_arguments())
+                .any(|a| a.get_long() == Some(key))
+    };
+    let call = match mount_helper::parse(args, &is_flag) {
+        Ok(call) => call,
+        Err(e) => {
+            eprintln!("stagefs: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("stagefs: mount helper: finding this program: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match mount_helper::run(&exe, &call) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, e)) => {
+            eprintln!("stagefs: {e}");
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
     }
 }

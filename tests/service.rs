@@ -281,3 +281,158 @@ fn the_man_page_names_every_subcommand() {
     assert!(page.contains("\\-\\-source\\-map"), "no --source-map");
     assert!(page.contains("\\-\\-allow\\-other"), "no --allow-other");
 }
+
+/// `/sbin/mount.fuse.stagefs` -> the binary under test, while it lives.
+struct HelperLink(std::path::PathBuf);
+
+impl HelperLink {
+    fn install() -> HelperLink {
+        let link = std::path::PathBuf::from("/sbin/mount.fuse.stagefs");
+        match std::fs::read_link(&link) {
+            Ok(target) if target == Path::new(BIN) => {}
+            // Left by a test run that was killed (a build tree's binary,
+            // or one gone since): replaced.
+            Ok(target) if !target.exists() || target.to_string_lossy().contains("/target/") => {
+                std::fs::remove_file(&link).expect("remove a stale test link");
+                std::os::unix::fs::symlink(BIN, &link).expect("symlink the mount helper");
+            }
+            Ok(target) => panic!(
+                "{} exists and points to {} (an installed stagefs?); not replaced",
+                link.display(),
+                target.display()
+            ),
+            Err(_) => std::os::unix::fs::symlink(BIN, &link).expect("symlink the mount helper"),
+        }
+        HelperLink(link)
+    }
+}
+
+impl Drop for HelperLink {
+    fn drop(&mut self) {
+        if std::fs::read_link(&self.0).is_ok_and(|t| t == Path::new(BIN)) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+/// `/etc/fstab`: a `fuse.stagefs` line whose source is the config file
+/// mounts through `/sbin/mount.fuse.stagefs` (`stagefs` as the helper);
+/// `mount -a` returns once the mount answers, the daemon left running
+/// with its log in `log=FILE`; `umount` ends the daemon (its state lock
+/// is released).
+#[test]
+fn an_fstab_line_mounts_with_mount_a_and_umount_stops_the_daemon() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mount -T and umount of a fuse.stagefs line need root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let args = seeded(dir.path());
+    let root = args.mnt.parent().unwrap().to_owned();
+    let conf = root.join("replica.toml");
+    std::fs::write(&conf, config_file(&args, &root.join("nowhere"))).unwrap();
+    // mount(8) runs /sbin/mount.fuse.TYPE (it looks nowhere else, and
+    // gives helpers a PATH of its own): the documented symlink, made for
+    // the test and removed after it.
+    let _helper = HelperLink::install();
+    let log = root.join("daemon.log");
+    let fstab = root.join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "# a test fstab\n{} {} fuse.stagefs rw,_netdev,nofail,allow_other,retain=4,log={} 0 0\n",
+            conf.display(),
+            args.mnt.display(),
+            log.display()
+        ),
+    )
+    .unwrap();
+    let _guard = common::MountGuard(args.mnt.clone());
+    let out = Command::new("mount")
+        .arg("-a")
+        .arg("-T")
+        .arg(&fstab)
+        .output()
+        .expect("run mount");
+    assert!(
+        out.status.success(),
+        "mount -a failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // mount returned: mounted, and answering, at once.
+    assert!(mounted(&args.mnt), "mount -a returned before the mount");
+    std::fs::read_dir(&args.mnt).expect("the mount answers");
+    assert!(
+        stagefs::state_lock::state_in_use(&args.state),
+        "no daemon holds the state"
+    );
+    let status = args.state.join("status.json");
+    poll(
+        "state 50 visible",
+        WAIT,
+        || {
+            let v: Value = serde_json::from_slice(&std::fs::read(&status).ok()?).ok()?;
+            (visible(&v) == 50).then_some(())
+        },
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    );
+    // fstab's allow_other reached the mount.
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(args.mnt.to_str().unwrap()))
+        .expect("the mount in mountinfo");
+    assert!(line.contains("allow_other"), "{line}");
+    let out = Command::new("umount")
+        .arg(&args.mnt)
+        .output()
+        .expect("run umount");
+    assert!(
+        out.status.success(),
+        "umount failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    poll(
+        "the daemon to stop after umount",
+        WAIT,
+        || (!stagefs::state_lock::state_in_use(&args.state)).then_some(()),
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    );
+    // The detached daemon's log went to log=FILE (JSON, from the config).
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.is_empty(), "nothing in the log file");
+    for line in text.lines() {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    }
+}
+
+/// A bad fstab option fails `mount` with the option named, and nothing is
+/// mounted.
+#[test]
+fn an_fstab_option_stagefs_does_not_know_fails_the_mount_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = seeded(dir.path());
+    let out = stagefs()
+        .arg("stagefs")
+        .arg(&args.mnt)
+        .args(["-o", "rw,colour=red"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`colour=red`"), "{err}");
+    assert!(!mounted(&args.mnt));
+    // A daemon that cannot start: mount's exit status and its error.
+    let out = stagefs()
+        .arg("stagefs")
+        .arg(&args.mnt)
+        .args(["-o", "state=/proc/stagefs-no-state"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("before mounting"), "{err}");
+    assert!(!mounted(&args.mnt));
+}

@@ -144,17 +144,35 @@ fn client(uri: &HdfsUri) -> Result<Client, String> {
 /// Runs one request on the HDFS runtime, waiting at most
 /// [`REQUEST_TIMEOUT`].
 fn wait<T>(fut: impl Future<Output = Result<T, HdfsError>>) -> Result<T, RequestError> {
+    wait_at_most(REQUEST_TIMEOUT, fut)
+}
+
+fn wait_at_most<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, HdfsError>>,
+) -> Result<T, RequestError> {
     let rt = runtime().map_err(RequestError::Runtime)?;
-    rt.block_on(async { tokio::time::timeout(REQUEST_TIMEOUT, fut).await })
-        .map_err(|_| RequestError::TimedOut)?
+    rt.block_on(async { tokio::time::timeout(timeout, fut).await })
+        .map_err(|_| RequestError::TimedOut(timeout))?
         .map_err(RequestError::Hdfs)
+}
+
+/// Lists the directory `uri` names, waiting at most `timeout`: the
+/// number of entries in it. How `stagefs check` sees that an HDFS file
+/// system is reachable with the settings and user a daemon would have.
+pub fn list_dir(uri: &str, timeout: Duration) -> Result<usize, String> {
+    let uri = HdfsUri::parse(uri)?;
+    let client = client(&uri)?;
+    wait_at_most(timeout, client.list_status(&uri.path, false))
+        .map(|entries| entries.len())
+        .map_err(|e| e.into_io(&uri.authority, "listing").to_string())
 }
 
 /// Why one request failed.
 #[derive(Debug)]
 enum RequestError {
     Runtime(String),
-    TimedOut,
+    TimedOut(Duration),
     Hdfs(HdfsError),
 }
 
@@ -163,9 +181,9 @@ impl RequestError {
     fn into_io(self, authority: &str, what: &str) -> io::Error {
         let (kind, text) = match self {
             RequestError::Runtime(e) => (io::ErrorKind::Other, e),
-            RequestError::TimedOut => (
+            RequestError::TimedOut(after) => (
                 io::ErrorKind::TimedOut,
-                format!("no answer within {} s", REQUEST_TIMEOUT.as_secs()),
+                format!("no answer within {} s", after.as_secs()),
             ),
             RequestError::Hdfs(HdfsError::IOError(e)) => (e.kind(), e.to_string()),
             RequestError::Hdfs(e) => (io::ErrorKind::Other, e.to_string()),

@@ -51,6 +51,16 @@ pub struct DbServer {
     /// uid/gid the server runs as (PostgreSQL under root).
     run_as: Option<(u32, u32)>,
     bin: PathBuf,
+    /// Certificate and key (copied into the server's directory) when the
+    /// server speaks TLS.
+    tls: Option<(PathBuf, PathBuf)>,
+}
+
+/// A server certificate (PEM, with its chain) and its private key, for
+/// [`DbServer::start_with_tls`].
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// A connection for setting up and writing rows, as the server's admin.
@@ -61,6 +71,16 @@ pub enum Admin {
 
 impl DbServer {
     pub fn start(kind: Kind) -> DbServer {
+        Self::start_inner(kind, None)
+    }
+
+    /// A server that offers TLS with `tls`'s certificate (clients may
+    /// still connect without).
+    pub fn start_with_tls(kind: Kind, tls: ServerTls) -> DbServer {
+        Self::start_inner(kind, Some(tls))
+    }
+
+    fn start_inner(kind: Kind, tls: Option<ServerTls>) -> DbServer {
         let dir = tempfile::Builder::new()
             .prefix("stagefs-db-")
             .tempdir()
@@ -82,6 +102,7 @@ impl DbServer {
                     child: None,
                     run_as,
                     bin,
+                    tls: None,
                 }
             }
             Kind::MariaDb => DbServer {
@@ -91,9 +112,21 @@ impl DbServer {
                 child: None,
                 run_as: None,
                 bin: PathBuf::from(which("mariadbd")),
+                tls: None,
             },
         };
         server.init();
+        if let Some(tls) = tls {
+            // The server's own copies: PostgreSQL wants its key owned by
+            // the user it runs as and closed to others.
+            let (cert, key) = (server.path("server.crt"), server.path("server.key"));
+            fs::copy(&tls.cert, &cert).expect("copy the server certificate");
+            fs::copy(&tls.key, &key).expect("copy the server key");
+            fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).expect("chmod key");
+            server.chown(&cert);
+            server.chown(&key);
+            server.tls = Some((cert, key));
+        }
         // A port chosen free can be taken before the server binds it: try a few.
         let mut last = String::new();
         for _ in 0..5 {
@@ -224,6 +257,12 @@ impl DbServer {
                     .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
                     .args(["-c", "full_page_writes=off", "-c", "shared_buffers=16MB"])
                     .args(["-c", "max_connections=40", "-c", "logging_collector=off"]);
+                if let Some((cert, key)) = &self.tls {
+                    cmd.args(["-c", "ssl=on", "-c"])
+                        .arg(format!("ssl_cert_file={}", cert.display()))
+                        .arg("-c")
+                        .arg(format!("ssl_key_file={}", key.display()));
+                }
                 cmd
             }
             Kind::MariaDb => {
@@ -240,6 +279,10 @@ impl DbServer {
                         "--innodb-flush-log-at-trx-commit=0",
                         "--lower-case-table-names=0",
                     ]);
+                if let Some((cert, key)) = &self.tls {
+                    cmd.arg(format!("--ssl-cert={}", cert.display()))
+                        .arg(format!("--ssl-key={}", key.display()));
+                }
                 if unsafe { libc::geteuid() } == 0 {
                     cmd.arg("--user=root");
                 }

@@ -43,6 +43,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::model::{NotificationRow, RowSource, RowSourceError, TxnWriteRow};
+use super::tls::{self, TlsMode, TlsSettings};
 
 /// The environment variable the metastore password is read from.
 pub const PASSWORD_ENV: &str = "STAGEFS_METASTORE_PASSWORD";
@@ -99,6 +100,11 @@ impl Endpoint {
     /// `scheme://user@host:port/db`, for errors and status.
     pub(crate) fn describe(&self) -> String {
         self.target.describe()
+    }
+
+    /// The URL's TLS settings (`sslmode=verify-full, sslrootcert=…`).
+    pub(crate) fn tls(&self) -> &TlsSettings {
+        &self.target.tls
     }
 
     /// Prefixes the source and removes the password from driver texts.
@@ -308,11 +314,14 @@ struct Target {
     host: String,
     port: u16,
     database: String,
+    tls: TlsSettings,
 }
 
 impl Target {
     /// `postgresql://user@host:port/db`, `postgres://…`, `mysql://…`, with an
-    /// optional `?password_file=PATH`. Port defaults to 5432 / 3306.
+    /// optional `?password_file=PATH` and the TLS parameters of
+    /// [`TlsSettings`] (`sslmode`, `sslrootcert`; `ssl-mode`, `ssl-ca`).
+    /// Port defaults to 5432 / 3306.
     fn parse(url: &str) -> Result<(Target, Option<PathBuf>), RowSourceError> {
         let bad = |why: &str| {
             RowSourceError::Fatal(format!(
@@ -353,22 +362,38 @@ impl Target {
             Some(port) => port.parse::<u16>().map_err(|_| bad("bad port"))?,
             None => default_port,
         };
+        let mysql = dialect == Dialect::Mysql;
+        // The TLS parameters as each database's own client spells them.
+        let (mode_keys, root_keys): (&[&str], &[&str]) = if mysql {
+            (&["ssl-mode", "ssl_mode"], &["ssl-ca", "ssl_ca"])
+        } else {
+            (&["sslmode"], &["sslrootcert"])
+        };
         let mut password_file = None;
+        let mut tls_mode = None;
+        let mut tls_root = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("password_file", value)) if !value.is_empty() => {
-                    let value = percent_decode(value)
-                        .ok_or_else(|| bad("bad %-escape in password_file"))?;
-                    password_file = Some(PathBuf::from(value));
-                }
-                _ => {
-                    let key = pair.split_once('=').map_or(pair, |(k, _)| k);
-                    return Err(bad(&format!(
-                        "unknown parameter {key:?}; only password_file is understood"
-                    )));
-                }
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let decoded = || {
+                percent_decode(value)
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| bad(&format!("{key} has no value or a bad %-escape")))
+            };
+            if key == "password_file" {
+                password_file = Some(PathBuf::from(decoded()?));
+            } else if mode_keys.contains(&key) {
+                tls_mode = Some(decoded()?);
+            } else if root_keys.contains(&key) {
+                tls_root = Some(decoded()?);
+            } else {
+                return Err(bad(&format!(
+                    "unknown parameter {key:?}; understood: password_file, {}, {}",
+                    mode_keys[0], root_keys[0]
+                )));
             }
         }
+        let tls = TlsSettings::from_params(mysql, tls_mode.as_deref(), tls_root.as_deref())
+            .map_err(|why| bad(&why))?;
         Ok((
             Target {
                 dialect,
@@ -376,6 +401,7 @@ impl Target {
                 host,
                 port,
                 database,
+                tls,
             },
             password_file,
         ))
@@ -761,6 +787,27 @@ impl Session {
             Session::Mysql(conn) => my::query_text(conn, sql),
         }
     }
+
+    /// The TLS version of this connection as the server sees it
+    /// (`TLSv1.3`), None when it is not encrypted.
+    pub(crate) fn tls_version(&mut self) -> Result<Option<String>, RowSourceError> {
+        let sql = match self {
+            Session::Postgres(_) => {
+                "SELECT CASE WHEN ssl THEN version END FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+            }
+            Session::Mysql(_) => "SHOW SESSION STATUS LIKE 'Ssl_version'",
+        };
+        let column = match self {
+            Session::Postgres(_) => 0,
+            Session::Mysql(_) => 1,
+        };
+        let rows = self.query(sql)?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .and_then(|mut row| row.get_mut(column).and_then(Option::take))
+            .filter(|v| !v.is_empty()))
+    }
 }
 
 /// The tables of a database as they are spelled there.
@@ -788,9 +835,11 @@ mod pg {
 
     use std::future::Future;
 
+    use tokio_postgres::config::SslMode;
     use tokio_postgres::error::SqlState;
     use tokio_postgres::types::Type;
     use tokio_postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
+    use tokio_postgres_rustls::MakeRustlsConnect;
 
     use super::*;
 
@@ -839,14 +888,65 @@ mod pg {
                 config.password(password);
             }
             let deadline = timeouts.connect + timeouts.statement;
-            let (client, connection) = block_on(&runtime, deadline, "connecting", async {
-                config.connect(NoTls).await
-            })?;
-            let connection_task = runtime.spawn(async move {
-                // An error here (the server went away) shows on the next
-                // query as a closed connection.
-                let _ = connection.await;
+            let settings = &target.tls;
+            let tls_config = settings.client_config().map_err(RowSourceError::Fatal)?;
+            config.ssl_mode(match settings.mode {
+                TlsMode::Disable => SslMode::Disable,
+                TlsMode::Prefer => SslMode::Prefer,
+                TlsMode::Require | TlsMode::VerifyCa | TlsMode::VerifyFull => SslMode::Require,
             });
+            // A TLS refusal is named as such and is fatal (see super::tls).
+            let tls_refusal = |e: tokio_postgres::Error| {
+                if let Some(text) = tls::refusal(settings, &target.host, &e) {
+                    return RowSourceError::Fatal(format!("connecting: {text}"));
+                }
+                if chain(&e).contains("server does not support TLS") {
+                    return RowSourceError::Fatal(format!(
+                        "connecting: {}",
+                        tls::not_offered(settings)
+                    ));
+                }
+                classify("connecting", &e)
+            };
+            let connected = runtime.block_on(async {
+                tokio::time::timeout(deadline, async {
+                    match tls_config {
+                        None => config.connect(NoTls).await.map(|(client, connection)| {
+                            (
+                                client,
+                                tokio::spawn(async move {
+                                    // An error here (the server went away)
+                                    // shows on the next query as a closed
+                                    // connection.
+                                    let _ = connection.await;
+                                }),
+                            )
+                        }),
+                        Some(tls_config) => config
+                            .connect(MakeRustlsConnect::new(tls_config))
+                            .await
+                            .map(|(client, connection)| {
+                                (
+                                    client,
+                                    tokio::spawn(async move {
+                                        let _ = connection.await;
+                                    }),
+                                )
+                            }),
+                    }
+                })
+                .await
+            });
+            let (client, connection_task) = match connected {
+                Ok(Ok(connected)) => connected,
+                Ok(Err(e)) => return Err(tls_refusal(e)),
+                Err(_) => {
+                    return Err(RowSourceError::Unavailable(format!(
+                        "connecting: no answer within {} ms",
+                        deadline.as_millis()
+                    )))
+                }
+            };
             Ok(PgSession {
                 runtime,
                 client,
@@ -1194,11 +1294,13 @@ mod pg {
 }
 
 mod my {
-    //! MySQL and MariaDB through the `mysql` crate (no TLS): socket
-    //! connect, read and write timeouts bound every call.
+    //! MySQL and MariaDB through the `mysql` crate (TLS through its
+    //! rustls support): socket connect, read and write timeouts bound
+    //! every call.
 
     use ::mysql::prelude::Queryable;
-    use ::mysql::{Conn, OptsBuilder, Value};
+    use ::mysql::{Conn, DriverError, OptsBuilder, SslOpts, Value};
+    use ::mysql_common::proto::codec::error::PacketCodecError;
 
     use super::*;
 
@@ -1210,8 +1312,65 @@ mod my {
         txn_sql: Option<String>,
     }
 
-    /// Connects as the URL says (TCP, even to localhost).
+    /// Connects as the URL says (TCP, even to localhost), with TLS as its
+    /// `ssl-mode` says: PREFERRED tries TLS and, on a server that offers
+    /// none, connects again without.
     pub(super) fn open(endpoint: &Endpoint, timeouts: Timeouts) -> Result<Conn, RowSourceError> {
+        let settings = &endpoint.target.tls;
+        let ssl = ssl_opts(settings)?;
+        let with_tls = ssl.is_some();
+        match connect(endpoint, timeouts, ssl) {
+            Err(::mysql::Error::DriverError(DriverError::TlsNotSupported))
+                if settings.mode == TlsMode::Prefer =>
+            {
+                connect(endpoint, timeouts, None).map_err(|e| classify("connecting", &e))
+            }
+            Err(::mysql::Error::DriverError(DriverError::TlsNotSupported)) => Err(
+                RowSourceError::Fatal(format!("connecting: {}", tls::not_offered(settings))),
+            ),
+            Err(e) if with_tls => {
+                // The crate's errors give no source(): its I/O error is
+                // where rustls's refusal is.
+                let io = match &e {
+                    ::mysql::Error::IoError(io)
+                    | ::mysql::Error::CodecError(PacketCodecError::Io(io)) => Some(io),
+                    _ => None,
+                };
+                let host = &endpoint.target.host;
+                Err(match io.and_then(|io| tls::refusal(settings, host, io)) {
+                    Some(text) => RowSourceError::Fatal(format!("connecting: {text}")),
+                    None => classify("connecting", &e),
+                })
+            }
+            other => other.map_err(|e| classify("connecting", &e)),
+        }
+    }
+
+    /// The `mysql` crate's TLS options for `settings` (None: no TLS). The
+    /// crate builds its rustls configuration itself: it trusts the CA file
+    /// given and the public CAs it ships (webpki-roots), so VERIFY_CA with a
+    /// private CA also accepts a certificate a public CA issued;
+    /// VERIFY_IDENTITY checks the name as well.
+    fn ssl_opts(settings: &TlsSettings) -> Result<Option<SslOpts>, RowSourceError> {
+        // The crate's rustls configuration takes the process's crypto
+        // provider: ring, the one this build has (an error only says one is
+        // installed already).
+        let _ = tls::crypto_provider().install_default();
+        let root = settings.root_cert_file().map_err(RowSourceError::Fatal)?;
+        let opts = SslOpts::default().with_root_cert_path(root);
+        Ok(match settings.mode {
+            TlsMode::Disable => None,
+            TlsMode::Prefer | TlsMode::Require => Some(opts.with_danger_accept_invalid_certs(true)),
+            TlsMode::VerifyCa => Some(opts.with_danger_skip_domain_validation(true)),
+            TlsMode::VerifyFull => Some(opts),
+        })
+    }
+
+    fn connect(
+        endpoint: &Endpoint,
+        timeouts: Timeouts,
+        ssl: Option<SslOpts>,
+    ) -> Result<Conn, ::mysql::Error> {
         let target = &endpoint.target;
         let opts = OptsBuilder::new()
             .ip_or_hostname(Some(target.host.clone()))
@@ -1224,8 +1383,9 @@ mod my {
             .tcp_connect_timeout(Some(timeouts.connect))
             .read_timeout(Some(timeouts.statement))
             .write_timeout(Some(timeouts.statement))
-            .init(vec!["SET NAMES utf8mb4"]);
-        Conn::new(opts).map_err(|e| classify("connecting", &e))
+            .init(vec!["SET NAMES utf8mb4"])
+            .ssl_opts(ssl);
+        Conn::new(opts)
     }
 
     pub(super) fn execute(conn: &mut Conn, sql: &str) -> Result<(), RowSourceError> {

@@ -25,6 +25,7 @@ pub mod metastore;
 pub mod model;
 pub mod rows_ahead;
 pub mod thrift;
+pub mod tls;
 pub mod uri;
 
 pub use adapter::{HiveConfig, HiveRows, HiveSource};
