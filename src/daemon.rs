@@ -23,6 +23,8 @@ use crate::redact::Redactor;
 use crate::replicate::{Replica, ReplicaConfig, ReplicaError};
 use crate::source::hive::map::SourceMap;
 use crate::source::hive::{HiveConfig, HiveRows};
+use crate::source_file::s3::{S3Access, S3Settings};
+use crate::source_file::Remotes;
 use crate::state_lock::state_in_use;
 use crate::status::StatusReport;
 use crate::view::{StatusSource, View, ViewConfig};
@@ -114,6 +116,8 @@ pub struct ReplicateArgs {
     pub retain: usize,
     /// `--fetch-timeout`: see [`ReplicaConfig::fetch_timeout`].
     pub fetch_timeout: Duration,
+    /// `--s3-endpoint`: the S3 endpoint (else the AWS environment's).
+    pub s3_endpoint: Option<String>,
     pub hive: HiveArgs,
     /// `--checkpoint-events`: a checkpoint every N state-ids (0: by time only).
     pub checkpoint_events: u64,
@@ -143,6 +147,7 @@ impl ReplicateArgs {
             cm_root: None,
             retain: 16,
             fetch_timeout: crate::replicate::DEFAULT_FETCH_TIMEOUT,
+            s3_endpoint: None,
             hive: HiveArgs::default(),
             checkpoint_events: crate::checkpoint::DEFAULT_CHECKPOINT_EVENTS,
             checkpoint_seconds: crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
@@ -239,6 +244,7 @@ impl ReplicateArgs {
         cfg.cm_root = self.cm_root.clone();
         cfg.retain = self.retain.max(1);
         cfg.fetch_timeout = self.fetch_timeout;
+        cfg.remotes = self.remotes()?;
         cfg.rebootstrap = self.hive.bootstrap && hive.is_some();
         cfg.hive = hive;
         cfg.checkpoint_events = self.checkpoint_events;
@@ -247,6 +253,32 @@ impl ReplicateArgs {
         // Ctrl-C or SIGTERM during recovery ends the start, changing nothing.
         cfg.cancel = Some(stop_requested);
         Ok(cfg)
+    }
+
+    /// How S3 is reached: the AWS environment and profile, `--s3-endpoint`
+    /// over them, each request bounded by `--fetch-timeout`. Logged
+    /// without a secret: the server, the region and where the
+    /// credentials come from.
+    fn remotes(&self) -> Result<Remotes, DaemonError> {
+        if let Some(endpoint) = &self.s3_endpoint {
+            let scheme_ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+            if !scheme_ok || endpoint.contains('@') {
+                return Err(DaemonError::Usage(
+                    "--s3-endpoint must be an http:// or https:// URL without user info".into(),
+                ));
+            }
+        }
+        let settings =
+            S3Settings::from_environment(self.s3_endpoint.as_deref(), self.fetch_timeout);
+        if self.hive.rows.is_some() {
+            tracing::info!(
+                server = %settings.server(),
+                region = %settings.region,
+                credentials = %settings.source,
+                "S3 files (s3a://, s3://) are read from this server"
+            );
+        }
+        Ok(Remotes::with_s3(Arc::new(S3Access::new(settings))))
     }
 
     /// The Hive source's configuration, checked; None for native events.
