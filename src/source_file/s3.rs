@@ -450,16 +450,32 @@ impl RequestError {
                 "changed while reading: the ETag read first no longer matches (412)".to_owned(),
             ),
             RequestError::Store(e @ object_store::Error::NotFound { .. }) => {
-                (io::ErrorKind::NotFound, e.to_string())
+                (io::ErrorKind::NotFound, with_causes(&e))
             }
             RequestError::Store(e @ object_store::Error::PermissionDenied { .. })
             | RequestError::Store(e @ object_store::Error::Unauthenticated { .. }) => {
-                (io::ErrorKind::PermissionDenied, e.to_string())
+                (io::ErrorKind::PermissionDenied, with_causes(&e))
             }
-            RequestError::Store(e) => (io::ErrorKind::Other, e.to_string()),
+            RequestError::Store(e) => (io::ErrorKind::Other, with_causes(&e)),
         };
         io::Error::new(kind, format!("S3 {server}: {what}: {text}"))
     }
+}
+
+/// An error and the causes below it (`error sending request: … :
+/// Connection refused`), each once, on one line.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Runs `fut` on the S3 runtime, waiting at most `timeout`.
