@@ -29,8 +29,12 @@ use stagefs::source::hive::{HdfsChecks, HiveConfig, HiveRows};
 use stagefs::source_file::s3::{Credentials, S3Access, S3Settings, Secret, PART_BYTES};
 use stagefs::source_file::{Location, Remotes};
 use stagefs::stage::{BlobStore, FetchOutcome};
+use stagefs::testkit::checker::{
+    check_stagefs_table, mount_status, run_readers, visible, CheckConfig, DaemonProcess, Oracle,
+    Target,
+};
 use stagefs::workload::hive_export::{HiveWriter, LogConverter, CM_URI, WAREHOUSE_URI};
-use stagefs::workload::write_seed_example;
+use stagefs::workload::{write_seed_example, Workload, WorkloadConfig};
 
 const BUCKET: &str = "warehouse";
 
@@ -158,27 +162,33 @@ fn fetch(store: &BlobStore, f: &FileRef) -> Result<(FetchOutcome, BlobId, u64), 
         .map_err(|e| e.to_string())
 }
 
-/// The seed example as Hive rows (`json-0.2`, URIs as plain text) with
-/// the warehouse and change-management root in `bucket` and S3A's ETag
-/// checksums in the URIs (quoted and unquoted in turn), uploaded there:
-/// the warehouse as it ends, and each cm copy under the name its new
-/// checksum gives it. Returns the rows file.
-fn seed_rows_in_bucket(s3: &S3Server, src: &Path, bucket: &str) -> PathBuf {
-    write_seed_example(src).unwrap();
-    let rows = src.join("hive/rows.jsonl");
-    let writer = HiveWriter::for_workload(src, &rows, false).unwrap();
-    LogConverter::new(&src.join("events"), writer)
-        .pump()
-        .unwrap();
-    let mut text = std::fs::read_to_string(&rows).unwrap();
-    // Every `<warehouse>/<path>#<hdfs checksum>#`: the cm copy holds the
-    // bytes the event names, so its MD5 is the ETag of their single PUT.
-    let mut renamed = BTreeMap::new();
+/// Hive rows (`json-0.2`, URIs as plain text) as they would be with the
+/// warehouse and change-management root in `bucket` and S3A's ETag
+/// checksums in the URIs (quoted and unquoted in turn). What each row
+/// names is put in the bucket first: the bytes its event names (the cm
+/// copy the writer made, under `root/hive-cm`) at the file's key, and the
+/// same bytes under the cm name the new checksum gives. `renamed` maps the
+/// HDFS checksums seen so far to their S3 ones. Without `put_files`, only
+/// the cm copies are put (the caller puts the warehouse itself).
+fn rows_to_s3(
+    s3: &S3Server,
+    root: &Path,
+    bucket: &str,
+    rows: &str,
+    renamed: &mut BTreeMap<String, String>,
+    put_files: bool,
+) -> String {
     let prefix = format!("{WAREHOUSE_URI}/");
-    let mut rest = text.as_str();
+    let mut rest = rows;
     while let Some(at) = rest.find(&prefix) {
         rest = &rest[at + prefix.len()..];
-        let Some(hash_at) = rest.find('#') else { break };
+        // A file URI (`path#checksum#cmroot#subdir`), not a location.
+        let Some(hash_at) = rest.find(['#', '"', '\\', ' ']) else {
+            break;
+        };
+        if rest.as_bytes()[hash_at] != b'#' {
+            continue;
+        }
         let path = &rest[..hash_at];
         let after = &rest[hash_at + 1..];
         let checksum = &after[..after.find('#').unwrap()];
@@ -186,28 +196,52 @@ fn seed_rows_in_bucket(s3: &S3Server, src: &Path, bucket: &str) -> PathBuf {
             continue;
         }
         let base = path.rsplit('/').next().unwrap();
-        let cm_copy = src.join("hive-cm").join(cm_file_name(base, checksum));
+        let cm_copy = root.join("hive-cm").join(cm_file_name(base, checksum));
         let data = std::fs::read(&cm_copy).unwrap();
-        let s3_sum = etag_checksum(&hex(&Md5::digest(&data)), renamed.len() % 2 == 0);
-        let put = put(
-            s3,
-            bucket,
-            &format!("cmroot/{}", cm_file_name(base, &s3_sum)),
-            &data,
+        let quoted = renamed.len() % 2 == 0;
+        let s3_sum = etag_checksum(&hex(&Md5::digest(&data)), quoted);
+        let cm_key = format!("cmroot/{}", cm_file_name(base, &s3_sum));
+        assert_eq!(
+            etag_checksum(&put(s3, bucket, &cm_key, &data).etag, quoted),
+            s3_sum
         );
-        assert_eq!(etag_checksum(&put.etag, renamed.len() % 2 == 0), s3_sum);
+        if put_files {
+            put(s3, bucket, &format!("warehouse/{path}"), &data);
+        }
         renamed.insert(checksum.to_owned(), s3_sum);
     }
-    assert!(renamed.len() >= 3, "too few files with checksums");
-    for (hdfs_sum, s3_sum) in &renamed {
+    let mut text = rows.to_owned();
+    for (hdfs_sum, s3_sum) in renamed.iter() {
         text = text.replace(&format!("#{hdfs_sum}#"), &format!("#{s3_sum}#"));
     }
     text = text
         .replace(CM_URI, &format!("s3a://{bucket}/cmroot"))
         .replace(WAREHOUSE_URI, &format!("s3a://{bucket}/warehouse"));
     assert!(!text.contains("hdfs://"), "an HDFS URI is left");
+    text
+}
+
+/// The seed example as Hive rows in `bucket` ([`rows_to_s3`]), with the
+/// warehouse as the log leaves it (files overwritten or dropped since
+/// their event are only in change management). Returns the rows file.
+fn seed_rows_in_bucket(s3: &S3Server, src: &Path, bucket: &str) -> PathBuf {
+    write_seed_example(src).unwrap();
+    let rows = src.join("hive/rows.jsonl");
+    let writer = HiveWriter::for_workload(src, &rows, false).unwrap();
+    LogConverter::new(&src.join("events"), writer)
+        .pump()
+        .unwrap();
+    let mut renamed = BTreeMap::new();
+    let text = rows_to_s3(
+        s3,
+        src,
+        bucket,
+        &std::fs::read_to_string(&rows).unwrap(),
+        &mut renamed,
+        false,
+    );
+    assert!(renamed.len() >= 3, "too few files with checksums");
     std::fs::write(&rows, text).unwrap();
-    // The warehouse as the log leaves it.
     let mut stack = vec![(src.join("source"), "warehouse".to_owned())];
     while let Some((dir, key)) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
@@ -636,4 +670,177 @@ fn a_missing_object_and_a_bad_uri_are_refused_with_the_reason() {
         "{err}"
     );
     assert!(Location::remote("s3a://warehouse/a/../b").unwrap().is_err());
+}
+
+/// The rubberbanding source for the checker: workload steps converted to
+/// Hive rows, their files put in the bucket, then the rows appended to
+/// what the daemon reads, then the state recorded in the oracle.
+struct S3Feed {
+    s3: Arc<S3Server>,
+    root: PathBuf,
+    workload: Workload,
+    converter: LogConverter,
+    /// How much of the converter's rows was fed.
+    fed: usize,
+    renamed: BTreeMap<String, String>,
+    rows: std::fs::File,
+}
+
+impl S3Feed {
+    fn new(s3: Arc<S3Server>, dir: &Path, seed: u64) -> S3Feed {
+        let root = dir.join("src");
+        let workload = Workload::new(&root, WorkloadConfig::for_readers(seed)).unwrap();
+        let writer = HiveWriter::for_workload(&root, &root.join("hive/raw.jsonl"), false).unwrap();
+        let converter = LogConverter::new(&root.join("events"), writer);
+        let rows = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("rows.jsonl"))
+            .unwrap();
+        S3Feed {
+            s3,
+            root,
+            workload,
+            converter,
+            fed: 0,
+            renamed: BTreeMap::new(),
+            rows,
+        }
+    }
+
+    fn step(&mut self, oracle: &Oracle) {
+        use std::io::Write;
+        self.workload.step().unwrap();
+        self.workload.flush().unwrap();
+        self.converter.pump().unwrap();
+        let raw = std::fs::read_to_string(self.root.join("hive/raw.jsonl")).unwrap();
+        let end = raw.rfind('\n').map_or(0, |i| i + 1);
+        if end > self.fed {
+            let text = rows_to_s3(
+                &self.s3,
+                &self.root,
+                BUCKET,
+                &raw[self.fed..end],
+                &mut self.renamed,
+                true,
+            );
+            self.rows.write_all(text.as_bytes()).unwrap();
+            self.fed = end;
+        }
+        oracle.record(&self.workload);
+    }
+}
+
+#[test]
+fn consistency_checker_over_a_mount_reading_s3_finds_no_anomalies() {
+    let s3 = Arc::new(S3Server::start().unwrap());
+    s3.create_bucket(BUCKET, false).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let oracle = Oracle::new();
+    let mut feed = S3Feed::new(Arc::clone(&s3), dir.path(), 41);
+    for _ in 0..40 {
+        feed.step(&oracle);
+    }
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let endpoint = s3.endpoint();
+    let flags: Vec<std::ffi::OsString> = vec![
+        "--state".into(),
+        dir.path().join("state").into(),
+        "--hive-events".into(),
+        dir.path().join("rows.jsonl").into(),
+        "--hive-poll-ms".into(),
+        "20".into(),
+        "--retain".into(),
+        "4".into(),
+        "--s3-endpoint".into(),
+        endpoint.clone().into(),
+    ];
+    let args: Vec<&std::ffi::OsStr> = flags.iter().map(|f| f.as_os_str()).collect();
+    let daemon = DaemonProcess::start_with_env(
+        Path::new(env!("CARGO_BIN_EXE_stagefs")),
+        &mnt,
+        &args,
+        &dir.path().join("daemon.log"),
+        "info",
+        &[
+            ("AWS_ACCESS_KEY_ID", s3.access_key()),
+            ("AWS_SECRET_ACCESS_KEY", s3.secret_key()),
+            ("AWS_REGION", s3.region()),
+        ],
+        Duration::from_secs(20),
+    )
+    .expect("daemon mounts");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, oracle) = (Arc::clone(&stop), Arc::clone(&oracle));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                feed.step(&oracle);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            feed
+        })
+    };
+    let cfg = CheckConfig {
+        readers: 6,
+        target_observations: 4_000,
+        min_duration: Duration::from_secs(4),
+        max_duration: Duration::from_secs(40),
+        seed: 13,
+    };
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let report = run_readers(
+        &Target::Stagefs { mount: mnt.clone() },
+        &oracle,
+        &cfg,
+        &never,
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let feed = writer.join().unwrap();
+    eprintln!("stagefs over S3: {}", report.summary());
+    let why = || {
+        format!(
+            "{}\nstatus: {}\nlog: {}",
+            report.summary(),
+            std::fs::read_to_string(mnt.join(".stagefs/status")).unwrap_or_default(),
+            daemon.log()
+        )
+    };
+    assert_eq!(report.anomalies, 0, "{}", why());
+    assert!(report.distinct_ids >= 5, "{}", why());
+    // Caught up: every table equals the oracle, every file proven by ETag.
+    let latest = feed.workload.latest();
+    let start = Instant::now();
+    while visible(&mnt).unwrap_or_default() < latest {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "did not reach {latest}: {}",
+            why()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut checked = 0;
+    for key in feed.workload.expected(latest).unwrap().keys() {
+        assert!(
+            check_stagefs_table(&oracle, &mnt, key).unwrap().is_some(),
+            "{key}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 0);
+    let status = mount_status(&mnt).unwrap();
+    assert_eq!(status.unverified_files, 0, "{}", why());
+    let log = daemon.log();
+    assert!(!log.contains(s3.secret_key()), "the secret is in the log");
+    assert!(
+        log.contains("S3 files"),
+        "no S3 settings line in the log: {log}"
+    );
+    let mut daemon = daemon;
+    assert!(
+        daemon.terminate(Duration::from_secs(10)).unwrap(),
+        "{}",
+        daemon.log()
+    );
 }
