@@ -413,16 +413,18 @@ fn bootstrap_if_asked(args: &ReplicateArgs, cfg: &ReplicaConfig) -> Result<(), D
             "--bootstrap needs --hive-metastore URL".into(),
         ));
     };
-    run_bootstrap(&args.state, hive).map(|_| ())
+    run_bootstrap(&args.state, hive, &cfg.remotes).map(|_| ())
 }
 
 /// Runs a bootstrap into `state`, writing `status.json` every second.
 fn run_bootstrap(
     state: &Path,
     hive: &HiveConfig,
+    remotes: &Remotes,
 ) -> Result<crate::bootstrap::Outcome, DaemonError> {
     use crate::bootstrap::{self, BootstrapConfig, BootstrapError, BootstrapProgress};
-    let cfg = BootstrapConfig::new(state, hive.clone());
+    let mut cfg = BootstrapConfig::new(state, hive.clone());
+    cfg.remotes = remotes.clone();
     let progress = BootstrapProgress::default();
     let finished = AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
@@ -477,7 +479,7 @@ pub fn bootstrap(args: ReplicateArgs) -> Result<(), DaemonError> {
             "bootstrap needs --hive-metastore URL and --source-map".into(),
         ));
     };
-    match run_bootstrap(&args.state, &hive)? {
+    match run_bootstrap(&args.state, &hive, &cfg.remotes)? {
         crate::bootstrap::Outcome::Bootstrapped(id) => {
             info!(state_id = %id, "bootstrapped; `stagefs mount` or `replicate` on the same --state continues from here")
         }

@@ -844,3 +844,101 @@ fn consistency_checker_over_a_mount_reading_s3_finds_no_anomalies() {
         daemon.log()
     );
 }
+
+#[test]
+fn bootstrap_lists_an_s3_location_past_one_page_by_hives_rules_and_stages_it_once() {
+    use stagefs::bootstrap::listing::{list_remote, FileStager, Staged};
+    use stagefs::bootstrap::progress::BootstrapProgress;
+    let s3 = S3Server::start().unwrap();
+    s3.create_bucket(BUCKET, false).unwrap();
+    let location = format!("s3a://{BUCKET}/wh/sales.db/t/ds=1");
+    // More keys than one page of ListObjectsV2 (1,000), in parallel.
+    let keys: Vec<String> = (0..1_100).map(|i| format!("{i:06}_0")).collect();
+    std::thread::scope(|scope| {
+        for part in keys.chunks(275) {
+            let s3 = &s3;
+            scope.spawn(move || {
+                for k in part {
+                    put(s3, BUCKET, &format!("wh/sales.db/t/ds=1/{k}"), k.as_bytes());
+                }
+            });
+        }
+    });
+    // What Hive's readers skip, a subdirectory they read, a directory
+    // marker, and a neighbour location sharing the prefix.
+    for (key, data) in [
+        ("wh/sales.db/t/ds=1/_SUCCESS", &b""[..]),
+        ("wh/sales.db/t/ds=1/.000000_0.crc", b"crc"),
+        ("wh/sales.db/t/ds=1/.hive-staging_1/000000_0", b"staging"),
+        ("wh/sales.db/t/ds=1/HIVE_UNION_SUBDIR_1/000000_0", b"union"),
+        ("wh/sales.db/t/ds=1/HIVE_UNION_SUBDIR_1/_tmp/x", b"tmp"),
+        ("wh/sales.db/t/ds=1/empty-dir/", b""),
+        ("wh/sales.db/t/ds=10/000000_0", b"other partition"),
+    ] {
+        put(&s3, BUCKET, key, data);
+    }
+    // Settled: written more than a second before the listing.
+    std::thread::sleep(Duration::from_millis(1200));
+    let remotes = Remotes::with_s3(access(&s3));
+    let loc = Location::remote(&location).unwrap().unwrap();
+    let files = list_remote(&loc, &location, &remotes).unwrap();
+    let rels: Vec<&str> = files.iter().map(|f| f.rel.as_str()).collect();
+    assert_eq!(files.len(), 1_101, "{:?}", &rels[1_095..]);
+    assert_eq!(rels[0], "000000_0");
+    assert!(rels.contains(&"HIVE_UNION_SUBDIR_1/000000_0"));
+    assert!(files.iter().all(|f| f.source_dir.is_none()));
+    assert_eq!(files[5].path, PathBuf::from(format!("{location}/000005_0")));
+    // A location with nothing below it: empty.
+    let none = format!("s3a://{BUCKET}/wh/sales.db/t/ds=2");
+    let empty = Location::remote(&none).unwrap().unwrap();
+    assert!(list_remote(&empty, &none, &remotes).unwrap().is_empty());
+
+    // Staged from S3, once: a second stager on the same state copies nothing.
+    let state = tempfile::tempdir().unwrap();
+    let blobs = Arc::new(store(state.path(), access(&s3)));
+    let progress = BootstrapProgress::default();
+    let stager = FileStager::open(&state.path().join("bootstrap"), Arc::clone(&blobs), 4).unwrap();
+    let staged = stager.stage(&files[..200], &progress);
+    for (f, s) in files.iter().zip(&staged) {
+        let want = if f.rel.starts_with("HIVE") {
+            b"union".to_vec()
+        } else {
+            f.rel.as_bytes().to_vec()
+        };
+        assert_eq!(
+            *s,
+            Staged::Stored {
+                blob: sha(&want),
+                size: want.len() as u64
+            },
+            "{}",
+            f.rel
+        );
+    }
+    assert_eq!(progress.report().files_copied, 200);
+    drop(stager);
+    let again = FileStager::open(&state.path().join("bootstrap"), blobs, 4).unwrap();
+    let progress = BootstrapProgress::default();
+    let relisted = list_remote(&loc, &location, &remotes).unwrap();
+    assert_eq!(again.stage(&relisted[..200], &progress), staged);
+    assert_eq!(progress.report().files_copied, 0);
+
+    // A file rewritten after it was listed is not staged as listed.
+    put(
+        &s3,
+        BUCKET,
+        "wh/sales.db/t/ds=1/000201_0",
+        b"rewritten after the listing",
+    );
+    let changed = FileStager::open(
+        &state.path().join("bootstrap2"),
+        Arc::new(store(state.path(), access(&s3))),
+        1,
+    )
+    .unwrap()
+    .stage(&files[201..202], &BootstrapProgress::default());
+    assert!(
+        matches!(&changed[0], Staged::Changed(why) if why.contains("changed")),
+        "{changed:?}"
+    );
+}

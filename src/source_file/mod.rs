@@ -175,8 +175,8 @@ pub enum Stamp {
     /// A file on HDFS: its block size (a rewrite may change it; length and
     /// modification time are in the [`Identity`]).
     Hdfs { block_size: u64 },
-    /// An object on S3: a digest of its ETag and version id (size and
-    /// last-modified time are in the [`Identity`]).
+    /// An object on S3: a digest of its ETag (size and last-modified time
+    /// are in the [`Identity`]; a read pins the version id itself).
     S3 { tag: [u8; 16] },
 }
 

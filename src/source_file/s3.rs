@@ -599,26 +599,68 @@ impl fmt::Debug for S3File {
     }
 }
 
-/// The identity of an object version.
+/// The identity of an object as a GET or a listing gives it: its size,
+/// its last-modified time in whole seconds (a GET's `Last-Modified`
+/// header has no more; a listing has milliseconds) and a digest of its
+/// ETag. The version id is not part of it (a listing has none); a read
+/// pins it separately.
 fn identity_of(meta: &ObjectMeta) -> Identity {
-    let mut h = Sha256::new();
-    h.update(
-        meta.e_tag
-            .as_deref()
-            .map(bare_etag)
-            .unwrap_or("")
-            .as_bytes(),
-    );
-    h.update([0]);
-    h.update(meta.version.as_deref().unwrap_or("").as_bytes());
-    let digest = h.finalize();
+    let etag = meta.e_tag.as_deref().map(bare_etag).unwrap_or("");
+    let digest = Sha256::digest(etag.as_bytes());
     let mut tag = [0u8; 16];
     tag.copy_from_slice(&digest[..16]);
     Identity {
         size: meta.size,
-        mtime_ns: meta.last_modified.timestamp_nanos_opt().unwrap_or(i64::MAX),
+        mtime_ns: meta.last_modified.timestamp().saturating_mul(1_000_000_000),
         stamp: Stamp::S3 { tag },
     }
+}
+
+/// Every object below the "directory" `uri` (`s3a://bucket/prefix`, a
+/// trailing `/` or none), as its key below the prefix and its identity,
+/// sorted by key. Listed one level at a time (ListObjectsV2 with `/` as
+/// delimiter, following its pages of 1,000 keys to the end), so a
+/// directory marker (a key ending in `/`, which S3A writes) is a directory
+/// and never a file; a level whose name starts with `_` or `.` is not
+/// descended into (Hive's readers skip it). No object is an empty list.
+pub fn list(access: &S3Access, uri: &str) -> Result<Vec<(String, Identity)>, String> {
+    let parsed = S3Uri::parse(uri.trim_end_matches('/'))?;
+    let server = access.settings().server();
+    let store = access.client(&parsed.bucket)?;
+    let top = ObjectPath::parse(&parsed.key).map_err(|e| format!("`{uri}`: {e}"))?;
+    let timeout = access.settings().request_timeout;
+    let mut out = Vec::new();
+    let mut dirs = vec![top];
+    while let Some(dir) = dirs.pop() {
+        let level = wait(timeout, async {
+            store
+                .list_with_delimiter(Some(&dir))
+                .await
+                .map_err(RequestError::Store)
+        })
+        .map_err(|e| e.into_io(&server, &format!("listing {uri}")).to_string())?;
+        for sub in level.common_prefixes {
+            let hidden = sub
+                .filename()
+                .is_some_and(|n| n.starts_with('_') || n.starts_with('.'));
+            if !hidden && sub != dir {
+                dirs.push(sub);
+            }
+        }
+        for meta in level.objects {
+            // The directory's own marker (`dir/`, read as `dir`).
+            if meta.location == dir {
+                continue;
+            }
+            let key: &str = meta.location.as_ref();
+            let below = format!("{}/", parsed.key);
+            if let Some(rel) = key.strip_prefix(&below).filter(|r| !r.is_empty()) {
+                out.push((rel.to_owned(), identity_of(&meta)));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }
 
 impl S3File {
