@@ -942,3 +942,28 @@ fn bootstrap_lists_an_s3_location_past_one_page_by_hives_rules_and_stages_it_onc
         "{changed:?}"
     );
 }
+
+#[test]
+fn a_bad_s3_endpoint_is_a_usage_error_that_names_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    std::fs::write(&rows, "").unwrap();
+    for endpoint in ["ftp://127.0.0.1:9000", "http://KEY:SECRET@127.0.0.1:9000"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_stagefs"))
+            .arg("replicate")
+            .arg("--state")
+            .arg(dir.path().join("state"))
+            .arg("--hive-events")
+            .arg(&rows)
+            .args(["--s3-endpoint", endpoint])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{endpoint}: {err}");
+        assert!(
+            err.contains("--s3-endpoint must be an http:// or https:// URL"),
+            "{err}"
+        );
+        assert!(!err.contains("SECRET"), "{err}");
+    }
+}
