@@ -162,19 +162,27 @@ fn stage_set(
     let prefix = format!("{WAREHOUSE_URI}/");
     for line in text.lines() {
         let mut line = line.to_owned();
-        if let Some(at) = line.find(&prefix) {
-            let rest = &line[at + prefix.len()..];
-            let hash = rest.find('#').ok_or("a file URI without checksum")?;
-            let rel = rest[..hash].to_owned();
-            let after = &rest[hash + 1..];
+        // Each file URI (`path#checksum#cmroot#subdir`; locations have no `#`).
+        let mut sums = Vec::new();
+        let mut rest = line.as_str();
+        while let Some(at) = rest.find(&prefix) {
+            rest = &rest[at + prefix.len()..];
+            let Some(end) = rest.find(['#', '"', '\\']) else {
+                break;
+            };
+            if !rest[end..].starts_with('#') {
+                continue;
+            }
+            let rel = rest[..end].to_owned();
+            let after = &rest[end + 1..];
             let sum = after[..after.find('#').ok_or("no cm root")?].to_owned();
             let etag = etags
                 .get(&rel)
                 .ok_or_else(|| format!("no ETag for {rel}"))?;
-            line = line.replace(
-                &format!("#{sum}#"),
-                &format!("#{}#", hex(format!("\"{etag}\"").as_bytes())),
-            );
+            sums.push((sum, hex(format!("\"{etag}\"").as_bytes())));
+        }
+        for (sum, s3_sum) in sums {
+            line = line.replace(&format!("#{sum}#"), &format!("#{s3_sum}#"));
         }
         moved.push_str(&line.replace(WAREHOUSE_URI, &format!("s3a://{BUCKET}/{label}")));
         moved.push('\n');
@@ -217,6 +225,9 @@ fn stage_set(
                         .args(["--multi-thread-streams", "4", "-q"])
                         .arg(format!("bench:{BUCKET}/{label}"))
                         .arg(&dest)
+                        // rclone's AWS SDK fails on a CA bundle with its own
+                        // transport; the endpoint is plain http anyway.
+                        .env_remove("AWS_CA_BUNDLE")
                         .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
                         .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
                         .env("RCLONE_CONFIG_BENCH_ENDPOINT", s3.endpoint())
