@@ -866,8 +866,15 @@ impl SourceFile for S3File {
             return Ok(0);
         };
         let at = (offset - index * PART_BYTES) as usize;
-        let n = buf.len().min(part.len().saturating_sub(at));
-        buf[..n].copy_from_slice(&part[at..at + n]);
+        // Parts are checked to their exact length when they arrive.
+        let Some(rest) = part.get(at..).filter(|r| !r.is_empty()) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("S3 {}: part {index} ends before byte {offset}", self.server),
+            ));
+        };
+        let n = buf.len().min(rest.len());
+        buf[..n].copy_from_slice(&rest[..n]);
         Ok(n)
     }
 
