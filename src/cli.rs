@@ -50,6 +50,10 @@ pub struct SourceArgs {
     /// Where Hive's file URIs are on this machine: PREFIX=DIR (repeatable).
     #[arg(long = "source-map", value_name = "PREFIX=DIR")]
     pub source_map: Vec<String>,
+    /// The S3 endpoint for s3a:// and s3:// files (an S3-compatible store,
+    /// addressed path-style; may be http://); overrides AWS_ENDPOINT_URL.
+    #[arg(long = "s3-endpoint", value_name = "URL")]
+    pub s3_endpoint: Option<String>,
     /// How often to poll the Hive notification log, in milliseconds.
     #[arg(long = "hive-poll-ms", value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
     pub hive_poll_ms: u64,

@@ -495,6 +495,10 @@ mod tests {
                     assert!(allow_other);
                     assert_eq!(source.source_map.len(), 2);
                     assert_eq!(source.retain, 16);
+                    assert_eq!(
+                        source.s3_endpoint.as_deref(),
+                        Some("http://minio.internal:9000")
+                    );
                 }
                 crate::cli::Command::Bootstrap { source } => {
                     assert_eq!(source.state, Path::new("/var/lib/stagefs"));

@@ -23,6 +23,8 @@ use crate::redact::Redactor;
 use crate::replicate::{Replica, ReplicaConfig, ReplicaError};
 use crate::source::hive::map::SourceMap;
 use crate::source::hive::{HiveConfig, HiveRows};
+use crate::source_file::s3::{S3Access, S3Settings};
+use crate::source_file::Remotes;
 use crate::state_lock::state_in_use;
 use crate::status::StatusReport;
 use crate::view::{StatusSource, View, ViewConfig};
@@ -114,6 +116,8 @@ pub struct ReplicateArgs {
     pub retain: usize,
     /// `--fetch-timeout`: see [`ReplicaConfig::fetch_timeout`].
     pub fetch_timeout: Duration,
+    /// `--s3-endpoint`: the S3 endpoint (else the AWS environment's).
+    pub s3_endpoint: Option<String>,
     pub hive: HiveArgs,
     /// `--checkpoint-events`: a checkpoint every N state-ids (0: by time only).
     pub checkpoint_events: u64,
@@ -143,6 +147,7 @@ impl ReplicateArgs {
             cm_root: None,
             retain: 16,
             fetch_timeout: crate::replicate::DEFAULT_FETCH_TIMEOUT,
+            s3_endpoint: None,
             hive: HiveArgs::default(),
             checkpoint_events: crate::checkpoint::DEFAULT_CHECKPOINT_EVENTS,
             checkpoint_seconds: crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
@@ -239,6 +244,7 @@ impl ReplicateArgs {
         cfg.cm_root = self.cm_root.clone();
         cfg.retain = self.retain.max(1);
         cfg.fetch_timeout = self.fetch_timeout;
+        cfg.remotes = self.remotes()?;
         cfg.rebootstrap = self.hive.bootstrap && hive.is_some();
         cfg.hive = hive;
         cfg.checkpoint_events = self.checkpoint_events;
@@ -247,6 +253,32 @@ impl ReplicateArgs {
         // Ctrl-C or SIGTERM during recovery ends the start, changing nothing.
         cfg.cancel = Some(stop_requested);
         Ok(cfg)
+    }
+
+    /// How S3 is reached: the AWS environment and profile, `--s3-endpoint`
+    /// over them, each request bounded by `--fetch-timeout`. Logged
+    /// without a secret: the server, the region and where the
+    /// credentials come from.
+    fn remotes(&self) -> Result<Remotes, DaemonError> {
+        if let Some(endpoint) = &self.s3_endpoint {
+            let scheme_ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+            if !scheme_ok || endpoint.contains('@') {
+                return Err(DaemonError::Usage(
+                    "--s3-endpoint must be an http:// or https:// URL without user info".into(),
+                ));
+            }
+        }
+        let settings =
+            S3Settings::from_environment(self.s3_endpoint.as_deref(), self.fetch_timeout);
+        if self.hive.rows.is_some() {
+            tracing::info!(
+                server = %settings.server(),
+                region = %settings.region,
+                credentials = %settings.source,
+                "S3 files (s3a://, s3://) are read from this server"
+            );
+        }
+        Ok(Remotes::with_s3(Arc::new(S3Access::new(settings))))
     }
 
     /// The Hive source's configuration, checked; None for native events.
@@ -381,16 +413,18 @@ fn bootstrap_if_asked(args: &ReplicateArgs, cfg: &ReplicaConfig) -> Result<(), D
             "--bootstrap needs --hive-metastore URL".into(),
         ));
     };
-    run_bootstrap(&args.state, hive).map(|_| ())
+    run_bootstrap(&args.state, hive, &cfg.remotes).map(|_| ())
 }
 
 /// Runs a bootstrap into `state`, writing `status.json` every second.
 fn run_bootstrap(
     state: &Path,
     hive: &HiveConfig,
+    remotes: &Remotes,
 ) -> Result<crate::bootstrap::Outcome, DaemonError> {
     use crate::bootstrap::{self, BootstrapConfig, BootstrapError, BootstrapProgress};
-    let cfg = BootstrapConfig::new(state, hive.clone());
+    let mut cfg = BootstrapConfig::new(state, hive.clone());
+    cfg.remotes = remotes.clone();
     let progress = BootstrapProgress::default();
     let finished = AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
@@ -445,7 +479,7 @@ pub fn bootstrap(args: ReplicateArgs) -> Result<(), DaemonError> {
             "bootstrap needs --hive-metastore URL and --source-map".into(),
         ));
     };
-    match run_bootstrap(&args.state, &hive)? {
+    match run_bootstrap(&args.state, &hive, &cfg.remotes)? {
         crate::bootstrap::Outcome::Bootstrapped(id) => {
             info!(state_id = %id, "bootstrapped; `stagefs mount` or `replicate` on the same --state continues from here")
         }

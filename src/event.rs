@@ -154,7 +154,18 @@ pub enum Verify {
     /// Hive: the HDFS file checksum the URI carries (lower-case hex of
     /// `getFileChecksum().getBytes()`), recomputed from the bytes.
     Hdfs { checksum: String },
-    /// Hive without a checksum: staged as read, reported as unverified.
+    /// Hive: the S3 ETag checksum the URI of a file on S3 carries (what
+    /// S3A reports with `fs.s3a.etag.checksum.enabled`: the hex of the
+    /// ETag's text, quoted by Hadoop 3.4, unquoted by 3.3), compared with
+    /// the ETag of the object version read.
+    S3Etag { checksum: String },
+    /// Hive: a file read where it is (HDFS, S3) whose URI carries no
+    /// checksum: accepted only if the version read is not newer than its
+    /// event (`time_ms`: the event's time; None when the event has none,
+    /// and the file can then never be accepted this way).
+    NotNewerThanEvent { time_ms: Option<i64> },
+    /// Hive without a checksum, read through `--source-map`: staged as
+    /// read, reported as unverified.
     None,
 }
 
@@ -164,6 +175,8 @@ impl Verify {
         match self {
             Verify::Sha256 { .. } => "sha256",
             Verify::Hdfs { .. } => "hdfs-md5md5crc32c",
+            Verify::S3Etag { .. } => "s3-etag",
+            Verify::NotNewerThanEvent { .. } => "not-newer-than-event",
             Verify::None => "none",
         }
     }
@@ -240,7 +253,10 @@ impl FileRef {
     pub fn known(&self) -> Option<(BlobId, u64)> {
         match &self.verify {
             Verify::Sha256 { size, sha256 } => Some((*sha256, *size)),
-            Verify::Hdfs { .. } | Verify::None => None,
+            Verify::Hdfs { .. }
+            | Verify::S3Etag { .. }
+            | Verify::NotNewerThanEvent { .. }
+            | Verify::None => None,
         }
     }
 

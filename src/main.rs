@@ -151,6 +151,7 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
         cm_root: s.cm_root,
         retain: s.retain as usize,
         fetch_timeout: std::time::Duration::from_secs(s.fetch_timeout),
+        s3_endpoint: s.s3_endpoint,
         hive: HiveArgs {
             rows: hive_rows,
             source_map: s.source_map,

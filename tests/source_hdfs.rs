@@ -345,3 +345,70 @@ fn a_missing_file_and_a_directory_are_refused_with_the_reason() {
     let err = dir.open().err().expect("a directory opened");
     assert!(err.to_string().contains("directory"), "{err}");
 }
+
+#[test]
+fn bootstrap_lists_an_hdfs_location_by_hives_rules_and_stages_it_once() {
+    use stagefs::bootstrap::listing::{list_remote, FileStager, Staged};
+    use stagefs::bootstrap::progress::BootstrapProgress;
+    use stagefs::source_file::Remotes;
+    let mut hdfs = MiniHdfs::start(1).unwrap();
+    let files = [
+        ("000000_0", bytes(3 << 20, 11)),
+        ("000001_0", bytes(10, 12)),
+        ("_SUCCESS", Vec::new()),
+        (".000000_0.crc", bytes(8, 13)),
+        (".hive-staging_1/000000_0", bytes(9, 14)),
+        ("HIVE_UNION_SUBDIR_1/000000_0", bytes(100, 15)),
+        ("HIVE_UNION_SUBDIR_1/_tmp/x", bytes(5, 16)),
+    ];
+    for (rel, data) in &files {
+        hdfs.put_bytes(&format!("/wh/t/ds=1/{rel}"), data, None)
+            .unwrap();
+    }
+    hdfs.put_bytes("/wh/t/ds=10/000000_0", b"other", None)
+        .unwrap();
+    // Settled (written more than a second before the listing): a file
+    // staged once is then trusted by its identity (a file listed right
+    // after it was written is copied again rather than trusted).
+    std::thread::sleep(Duration::from_millis(1200));
+    let location = format!("{}/wh/t/ds=1", hdfs.uri());
+    let loc = Location::remote(&location).unwrap().unwrap();
+    let listed = list_remote(&loc, &location, &Remotes::default()).unwrap();
+    let rels: Vec<&str> = listed.iter().map(|f| f.rel.as_str()).collect();
+    assert_eq!(
+        rels,
+        ["000000_0", "000001_0", "HIVE_UNION_SUBDIR_1/000000_0"]
+    );
+    assert_eq!(listed[0].size, 3 << 20);
+    assert!(listed.iter().all(|f| f.source_dir.is_none()));
+    let missing = format!("{}/wh/t/ds=2", hdfs.uri());
+    let loc2 = Location::remote(&missing).unwrap().unwrap();
+    assert!(list_remote(&loc2, &missing, &Remotes::default())
+        .unwrap()
+        .is_empty());
+
+    let state = tempfile::tempdir().unwrap();
+    let blobs = Arc::new(store(state.path()));
+    let dir = state.path().join("bootstrap");
+    let progress = BootstrapProgress::default();
+    let staged = FileStager::open(&dir, Arc::clone(&blobs), 2)
+        .unwrap()
+        .stage(&listed, &progress);
+    let want = |rel: &str| {
+        let data = &files.iter().find(|(r, _)| *r == rel).unwrap().1;
+        Staged::Stored {
+            blob: sha(data),
+            size: data.len() as u64,
+        }
+    };
+    for (f, s) in listed.iter().zip(&staged) {
+        assert_eq!(*s, want(&f.rel), "{}", f.rel);
+    }
+    assert_eq!(progress.report().files_copied, 3);
+    let progress = BootstrapProgress::default();
+    let again = FileStager::open(&dir, blobs, 2)
+        .unwrap()
+        .stage(&listed, &progress);
+    assert_eq!(again, staged);
+    assert_eq!(progress.report().files_copied, 0);
+}

@@ -13,6 +13,7 @@
 //!   "Checkpoints and restart")
 //! - `hive-ingest`, `hive-stage`  the Hive source's figures (issue 11; see
 //!   `hive.rs` beside this file)
+//! - `s3-stage`  staging from S3 vs `rclone copy` (issue 29; `s3.rs`)
 //!
 //! Every subcommand prints progress to stderr and, on stdout, lines of the
 //! form `ROW|<benchmark>|<figure>|<target>|<met>` (the figure table) and
@@ -42,6 +43,9 @@ use stagefs::workload::Rng;
 
 mod checkpoints;
 mod hive;
+mod s3;
+#[path = "../../tests/servers/mod.rs"]
+mod servers;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -64,6 +68,7 @@ fn main() {
         "lag-child" => checkpoints::lag_child(&opts),
         "hive-ingest" => hive::bench_ingest(&opts),
         "hive-stage" => hive::bench_stage(&opts),
+        "s3-stage" => s3::bench_stage(&opts),
         _ => usage(),
     };
     if let Err(e) = result {
@@ -74,7 +79,7 @@ fn main() {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart|lag|hive-ingest|hive-stage) \
+        "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart|lag|hive-ingest|hive-stage|s3-stage) \
          [--work DIR] [--events N] [--inserts N] [--shape PxF] [--files N] [--mib N] [--threads N] \
          [--reps N] [--seconds N] [--rate N] [--every N] [--bytes N] [--small N] [--small-bytes N] \
          [--large N] [--large-mib N] [--decode-threads N]"

@@ -58,7 +58,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use crate::event::{BlobId, FileRef, Verify};
-use crate::source_file::{identity_of, Identity, Location, Stamp};
+use crate::source_file::{identity_of, Identity, Location, Remotes, Stamp};
 use crate::stage::{BlobStore, GroupSync, Unsynced};
 
 use super::progress::BootstrapProgress;
@@ -66,16 +66,22 @@ use super::progress::BootstrapProgress;
 /// One file found below a location.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedFile {
+    /// The local path, or the URI of a file read where it is (HDFS, S3).
     pub path: PathBuf,
     /// The `--source-map` directory `path` lies in: the file is opened
-    /// beneath it, so no symlink in the source leads out of it.
-    pub source_dir: PathBuf,
+    /// beneath it, so no symlink in the source leads out of it. None for a
+    /// file read where it is.
+    pub source_dir: Option<PathBuf>,
     /// Path relative to the location (`delta_1_1/bucket_0`, `000000_0`).
     pub rel: String,
     pub size: u64,
     pub mtime_ns: i64,
+    /// Local: the ctime and inode number. Remote: 0 and a digest of its
+    /// [`Stamp`] (block size, ETag), so `staged.log` tells versions apart.
     pub ctime_ns: i64,
     pub ino: u64,
+    /// What else identifies this version, by kind of place.
+    pub stamp: Stamp,
     /// The file's ctime was more than [`SETTLED_MARGIN_NS`] older than the
     /// clock when it was listed (see the module docs).
     pub settled: bool,
@@ -83,15 +89,38 @@ pub struct ListedFile {
 
 impl ListedFile {
     /// What must be unchanged for a staged copy to stand for the file:
-    /// size, mtime, ctime and inode as listed.
+    /// size, mtime, ctime and inode as listed (remote: size, modification
+    /// time and stamp).
     pub fn identity(&self) -> Identity {
         Identity {
             size: self.size,
             mtime_ns: self.mtime_ns,
-            stamp: Stamp::Local {
-                ctime_ns: self.ctime_ns,
-                ino: self.ino,
-            },
+            stamp: self.stamp,
+        }
+    }
+
+    /// A file listed at a remote location (`base` its URI) as its reader
+    /// lists it: `rel` below it, with its identity.
+    fn remote(base: &str, rel: String, identity: Identity, listed_at: i64) -> ListedFile {
+        let ino = match identity.stamp {
+            Stamp::Local { ino, .. } => ino,
+            Stamp::Hdfs { block_size } => block_size,
+            Stamp::S3 { tag } => {
+                let mut first = [0u8; 8];
+                first.copy_from_slice(&tag[..8]);
+                u64::from_le_bytes(first)
+            }
+        };
+        ListedFile {
+            path: PathBuf::from(format!("{}/{rel}", base.trim_end_matches('/'))),
+            source_dir: None,
+            rel,
+            size: identity.size,
+            mtime_ns: identity.mtime_ns,
+            ctime_ns: 0,
+            ino,
+            stamp: identity.stamp,
+            settled: identity.mtime_ns.saturating_add(SETTLED_MARGIN_NS) < listed_at,
         }
     }
 
@@ -163,16 +192,47 @@ pub fn list_location(source_dir: &Path, dir: &Path) -> Result<Vec<ListedFile>, S
                 };
                 out.push(ListedFile {
                     path: entry.path(),
-                    source_dir: source_dir.to_owned(),
+                    source_dir: Some(source_dir.to_owned()),
                     rel: child_rel,
                     size,
                     mtime_ns,
                     ctime_ns,
                     ino,
+                    stamp,
                     settled: ctime_ns.saturating_add(SETTLED_MARGIN_NS) < listed_at,
                 });
             }
         }
+    }
+    out.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(out)
+}
+
+/// Every file below the remote location `uri` (HDFS, S3: `location` is
+/// its [`Location::remote`]) by Hive's rules (module docs), sorted. S3 has
+/// no directories: a key's `/`-separated parts below the location stand
+/// for them, and a part starting with `_` or `.` hides the key as a
+/// directory of that name would.
+pub fn list_remote(
+    location: &Location,
+    uri: &str,
+    remotes: &Remotes,
+) -> Result<Vec<ListedFile>, String> {
+    let listed_at = now_ns();
+    let found = match location {
+        Location::Hdfs { .. } => crate::source_file::hdfs::list(uri)?,
+        Location::S3 { .. } => crate::source_file::s3::list(&remotes.s3(), uri)?,
+        Location::Local { .. } => return Err(format!("{uri} is not a remote location")),
+    };
+    let mut out = Vec::with_capacity(found.len());
+    for (rel, identity) in found {
+        if rel
+            .split('/')
+            .any(|c| c.is_empty() || c.starts_with('_') || c.starts_with('.'))
+        {
+            continue;
+        }
+        out.push(ListedFile::remote(uri, rel, identity, listed_at));
     }
     out.sort_by(|a, b| a.rel.cmp(&b.rel));
     Ok(out)
@@ -370,18 +430,23 @@ impl FileStager {
             key: Some(BlobId([0xbb; 32])),
             cm_path: None,
             uri: None,
-            source_dir: Some(f.source_dir.to_string_lossy().into_owned()),
+            source_dir: f
+                .source_dir
+                .as_ref()
+                .map(|d| d.to_string_lossy().into_owned()),
             cm_dir: None,
         };
+        let root = f.source_dir.as_deref().unwrap_or(Path::new(""));
         let fetched = self
             .blobs
-            .fetch_unsynced(&file, &f.source_dir, None)
+            .fetch_unsynced(&file, root, None)
             .map_err(|e| e.to_string())?;
         let copy = fetched
             .copy
             .ok_or_else(|| format!("{}: no copy to publish", f.path.display()))?;
         // Through the descriptor copied from: the same inode as listed
         // (inode number), unchanged since (size, mtime, ctime).
+        // A remote file: its identity read when the copy began.
         if fetched.size != f.size || *copy.source_after() != f.identity() {
             return Err(format!("{} changed while it was copied", f.path.display()));
         }
@@ -461,10 +526,14 @@ impl FileStager {
 /// read).
 fn reads_as(f: &ListedFile, blob: &BlobId) -> bool {
     use sha2::{Digest, Sha256};
-    let Ok(rel) = f.path.strip_prefix(&f.source_dir) else {
+    // A remote file is copied again rather than read twice.
+    let Some(source_dir) = &f.source_dir else {
         return false;
     };
-    let Ok(file) = Location::local(&f.source_dir, rel).open() else {
+    let Ok(rel) = f.path.strip_prefix(source_dir) else {
+        return false;
+    };
+    let Ok(file) = Location::local(source_dir, rel).open() else {
         return false;
     };
     let mut h = Sha256::new();

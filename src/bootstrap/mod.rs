@@ -69,7 +69,8 @@ use crate::source::{DecodeError, Position, Source, SourceError};
 use crate::stage::BlobStore;
 use crate::status::{BootstrapReport, UnlistedTable};
 
-use listing::{list_location, FileStager, ListedFile, Staged};
+use crate::source::hive::map::Place;
+use listing::{list_location, list_remote, FileStager, ListedFile, Staged};
 use plan::{PartitionFiles, Plan, TableBase, TableName};
 pub use progress::BootstrapProgress;
 use snapshot::{Snapshot, SnapshotError, TableMeta};
@@ -93,6 +94,8 @@ pub struct BootstrapConfig {
     pub files_per_chunk: usize,
     /// How often the progress line is logged.
     pub report_every: Duration,
+    /// How remote locations (S3) are listed and read.
+    pub remotes: crate::source_file::Remotes,
 }
 
 impl BootstrapConfig {
@@ -106,6 +109,7 @@ impl BootstrapConfig {
             tables_per_chunk: 512,
             files_per_chunk: 4096,
             report_every: Duration::from_secs(5),
+            remotes: crate::source_file::Remotes::default(),
         }
     }
 }
@@ -189,7 +193,8 @@ pub fn run(
     }
     let blobs = Arc::new(
         BlobStore::open(&cfg.state_dir)
-            .map_err(|e| io("opening the blob store".into())(e.to_string()))?,
+            .map_err(|e| io("opening the blob store".into())(e.to_string()))?
+            .with_remotes(cfg.remotes.clone()),
     );
     let resolutions = Resolutions::open(&cfg.state_dir)
         .map_err(|e| io("opening resolved.log".into())(e.to_string()))?;
@@ -519,7 +524,7 @@ impl Driver<'_> {
             self.cfg.tables_per_chunk.max(1),
             self.cfg.files_per_chunk.max(1),
         );
-        let (map, stop) = (&self.cfg.hive.source_map, self.stop);
+        let (map, stop) = ((&self.cfg.hive.source_map, &self.cfg.remotes), self.stop);
         std::thread::scope(|scope| {
             // Room for one listed chunk: the lister is at most one ahead.
             let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Chunk, BootstrapError>>(1);
@@ -740,7 +745,10 @@ type TableListing<'t> = (&'t TableMeta, Result<Vec<LocationFiles>, String>, usiz
 /// holds `tables_per_chunk` tables or `files_per_chunk` files.
 fn list_chunk<'t>(
     rest: &mut &[&'t TableMeta],
-    map: &crate::source::hive::map::SourceMap,
+    map: (
+        &crate::source::hive::map::SourceMap,
+        &crate::source_file::Remotes,
+    ),
     (tables_per_chunk, files_per_chunk): (usize, usize),
 ) -> Result<Chunk<'t>, BootstrapError> {
     let mut tables = Vec::new();
@@ -802,12 +810,17 @@ fn partition_spec(
     Ok(spec)
 }
 
-/// Lists every location of `t`. `Err` (inside `Ok`) when the table cannot
-/// be listed now (an unmapped location, an unreadable directory): the
-/// table is then untrusted. Views have no data.
+/// Lists every location of `t`: beneath the directory a `--source-map`
+/// gives it, else where it is (HDFS, S3). `Err` (inside `Ok`) when the
+/// table cannot be listed now (an unmapped location, an unreadable
+/// directory, an unreachable server): the table is then untrusted. Views
+/// have no data.
 fn list_table(
     t: &TableMeta,
-    map: &crate::source::hive::map::SourceMap,
+    (map, remotes): (
+        &crate::source::hive::map::SourceMap,
+        &crate::source_file::Remotes,
+    ),
 ) -> Result<Result<Vec<LocationFiles>, String>, BootstrapError> {
     let (db, table) = table_name(t).map_err(BootstrapError::Failed)?;
     let mut keys = Vec::new();
@@ -825,13 +838,25 @@ fn list_table(
         }));
     }
     let list = |uri: &str| -> Result<Vec<(String, ListedFile)>, String> {
-        let (mapped, below) = map.resolve(uri)?;
-        let dir = mapped.join(below);
-        let mut files = list_location(mapped, &dir)?;
-        if t.is_transactional() {
-            files = acid::choose_listed(&dir, files, t.acid.as_ref())
-                .map_err(|e| format!("transactional table, {uri}: {e}"))?;
-        }
+        let files = match map.place(uri)? {
+            Place::Mapped(mapped, below) => {
+                let dir = mapped.join(below);
+                let mut files = list_location(mapped, &dir)?;
+                if t.is_transactional() {
+                    files = acid::choose_listed(&dir, files, t.acid.as_ref())
+                        .map_err(|e| format!("transactional table, {uri}: {e}"))?;
+                }
+                files
+            }
+            // Which base_/delta_ directories are valid is read from their
+            // `_metadata_acid` files, which only a local listing reads.
+            Place::Remote(_) if t.is_transactional() => {
+                return Err(format!(
+                    "transactional table at {uri}: bootstrapped only through --source-map"
+                ))
+            }
+            Place::Remote(location) => list_remote(&location, uri, remotes)?,
+        };
         let base = uri.trim_end_matches('/');
         Ok(files
             .into_iter()
@@ -897,7 +922,10 @@ fn file_ref(snapshot_id: i64, uri: &str, f: &ListedFile) -> Result<FileRef, Stri
         key: Some(BlobId(h.finalize().into())),
         cm_path: None,
         uri: Some(uri.to_owned()),
-        source_dir: Some(f.source_dir.to_string_lossy().into_owned()),
+        source_dir: f
+            .source_dir
+            .as_ref()
+            .map(|d| d.to_string_lossy().into_owned()),
         cm_dir: None,
     })
 }

@@ -95,7 +95,10 @@ pub(super) fn start(
                 hive_event_id: after,
             };
             let again = cfg.rebootstrap.then(|| AfterGap {
-                cfg: BootstrapConfig::new(&cfg.state_dir, hive.clone()),
+                cfg: BootstrapConfig {
+                    remotes: cfg.remotes.clone(),
+                    ..BootstrapConfig::new(&cfg.state_dir, hive.clone())
+                },
                 blobs: Arc::clone(&shared.blobs),
                 hold: Arc::clone(&shared.gc_hold),
             });

@@ -103,6 +103,8 @@ pub struct ReplicaConfig {
     pub poll_interval: Duration,
     /// Follow Hive's notification log instead of `events_dir`.
     pub hive: Option<HiveConfig>,
+    /// How remote source files (S3) are reached.
+    pub remotes: crate::source_file::Remotes,
     /// `--bootstrap`: a Hive source that stops at an id gap bootstraps
     /// again from the metastore (`bootstrap::after_gap`) while the visible
     /// state stays served; without it the gap stalls replication.
@@ -130,6 +132,7 @@ impl ReplicaConfig {
             gc_interval: Duration::from_secs(2),
             poll_interval: Duration::from_millis(5),
             hive: None,
+            remotes: crate::source_file::Remotes::default(),
             rebootstrap: false,
         }
     }
@@ -209,7 +212,11 @@ impl Replica {
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|e| ReplicaError::Io(format!("creating {}", cfg.state_dir.display()), e))?;
         let lock = lock_state(&cfg.state_dir)?;
-        let blobs = Arc::new(BlobStore::open(&cfg.state_dir)?.with_checks(Arc::new(HdfsChecks)));
+        let blobs = Arc::new(
+            BlobStore::open(&cfg.state_dir)?
+                .with_checks(Arc::new(HdfsChecks))
+                .with_remotes(cfg.remotes.clone()),
+        );
         let recovered = recovery::recover(&cfg)?;
         let journal = recovered.journal;
         let journal_stats = journal.stats();

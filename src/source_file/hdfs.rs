@@ -266,6 +266,32 @@ fn identity_of(status: &hdfs_native::client::FileStatus) -> Identity {
     }
 }
 
+/// Every file below the directory `uri` (recursively), as its path below
+/// the directory and its identity, sorted by path. A directory that does
+/// not exist is an empty list.
+pub fn list(uri: &str) -> Result<Vec<(String, Identity)>, String> {
+    let parsed = HdfsUri::parse(uri.trim_end_matches('/'))?;
+    let client = client(&parsed)?;
+    let statuses = match wait(client.list_status(&parsed.path, true)) {
+        Ok(s) => s,
+        Err(RequestError::Hdfs(HdfsError::FileNotFound(_))) => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(e
+                .into_io(&parsed.authority, &format!("listing {}", parsed.path))
+                .to_string())
+        }
+    };
+    let below = format!("{}/", parsed.path);
+    let mut out = Vec::new();
+    for status in statuses.iter().filter(|s| !s.isdir) {
+        if let Some(rel) = status.path.strip_prefix(&below) {
+            out.push((rel.to_owned(), identity_of(status)));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
 impl SourceFile for HdfsFile {
     fn identity(&self) -> &Identity {
         &self.identity

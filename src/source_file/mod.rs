@@ -9,11 +9,17 @@
 //!
 //! One implementation per kind of place, each in its own file: [`local`]
 //! (a path beneath a root directory, opened without ever leaving it and
-//! only when it is a regular file) and [`hdfs`] (a file on HDFS, read
-//! where it is through the native client). A reader of another kind of
-//! place (S3) is a new file beside them, a new [`Location`] variant and its
-//! arm in [`Location::open`], [`Location::remote`] and [`Location`]'s
-//! `Display`; nothing else changes.
+//! only when it is a regular file), [`hdfs`] (a file on HDFS, read where
+//! it is through the native client) and [`s3`] (an object on S3 or an
+//! S3-compatible store, read as one version through `object_store`). A
+//! reader of another kind of place is a new file beside them, a new
+//! [`Location`] variant and its arm in [`Location::open_with`],
+//! [`Location::remote`] and [`Location`]'s `Display`; nothing else changes.
+//!
+//! What reading a remote place needs beyond its URI (S3's endpoint,
+//! region, credentials and clients) is a [`Remotes`], given by whoever
+//! wires the pipeline; HDFS takes its settings from the Hadoop
+//! configuration of the process.
 //!
 //! Called by the blob store's fetch (`stage`) and by the bootstrap
 //! listing when it re-reads a file it staged before
@@ -21,11 +27,13 @@
 
 pub mod hdfs;
 pub mod local;
+pub mod s3;
 
 use std::fmt;
 use std::fs::File;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub use local::{identity_of, open_beneath, LocalFile};
 
@@ -38,6 +46,32 @@ pub enum Location {
     /// A file on HDFS, by its URI (`hdfs://host:port/path` or
     /// `hdfs://nameservice/path`), checked well formed ([`hdfs`]).
     Hdfs { uri: String },
+    /// An object on S3, by its URI (`s3a://bucket/key` or
+    /// `s3://bucket/key`), checked well formed ([`s3`]).
+    S3 { uri: String },
+}
+
+/// What reading remote places takes beyond their URIs: for S3, the
+/// settings and clients of an [`s3::S3Access`] (when none is given, the
+/// process's own AWS environment, read once).
+#[derive(Debug, Clone, Default)]
+pub struct Remotes {
+    s3: Option<Arc<s3::S3Access>>,
+}
+
+impl Remotes {
+    /// Reads S3 with `access`.
+    pub fn with_s3(access: Arc<s3::S3Access>) -> Remotes {
+        Remotes { s3: Some(access) }
+    }
+
+    /// The S3 access: the one given, else the process environment's.
+    pub fn s3(&self) -> Arc<s3::S3Access> {
+        match &self.s3 {
+            Some(access) => Arc::clone(access),
+            None => s3::S3Access::from_process_environment(),
+        }
+    }
 }
 
 impl Location {
@@ -50,7 +84,7 @@ impl Location {
     }
 
     /// The place a file URI names on a file system stagefs reads where it
-    /// is (HDFS); `None` for a URI of any other kind (a local path, a
+    /// is (HDFS, S3); `None` for a URI of any other kind (a local path, a
     /// scheme with no reader), `Some(Err)` for a malformed one.
     pub fn remote(uri: &str) -> Option<Result<Location, String>> {
         if hdfs::HdfsUri::is_hdfs(uri) {
@@ -58,16 +92,27 @@ impl Location {
                 uri: uri.to_owned(),
             }));
         }
+        if s3::S3Uri::is_s3(uri) {
+            return Some(s3::S3Uri::parse(uri).map(|_| Location::S3 {
+                uri: uri.to_owned(),
+            }));
+        }
         None
     }
 
-    /// Opens the file for reading.
+    /// Opens the file for reading (S3 with the process's AWS environment).
     pub fn open(&self) -> Result<Box<dyn SourceFile>, SourceOpenError> {
+        self.open_with(&Remotes::default())
+    }
+
+    /// Opens the file for reading, a remote one with `remotes`.
+    pub fn open_with(&self, remotes: &Remotes) -> Result<Box<dyn SourceFile>, SourceOpenError> {
         match self {
             Location::Local { root, relative } => {
                 Ok(Box::new(local::LocalFile::open(root, relative)?))
             }
             Location::Hdfs { uri } => Ok(Box::new(hdfs::HdfsFile::open(uri)?)),
+            Location::S3 { uri } => Ok(Box::new(s3::S3File::open(&remotes.s3(), uri)?)),
         }
     }
 }
@@ -77,7 +122,7 @@ impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Location::Local { root, relative } => write!(f, "{}", root.join(relative).display()),
-            Location::Hdfs { uri } => f.write_str(uri),
+            Location::Hdfs { uri } | Location::S3 { uri } => f.write_str(uri),
         }
     }
 }
@@ -101,6 +146,12 @@ pub trait SourceFile: Send {
     /// The open file on a local filesystem, for the engines that copy
     /// inside the kernel; `None` where the file is not one.
     fn local_file(&self) -> Option<&File>;
+
+    /// The S3 ETag (without quotes) of the object version read; `None`
+    /// for a file that is not an S3 object.
+    fn etag(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// What must be unchanged for bytes read from a file to stand for it: a
@@ -124,6 +175,9 @@ pub enum Stamp {
     /// A file on HDFS: its block size (a rewrite may change it; length and
     /// modification time are in the [`Identity`]).
     Hdfs { block_size: u64 },
+    /// An object on S3: a digest of its ETag (size and last-modified time
+    /// are in the [`Identity`]; a read pins the version id itself).
+    S3 { tag: [u8; 16] },
 }
 
 /// Why a source file could not be opened. The `Display` text is the reason

@@ -17,13 +17,15 @@ use sha2::{Digest, Sha256};
 
 use crate::durable::Writeback;
 use crate::event::{BlobId, FileRef};
-use crate::source_file::{Identity, Location, SourceFile};
+use crate::source_file::{Identity, Location, Remotes, SourceFile};
 
 use super::heartbeat::heartbeat;
 #[cfg(test)]
 use super::test_hooks;
 use super::tmp::{TempBlob, Temps};
-use super::verify::{stream_check, CheckFailed, Digests, Hashing, SourceChecks, StreamCheck};
+use super::verify::{
+    check_version, stream_check, CheckFailed, Digests, Hashing, SourceChecks, StreamCheck,
+};
 use super::{store_error, StageError};
 
 /// Read → hash → write in chunks this large: big enough that syscall and
@@ -64,6 +66,7 @@ pub(super) struct Copied {
 pub(super) fn copy_verified(
     temps: &Temps,
     checks: &dyn SourceChecks,
+    remotes: &Remotes,
     place: &Location,
     file: &FileRef,
     sync: bool,
@@ -71,7 +74,7 @@ pub(super) fn copy_verified(
     // A local file: beneath its root, never through a link out of it,
     // and only if it is a regular file (a FIFO or device is refused
     // unopened). The size comes from the check of that very inode.
-    let src = match place.open() {
+    let src = match place.open_with(remotes) {
         Ok(opened) => opened,
         Err(e) => return Ok(Err(e.to_string())),
     };
@@ -84,6 +87,12 @@ pub(super) fn copy_verified(
         if expected != size {
             return Ok(Err(format!("size {expected} expected {size}")));
         }
+    }
+    // What the source says about the version opened (its ETag, its
+    // modification time) is checked before a byte is copied: the reader
+    // reads that version only.
+    if let Err(problem) = check_version(&file.verify, &*src) {
+        return Ok(Err(problem));
     }
     let check = match stream_check(checks, &file.verify) {
         Ok(check) => check,

@@ -37,7 +37,9 @@ pub(super) fn candidate_places(
             mapped_place(file.source_dir.as_deref(), &file.path),
             FetchOutcome::FromSource,
         )];
-        if let (Verify::Hdfs { .. }, Some(cm)) = (&file.verify, &file.cm_path) {
+        if let (Verify::Hdfs { .. } | Verify::S3Etag { .. }, Some(cm)) =
+            (&file.verify, &file.cm_path)
+        {
             places.push((
                 mapped_place(file.cm_dir.as_deref(), cm),
                 FetchOutcome::FromChangeManagement,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
-use crate::source_file::Location;
+use crate::source_file::{Location, Remotes};
 
 use super::copy::{copy_verified, Copied};
 use super::durability::{self, GroupSync, Unsynced};
@@ -33,6 +33,8 @@ pub struct BlobStore {
     group_sync: Option<File>,
     /// Makes the checks beyond sha256 that files name ([`SourceChecks`]).
     checks: Arc<dyn SourceChecks>,
+    /// How remote places (S3) are reached.
+    remotes: Remotes,
 }
 
 impl BlobStore {
@@ -56,6 +58,7 @@ impl BlobStore {
             temps,
             group_sync,
             checks: Arc::new(NoSourceChecks),
+            remotes: Remotes::default(),
         };
         store.temps.remove_leftovers()?;
         let (mut total, mut count) = (0u64, 0u64);
@@ -72,6 +75,13 @@ impl BlobStore {
     /// that asks for more than size and sha256 is unusable.
     pub fn with_checks(mut self, checks: Arc<dyn SourceChecks>) -> BlobStore {
         self.checks = checks;
+        self
+    }
+
+    /// The store reading remote places (S3) with `remotes`; without it, S3
+    /// is read with the process's own AWS environment.
+    pub fn with_remotes(mut self, remotes: Remotes) -> BlobStore {
+        self.remotes = remotes;
         self
     }
 
@@ -247,7 +257,14 @@ impl BlobStore {
                     continue;
                 }
             };
-            match copy_verified(&self.temps, &*self.checks, &place, file, sync)? {
+            match copy_verified(
+                &self.temps,
+                &*self.checks,
+                &self.remotes,
+                &place,
+                file,
+                sync,
+            )? {
                 Ok(copied) => {
                     if origin == FetchOutcome::FromChangeManagement {
                         tracing::info!(
@@ -266,7 +283,7 @@ impl BlobStore {
             (Verify::Sha256 { .. }, _) if cm_root.is_none() => {
                 findings.push("no change-management root configured".to_owned())
             }
-            (Verify::Hdfs { .. }, None) => {
+            (Verify::Hdfs { .. } | Verify::S3Etag { .. }, None) => {
                 findings.push("the file's URI names no change-management root".to_owned())
             }
             _ => {}

@@ -8,6 +8,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::event::{BlobId, Verify};
+use crate::source_file::SourceFile;
 
 /// A checksum other than sha256 that a file is checked with, fed the same
 /// bytes in the same pass (Hive's HDFS file checksum).
@@ -61,9 +62,80 @@ pub(super) fn stream_check(
     verify: &Verify,
 ) -> Result<Option<Box<dyn StreamCheck>>, String> {
     match verify {
-        Verify::Sha256 { .. } | Verify::None => Ok(None),
+        Verify::Sha256 { .. }
+        | Verify::S3Etag { .. }
+        | Verify::NotNewerThanEvent { .. }
+        | Verify::None => Ok(None),
         Verify::Hdfs { .. } => checks.stream_check(verify),
     }
+}
+
+/// How much later than its event a file without a checksum may have been
+/// modified and still count as "not newer than its event" (SPEC §2): Hive
+/// records `EVENT_TIME` in whole seconds, truncated, after the files are
+/// written, and the metastore's clock is not the file system's.
+pub const EVENT_TIME_MARGIN_MS: i64 = 1_000;
+
+/// The checks of what the source says about the version opened, made
+/// before a byte is copied (the version is pinned for the whole read):
+/// the S3 ETag a file's URI records, or "not newer than its event" for a
+/// file without a checksum read where it is. `Err` says why this copy
+/// cannot stand for the file.
+pub(super) fn check_version(verify: &Verify, src: &dyn SourceFile) -> Result<(), String> {
+    match verify {
+        Verify::S3Etag { checksum } => {
+            let recorded = etag_of_checksum(checksum)?;
+            match src.etag() {
+                Some(etag) if etag == recorded => Ok(()),
+                Some(etag) => Err(format!(
+                    "ETag {etag}, but its event records {recorded}: another version"
+                )),
+                None => Err(format!(
+                    "an S3 ETag checksum ({recorded}) is checked against the object read from S3; this copy has no ETag"
+                )),
+            }
+        }
+        Verify::NotNewerThanEvent { time_ms } => {
+            let Some(time_ms) = *time_ms else {
+                return Err(
+                    "no checksum, and its event has no time to check the file against".into(),
+                );
+            };
+            let modified_ms = src.identity().mtime_ns.div_euclid(1_000_000);
+            let limit = time_ms.saturating_add(EVENT_TIME_MARGIN_MS);
+            if modified_ms <= limit {
+                Ok(())
+            } else {
+                Err(format!(
+                    "no checksum, and modified at {modified_ms} ms since the epoch, {} ms after its event (at {time_ms}; {} ms allowed): a later version",
+                    modified_ms - time_ms,
+                    EVENT_TIME_MARGIN_MS
+                ))
+            }
+        }
+        Verify::Sha256 { .. } | Verify::Hdfs { .. } | Verify::None => Ok(()),
+    }
+}
+
+/// The ETag (without quotes) an S3 ETag checksum stands for: the
+/// checksum is the hex of the ETag's text, with quotes (Hadoop 3.4) or
+/// without (3.3).
+pub fn etag_of_checksum(checksum: &str) -> Result<String, String> {
+    let bad = || format!("S3 ETag checksum {checksum:?} is not the hex of an ETag");
+    if checksum.len() % 2 != 0 || checksum.is_empty() {
+        return Err(bad());
+    }
+    let bytes: Vec<u8> = (0..checksum.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(checksum.get(i..i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let etag = crate::source_file::s3::bare_etag(&text);
+    if etag.is_empty() || etag.chars().any(|c| c.is_control() || c == '"') {
+        return Err(bad());
+    }
+    Ok(etag.to_owned())
 }
 
 /// The hashes computed while copying: sha256 always (the blob's name),
@@ -117,5 +189,66 @@ mod tests {
             "{detail}"
         );
         assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn s3_etag_checksums_decode_quoted_or_not_and_garbage_is_named() {
+        let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+        let etag = "9b2cf535f27731c974343645a3985328";
+        assert_eq!(
+            etag_of_checksum(&hex(&format!("\"{etag}\""))).unwrap(),
+            etag
+        );
+        assert_eq!(etag_of_checksum(&hex(etag)).unwrap(), etag);
+        assert_eq!(etag_of_checksum(&hex("\"abc-12\"")).unwrap(), "abc-12");
+        for bad in ["", "0", "zz", "ff", &hex("\"\""), &hex("a\nb")] {
+            let err = etag_of_checksum(bad).unwrap_err();
+            assert!(err.contains("not the hex of an ETag"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_file_without_checksum_read_where_it_is_must_not_be_newer_than_its_event() {
+        let fx = fixture();
+        put(&fx.src, "t/000000_0", b"written now");
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let at = |time_ms| hive_ref(&fx.src, "t/000000_0", Verify::NotNewerThanEvent { time_ms });
+        // An event after the write (and one within the margin before it).
+        for time_ms in [now_ms + 60_000, now_ms - EVENT_TIME_MARGIN_MS / 2] {
+            let fetched = store(&fx).fetch_unsynced(&at(Some(time_ms)), Path::new(""), None);
+            assert!(fetched.is_ok(), "{time_ms}: {:?}", fetched.err());
+        }
+        // An event an hour before the write: a later version, refused.
+        let err = store(&fx)
+            .fetch_unsynced(&at(Some(now_ms - 3_600_000)), Path::new(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("after its event") && err.contains("000000_0"),
+            "{err}"
+        );
+        // No event time: never accepted this way.
+        let err = store(&fx)
+            .fetch_unsynced(&at(None), Path::new(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("its event has no time"), "{err}");
+        assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn an_s3_etag_checksum_cannot_be_met_by_a_copy_without_an_etag() {
+        let fx = fixture();
+        put(&fx.src, "t/000000_0", b"mapped copy");
+        let checksum = "226162632d3122".to_owned(); // "\"abc-1\""
+        let f = hive_ref(&fx.src, "t/000000_0", Verify::S3Etag { checksum });
+        let err = store(&fx)
+            .fetch(&f, Path::new(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("this copy has no ETag"), "{err}");
     }
 }

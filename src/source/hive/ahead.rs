@@ -58,7 +58,8 @@ pub type Outcome = Result<Decoded, DecodeError>;
 /// What a decoding thread computes for `row`.
 fn decode_ahead(row: &NotificationRow, map: &SourceMap) -> Outcome {
     let message = decode_message(row)?;
-    let files = premap_files(map, row.event_id, &message);
+    let time_ms = row.event_time.map(|s| s.saturating_mul(1000));
+    let files = premap_files(map, row.event_id, time_ms, &message);
     Ok(Decoded { message, files })
 }
 

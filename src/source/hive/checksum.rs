@@ -461,7 +461,10 @@ impl stage::SourceChecks for HdfsChecks {
     fn stream_check(&self, verify: &Verify) -> Result<Option<Box<dyn stage::StreamCheck>>, String> {
         match verify {
             Verify::Hdfs { checksum } => checksum_check(checksum).map(Some),
-            Verify::Sha256 { .. } | Verify::None => Ok(None),
+            Verify::Sha256 { .. }
+            | Verify::S3Etag { .. }
+            | Verify::NotNewerThanEvent { .. }
+            | Verify::None => Ok(None),
         }
     }
 }

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use super::map::{Place, SourceMap};
 use super::model::{FileUri, HiveMessage, HivePartition, HiveTable};
 use crate::event::{is_valid_file_name, is_valid_source_path, BlobId, FileRef, Verify};
+use crate::source_file::s3::S3Uri;
 use crate::source_file::Location;
 
 /// Where Hive keeps the files of `table`'s `partition` (the table's own
@@ -71,6 +72,7 @@ pub(crate) fn subdir_below(dir: &str, path: &str) -> Option<String> {
 pub(crate) fn premap_files(
     map: &SourceMap,
     event_id: i64,
+    event_time_ms: Option<i64>,
     message: &HiveMessage,
 ) -> Option<Vec<Result<FileRef, String>>> {
     let HiveMessage::Insert {
@@ -87,15 +89,21 @@ pub(crate) fn premap_files(
         files
             .iter()
             .enumerate()
-            .map(|(i, uri)| map_file(map, event_id, i, uri, dir))
+            .map(|(i, uri)| map_file(map, event_id, event_time_ms, i, uri, dir))
             .collect(),
     )
 }
 
-/// A file reference for `uri`, file number `index` of event `event_id`:
-/// its local path and cm copy through `--source-map`, its checksum, its
-/// subdirectory and a key unique to this place in this event. A pure
-/// function of its arguments (no tree), so decoding threads can run it.
+/// A file reference for `uri`, file number `index` of event `event_id`
+/// (at `event_time_ms`): its local path and cm copy through
+/// `--source-map`, its checksum, its subdirectory and a key unique to this
+/// place in this event. A pure function of its arguments (no tree), so
+/// decoding threads can run it.
+///
+/// How it is verified: the checksum its URI carries, HDFS's or (for a
+/// file on S3) the ETag's; without one, a file read where it is (HDFS,
+/// S3) must not be newer than its event, and a mapped one is staged as
+/// read (`none`).
 ///
 /// The subdirectory is the URI's own (`#subdir`, what Hive encodes for
 /// ACID files) or else where the file lies below `dir`, the location of
@@ -104,12 +112,13 @@ pub(crate) fn premap_files(
 pub(crate) fn map_file(
     map: &SourceMap,
     event_id: i64,
+    event_time_ms: Option<i64>,
     index: usize,
     uri: &FileUri,
     dir: Option<&str>,
 ) -> Result<FileRef, String> {
     // A mapped file: its local path, opened beneath the mapped directory.
-    // A file read where it is (HDFS): its URI, and no local directory.
+    // A file read where it is (HDFS, S3): its URI, and no local directory.
     let (path, source_dir) = match map.place(&uri.path)? {
         Place::Mapped(dir, rest) => (
             dir.join(rest).to_string_lossy().into_owned(),
@@ -175,9 +184,13 @@ pub(crate) fn map_file(
         path,
         name: file_name.to_owned(),
         subdir,
-        verify: match checksum {
-            Some(checksum) => Verify::Hdfs { checksum },
-            None => Verify::None,
+        verify: match (checksum, source_dir.is_none()) {
+            (Some(checksum), _) if S3Uri::is_s3(&uri.path) => Verify::S3Etag { checksum },
+            (Some(checksum), _) => Verify::Hdfs { checksum },
+            (None, true) => Verify::NotNewerThanEvent {
+                time_ms: event_time_ms,
+            },
+            (None, false) => Verify::None,
         },
         key: Some(BlobId(h.finalize().into())),
         source_dir,

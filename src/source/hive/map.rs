@@ -9,7 +9,7 @@
 //! Change-management roots inside URIs are mapped the same way.
 //!
 //! A URI no prefix covers is read where it is when stagefs has a reader for
-//! its file system (`hdfs://`: [`SourceMap::place`] gives its
+//! its file system (`hdfs://`, `s3a://`, `s3://`: [`SourceMap::place`] gives its
 //! [`Location`]); a map still wins where it covers a URI.
 //!
 //! Used by the Hive adapter for every file URI; pure.
@@ -23,7 +23,7 @@ use crate::source_file::Location;
 pub enum Place<'a> {
     /// Below a mapped local directory: the directory and the path below it.
     Mapped(&'a Path, PathBuf),
-    /// Where the URI names it, on a file system stagefs reads (HDFS).
+    /// Where the URI names it, on a file system stagefs reads (HDFS, S3).
     Remote(Location),
 }
 
@@ -185,6 +185,25 @@ mod tests {
         let err = m.place("abfs://c@acct/wh/f").unwrap_err();
         assert!(err.contains("no --source-map covers"), "{err}");
         assert!(SourceMap::default().place("hdfs://nn/wh/f").is_ok());
+    }
+
+    #[test]
+    fn an_unmapped_s3_uri_is_read_where_it_is_and_a_map_still_wins() {
+        let m = SourceMap::parse(&["s3a://wh/sales.db=/srv/sales"]).unwrap();
+        assert_eq!(
+            m.place("s3a://wh/sales.db/t/000000_0").unwrap(),
+            Place::Mapped(Path::new("/srv/sales"), PathBuf::from("t/000000_0"))
+        );
+        for uri in ["s3a://wh/other.db/t/000000_0", "s3://cm-bucket/cmroot/f_00"] {
+            assert_eq!(
+                m.place(uri).unwrap(),
+                Place::Remote(Location::S3 { uri: uri.into() })
+            );
+        }
+        assert!(m.place("s3a://wh/a/../b").is_err());
+        assert!(m.place("s3a://wh/dir/").is_err());
+        let err = m.place("s3a://KEY:SECRET@wh/f").unwrap_err();
+        assert!(!err.contains("SECRET"), "{err}");
     }
 
     #[test]

@@ -340,6 +340,7 @@ impl Source for HiveSource {
         let mut mapper = Mapper {
             map: &self.map,
             event_id: row.event_id,
+            event_time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
             files: 0,
             tree: latest,
             txn_log,
@@ -445,6 +446,8 @@ impl Source for HiveSource {
 struct Mapper<'a> {
     map: &'a SourceMap,
     event_id: i64,
+    /// The event's time (`EVENT_TIME` × 1000), for files without a checksum.
+    event_time_ms: Option<i64>,
     /// Files mapped so far in this event (each gets its own key).
     files: usize,
     tree: &'a Tree,
@@ -787,7 +790,14 @@ impl Mapper<'_> {
         }
         uris.iter()
             .map(|uri| {
-                let f = map_file(self.map, self.event_id, self.files, uri, dir);
+                let f = map_file(
+                    self.map,
+                    self.event_id,
+                    self.event_time_ms,
+                    self.files,
+                    uri,
+                    dir,
+                );
                 self.files += 1;
                 f
             })

@@ -48,6 +48,7 @@ fn apply_all_with(msgs: &[HiveMessage], txn_log: bool) -> Result<Arc<Tree>, Stri
         let mut m = Mapper {
             map: &map,
             event_id: i as i64 + 1,
+            event_time_ms: None,
             files: 0,
             tree: v.latest(),
             txn_log,
@@ -393,6 +394,7 @@ fn files_carry_mapped_paths_checksums_cm_copies_and_subdirectories() {
     let mut m = Mapper {
         map: &map,
         event_id: 9,
+        event_time_ms: None,
         files: 0,
         tree: &tree,
         txn_log: true,
@@ -415,6 +417,58 @@ fn files_carry_mapped_paths_checksums_cm_copies_and_subdirectories() {
     let g = file(uri("t/delta_1_1/bucket_0", None, None));
     assert_eq!(g.verify, Verify::None);
     assert_ne!(f.key, g.key, "every reference has its own key");
+}
+
+#[test]
+fn files_read_where_they_are_carry_the_etag_checksum_or_their_event_time() {
+    let map = map();
+    let tree = Tree::empty();
+    let mut m = Mapper {
+        map: &map,
+        event_id: 9,
+        event_time_ms: Some(1_700_000_000_000),
+        files: 0,
+        tree: &tree,
+        txn_log: true,
+        premapped: None,
+    };
+    let mut file = |u: &str| {
+        m.files(&[FileUri::parse(u).unwrap()], None)
+            .unwrap()
+            .remove(0)
+    };
+    // On S3 with the ETag checksum (hex of `"abc"`): its cm copy on S3.
+    let f = file("s3a://wh-bucket/t/000000_0#22616263#s3a://wh-bucket/cmroot#");
+    assert_eq!(f.path, "s3a://wh-bucket/t/000000_0");
+    assert_eq!(
+        f.verify,
+        Verify::S3Etag {
+            checksum: "22616263".into()
+        }
+    );
+    assert_eq!(f.verify.label(), "s3-etag");
+    assert_eq!(
+        f.cm_path.as_deref(),
+        Some("s3a://wh-bucket/cmroot/000000_0_22616263")
+    );
+    assert_eq!((f.source_dir.as_deref(), f.cm_dir.as_deref()), (None, None));
+    // Without a checksum, on S3 or on HDFS unmapped: its event's time.
+    for u in [
+        "s3://wh-bucket/t/000001_0###",
+        "hdfs://other-nn/t/000001_0###",
+    ] {
+        let g = file(u);
+        assert_eq!(
+            g.verify,
+            Verify::NotNewerThanEvent {
+                time_ms: Some(1_700_000_000_000)
+            },
+            "{u}"
+        );
+        assert_eq!(g.verify.label(), "not-newer-than-event");
+    }
+    // Mapped and without a checksum: staged as read.
+    assert_eq!(file("hdfs://nn/wh/t/000002_0###").verify, Verify::None);
 }
 
 fn json_row(event_type: &str, message: &serde_json::Value) -> NotificationRow {
@@ -533,7 +587,7 @@ fn files_below_their_partition_keep_the_directories_between() {
     });
     // Premapped on a decoding thread, the same as on the ingest thread.
     let map = map();
-    let premapped = premap_files(&map, 9, &msgs[msgs.len() - 2]).unwrap();
+    let premapped = premap_files(&map, 9, None, &msgs[msgs.len() - 2]).unwrap();
     assert_eq!(
         premapped
             .iter()
@@ -588,7 +642,7 @@ fn names_stagefs_cannot_show_and_unmapped_uris_are_rejected_with_a_reason() {
         partition: Some(part(&["1", "eu"])),
         replace: false,
         files: vec![FileUri {
-            path: "s3a://elsewhere/x".into(),
+            path: "abfs://c@elsewhere/x".into(),
             checksum: None,
             cm_root: None,
             subdir: None,
@@ -596,7 +650,7 @@ fn names_stagefs_cannot_show_and_unmapped_uris_are_rejected_with_a_reason() {
     });
     let err = apply_all(&msgs).unwrap_err();
     assert!(
-        err.contains("no --source-map covers `s3a://elsewhere/x`"),
+        err.contains("no --source-map covers `abfs://c@elsewhere/x`"),
         "{err}"
     );
     let mut msgs = setup();
