@@ -351,6 +351,30 @@ fn real_metastore_rows_decode_and_fold_to_the_source(encoder: Encoder) {
     }
 }
 
+/// The captured rows (tests/data/hive-real/, written by a run with
+/// `STAGEFS_CAPTURE_HIVE_ROWS=1`) decode and fold to the captured oracle,
+/// without Java or a database: the real rows stay in the fast tests.
+#[test]
+fn captured_real_rows_decode_and_fold_to_the_captured_source() {
+    let dir = servers::repo_root().join("tests/data/hive-real");
+    for name in ["postgres-json", "postgres-gzip"] {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.jsonl"))).expect("rows");
+        let reply: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("{name}-source.json"))).expect("oracle"),
+        )
+        .expect("oracle JSON");
+        let messages: Vec<HiveMessage> = text
+            .lines()
+            .map(|l| {
+                let row: NotificationRow = serde_json::from_str(l).expect("row JSON");
+                decode_message(&row).unwrap_or_else(|e| panic!("{name} {}: {e}", row.event_id))
+            })
+            .collect();
+        assert!(messages.len() > 20, "{name}: {} rows", messages.len());
+        assert_eq!(fold(&messages), oracle(&reply["source"]), "{name}");
+    }
+}
+
 #[test]
 fn real_metastore_json_rows_decode_and_fold_to_the_source() {
     real_metastore_rows_decode_and_fold_to_the_source(Encoder::Json);
