@@ -241,15 +241,23 @@ fn workload(hms: &mut RealMetastore) -> Value {
     last
 }
 
-fn real_metastore_rows_decode_and_fold_to_the_source(encoder: Encoder) {
-    let server = DbServer::start(Kind::Postgres);
+fn real_metastore_rows_decode_and_fold_to_the_source(kind: Kind, encoder: Encoder) {
+    let server = DbServer::start(kind);
     server.create_database("hive");
     let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
-    let db = MetastoreDb {
-        db_type: "postgres",
-        jdbc_url: format!("jdbc:postgresql://127.0.0.1:{}/hive", server.port()),
-        user: USER.into(),
-        password: PASSWORD.into(),
+    let db = match kind {
+        Kind::Postgres => MetastoreDb {
+            db_type: "postgres",
+            jdbc_url: format!("jdbc:postgresql://127.0.0.1:{}/hive", server.port()),
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
+        Kind::MariaDb => MetastoreDb {
+            db_type: "mysql",
+            jdbc_url: format!("jdbc:mariadb://127.0.0.1:{}/hive", server.port()),
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
     };
     let mut hms = RealMetastore::start(&db, hdfs.uri(), encoder).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("metastore ready: {}", hms.ready());
@@ -332,9 +340,11 @@ fn real_metastore_rows_decode_and_fold_to_the_source(encoder: Encoder) {
     if std::env::var_os("STAGEFS_CAPTURE_HIVE_ROWS").is_some() {
         let dir = servers::repo_root().join("tests/data/hive-real");
         std::fs::create_dir_all(&dir).expect("mkdir");
-        let name = match encoder {
-            Encoder::Json => "postgres-json.jsonl",
-            Encoder::Gzip => "postgres-gzip.jsonl",
+        let name = match (kind, encoder) {
+            (Kind::Postgres, Encoder::Json) => "postgres-json.jsonl",
+            (Kind::Postgres, Encoder::Gzip) => "postgres-gzip.jsonl",
+            (Kind::MariaDb, Encoder::Json) => "mariadb-json.jsonl",
+            (Kind::MariaDb, Encoder::Gzip) => "mariadb-gzip.jsonl",
         };
         let mut out = String::new();
         for row in &rows {
@@ -357,7 +367,7 @@ fn real_metastore_rows_decode_and_fold_to_the_source(encoder: Encoder) {
 #[test]
 fn captured_real_rows_decode_and_fold_to_the_captured_source() {
     let dir = servers::repo_root().join("tests/data/hive-real");
-    for name in ["postgres-json", "postgres-gzip"] {
+    for name in ["postgres-json", "postgres-gzip", "mariadb-json"] {
         let text = std::fs::read_to_string(dir.join(format!("{name}.jsonl"))).expect("rows");
         let reply: Value = serde_json::from_str(
             &std::fs::read_to_string(dir.join(format!("{name}-source.json"))).expect("oracle"),
@@ -377,10 +387,15 @@ fn captured_real_rows_decode_and_fold_to_the_captured_source() {
 
 #[test]
 fn real_metastore_json_rows_decode_and_fold_to_the_source() {
-    real_metastore_rows_decode_and_fold_to_the_source(Encoder::Json);
+    real_metastore_rows_decode_and_fold_to_the_source(Kind::Postgres, Encoder::Json);
 }
 
 #[test]
 fn real_metastore_gzip_rows_decode_and_fold_to_the_source() {
-    real_metastore_rows_decode_and_fold_to_the_source(Encoder::Gzip);
+    real_metastore_rows_decode_and_fold_to_the_source(Kind::Postgres, Encoder::Gzip);
+}
+
+#[test]
+fn real_metastore_on_mariadb_json_rows_decode_and_fold_to_the_source() {
+    real_metastore_rows_decode_and_fold_to_the_source(Kind::MariaDb, Encoder::Json);
 }
