@@ -72,7 +72,7 @@ fi
 # --- Hive metastore launcher -------------------------------------------------
 # tests/java/hms-launcher: Hive 4.0.1's standalone metastore, schematool and
 # its SQL scripts (unpacked from the metastore's bin tar.gz), the JDBC
-# drivers, DbNotificationListener. Same repository and offline-first rule.
+# drivers, and our NOTIFICATION_LOG listener. Same repository and offline-first rule.
 hms_launcher=tests/java/hms-launcher
 hms_launcher_built() {
   local cp=$hms_launcher/target/classpath.txt

@@ -1,6 +1,7 @@
 //! stagefs against a real Hive metastore: Hive 4.0.1's standalone metastore
 //! (tests/java/hms-launcher) on a private PostgreSQL, its schema made by
-//! Hive's own schematool, `DbNotificationListener` as transactional listener,
+//! Hive's own schematool, our `NotificationLogListener` as transactional
+//! listener (rows built by Hive's MessageBuilder, inserted by its RawStore),
 //! DML events and change management on, warehouse and cmroot on a private
 //! HDFS (Hadoop's MiniDFSCluster). A driver does through
 //! `HiveMetaStoreClient` what HiveServer2 does for CREATE DATABASE/TABLE,

@@ -4,7 +4,8 @@
 //! its warehouse and cmroot on a private HDFS ([`MiniHdfs`]).
 //!
 //! The launcher runs Hive's schematool on the database, starts the Thrift
-//! metastore with `DbNotificationListener` as transactional listener, DML
+//! metastore with our `NotificationLogListener` as transactional listener
+//! (HCatalog's DbNotificationListener is not served for 4.0.x), DML
 //! events and change management on, prints one JSON ready line, then
 //! answers one JSON line per driver command (create-db, create-table,
 //! add-partition, insert, drop-partition, rename, truncate, drop-table,

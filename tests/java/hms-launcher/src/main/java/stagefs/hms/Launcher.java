@@ -47,7 +47,7 @@ import org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool;
  * <p>Start: {@code Launcher --base-dir DIR --hdfs hdfs://HOST:PORT --db-type postgres|mysql
  * --jdbc-url URL --db-user U --db-password P --scripts DIR [--encoder json|gzip]}. It runs Hive's
  * own schematool ({@link MetastoreSchemaTool} -initSchema) against the database, starts the
- * metastore's Thrift server on a free port with DbNotificationListener as transactional listener,
+ * metastore's Thrift server on a free port with NotificationLogListener (ours; see that class) as transactional listener,
  * DML events on and change management (cmroot) on HDFS, and prints one JSON ready line
  * ({@code thrift_uri}, {@code hdfs}, {@code warehouse}, {@code cmroot}, {@code conf_dir},
  * {@code hive_version}, {@code encoder}).
@@ -145,7 +145,7 @@ public final class Launcher {
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.WAREHOUSE, warehouse);
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.WAREHOUSE_EXTERNAL, hdfs + "/external");
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.TRANSACTIONAL_EVENT_LISTENERS,
-        "org.apache.hive.hcatalog.listener.DbNotificationListener");
+        NotificationLogListener.class.getName());
     // HiveConf.FIRE_EVENTS_FOR_DML: HiveServer2 fires INSERT events only with it on.
     conf.setBoolean("hive.metastore.dml.events", true);
     MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.REPLCMENABLED, true);
