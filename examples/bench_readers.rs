@@ -42,7 +42,7 @@ use stagefs::event::StateId;
 use stagefs::testkit::checker::{
     mount_flags, run_readers, CheckConfig, DaemonProcess, Oracle, Target,
 };
-use stagefs::view::readers::{proc_of_pid, proc_run_delay, ProcId, Reader, Readers, ViewRule};
+use stagefs::view::readers::{proc_busy, proc_of_pid, ProcId, Reader, Readers, ViewRule};
 use stagefs::workload::{Workload, WorkloadConfig};
 
 fn usage() -> ! {
@@ -136,9 +136,9 @@ fn attribution(iters: u64) {
     );
     let me = proc_of_pid(std::process::id()).expect("this process");
     row(
-        "run delay read (only when a move is considered)",
+        "busy sample read: process, parent, daemon (only when a move is considered)",
         ns_per(misses, || {
-            std::hint::black_box(proc_run_delay(me));
+            std::hint::black_box(proc_busy(me));
         }),
         "ns",
     );

@@ -53,7 +53,8 @@ LAYERS = [
     ["event", "state_lock", "latency"],
     ["catalog"],
     ["status"],
-    ["source_open", "stage"],
+    ["source_file"],
+    ["stage"],
     ["source"],
     ["journal"],
     ["checkpoint"],
@@ -65,6 +66,9 @@ LAYERS = [
     ["daemon", "run"],
     ["testkit", "checker", "workload", "hive_writer"],
     ["demo"],
+    # The command line (its flags name defaults from the layers below) and
+    # the config file read as that command line.
+    ["cli", "config"],
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

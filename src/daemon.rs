@@ -55,20 +55,52 @@ impl From<ReplicaError> for DaemonError {
     }
 }
 
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event; coloured only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (with
+    /// `message`) and `spans`, the same fields as the text form.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("unknown log format {other:?} (text or json)")),
+        }
+    }
+}
+
 /// Logging to stderr, filtered by `STAGEFS_LOG` (default `info`).
-pub fn init_logging() {
+pub fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("STAGEFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser::session=error"));
-    // Colour only on a terminal: a log file or pipe gets plain text
-    // (and NO_COLOR, https://no-color.org, turns it off everywhere).
-    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(colour)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => {
+            // Colour only on a terminal: a log file or pipe gets plain text
+            // (and NO_COLOR, https://no-color.org, turns it off everywhere).
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            builder.with_ansi(colour).try_init()
+        }
+        LogFormat::Json => builder
+            .json()
+            .with_ansi(false)
+            .with_current_span(false)
+            .with_span_list(true)
+            .try_init(),
+    };
 }
 
 /// Arguments shared by `mount` and `replicate`.
@@ -228,12 +260,8 @@ impl ReplicateArgs {
             }
             return Ok(None);
         };
+        // No map is fine: hdfs:// URIs are read where they are.
         let map = SourceMap::parse(&self.hive.source_map).map_err(DaemonError::Usage)?;
-        if map.is_empty() {
-            return Err(DaemonError::Usage(
-                "a Hive source needs --source-map PREFIX=DIR to find its files".into(),
-            ));
-        }
         for dir in map.dirs() {
             require_dir("--source-map", dir)?;
         }
@@ -248,6 +276,31 @@ impl ReplicateArgs {
         let mut cfg = HiveConfig::new(rows.clone(), map);
         cfg.poll_interval = Duration::from_millis(self.hive.poll_ms.max(1));
         Ok(Some(cfg))
+    }
+}
+
+/// Tells systemd how the service is (`Type=notify`: `READY=1` once mounted,
+/// `STOPPING=1` when shutting down) through the datagram socket named by
+/// `$NOTIFY_SOCKET` (a path, or `@name` for an abstract socket). Without
+/// it (not started by systemd) nothing is sent; a failed send is logged at
+/// debug level only, since readiness is a courtesy to the supervisor.
+pub fn notify_systemd(state: &str) {
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let bytes = target.as_encoded_bytes();
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            SocketAddr::from_abstract_name(name)
+        }
+        None => SocketAddr::from_pathname(&target),
+    };
+    let sent = UnixDatagram::unbound()
+        .and_then(|sock| addr.and_then(|addr| sock.send_to_addr(state.as_bytes(), &addr)));
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "cannot notify systemd");
     }
 }
 
@@ -298,6 +351,7 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     };
     show_bootstrap(&replica, &args.state);
     info!(state = %args.state.display(), "replicating (headless)");
+    notify_systemd("READY=1\nSTATUS=replicating (headless)");
     let mut tick = 0u32;
     while !stop_requested() {
         std::thread::sleep(Duration::from_millis(50));
@@ -306,6 +360,7 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
             write_status_file(&args.state, &replica.status());
         }
     }
+    notify_systemd("STOPPING=1");
     write_status_file(&args.state, &replica.status());
     replica.stop();
     info!("stopped");
@@ -683,6 +738,10 @@ pub fn serve(
     let mounted = fuse::mount(Arc::clone(&view), &args.mountpoint, &opts)
         .map_err(|e| DaemonError::Mount(format!("mounting {}: {e}", args.mountpoint.display())))?;
     info!(mountpoint = %args.mountpoint.display(), "mounted");
+    notify_systemd(&format!(
+        "READY=1\nSTATUS=mounted at {}",
+        args.mountpoint.display()
+    ));
     let metrics = match exporter {
         Some(exporter) => Some(
             exporter
@@ -713,6 +772,7 @@ pub fn serve(
             break;
         }
     }
+    notify_systemd("STOPPING=1");
     if !external {
         info!("unmounting");
     }

@@ -45,10 +45,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, BackingId, BsdFileFlags, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle,
-    FileType, Filesystem, FopenFlags, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session,
-    SessionACL, TimeOrNow, WriteFlags,
+    FileType, Filesystem, FopenFlags, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
+    MountOption, OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyBmap,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    Session, SessionACL, TimeOrNow, WriteFlags,
 };
 use tracing::{debug, error, info, warn};
 
@@ -784,6 +785,124 @@ impl Filesystem for StagefsFs {
         reply: ReplyWrite,
     ) {
         self.read_only("copy_file_range", ino_out.0, req, reply);
+    }
+
+    // The operations below are ones ordinary readers cause and fuser's
+    // defaults answer with a warning per request (issue 32: Python's
+    // `open()` probes `isatty` with ioctl TCGETS on every file). They are
+    // answered here quietly, at debug level at most.
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let _s = span("ioctl", ino.0, req);
+        // No ioctl applies to a plain read-only file: ENOTTY, as a regular
+        // file on a local file system answers TCGETS.
+        debug!(cmd, "ioctl: ENOTTY");
+        reply.error(Errno::ENOTTY);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing on the mount is ever written: there is nothing to sync.
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _s = span("readlink", ino.0, req);
+        // The mount holds directories and regular files only.
+        debug!("readlink of a non-symlink: EINVAL");
+        reply.error(Errno::EINVAL);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // ENOSYS: the kernel stops asking and seeks itself (SEEK_DATA and
+        // SEEK_HOLE then treat every file as one data extent, which it is).
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        // ENOSYS: the kernel stops asking and reports files always ready.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        _typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        // Locks stay in the kernel (no FUSE_POSIX_LOCKS): ENOSYS.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        _typ: i32,
+        _pid: u32,
+        _sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn bmap(&self, _req: &Request, _ino: INodeNo, _blocksize: u32, _idx: u64, reply: ReplyBmap) {
+        // Only for block-device (fuseblk) mounts.
+        reply.error(Errno::ENOSYS);
     }
 }
 

@@ -15,6 +15,8 @@
 pub mod bootstrap;
 pub mod catalog;
 pub mod checkpoint;
+pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod durable;

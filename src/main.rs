@@ -1,138 +1,31 @@
 //! The `stagefs` command: argument parsing and wiring only; everything it
 //! runs lives in the library.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches};
 
+use stagefs::cli::{Cli, Command, SourceArgs};
 use stagefs::daemon::{self, HiveArgs, MountArgs, ReplicateArgs};
 use stagefs::source::hive::HiveRows;
 
-#[derive(Parser)]
-#[command(
-    name = "stagefs",
-    version,
-    about = "A FUSE filesystem that shows a replicated warehouse only in states the source really had"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Args)]
-struct SourceArgs {
-    /// Folder that holds everything stagefs owns (journal, staged files, commits, pins).
-    #[arg(long = "state", value_name = "DIR")]
-    state: PathBuf,
-    /// The source warehouse's files (native source).
-    #[arg(long = "source-root", value_name = "DIR")]
-    source_root: Option<PathBuf>,
-    /// The source notification log: *.jsonl files, read in name order (native source).
-    #[arg(long = "events", value_name = "DIR")]
-    events: Option<PathBuf>,
-    /// Follow Hive's metastore database: postgresql://user@host:port/db or
-    /// mysql://user@host:port/db (password: STAGEFS_METASTORE_PASSWORD or ?password_file=).
-    #[arg(long = "hive-metastore", value_name = "URL", conflicts_with_all = ["events", "hive_events"])]
-    hive_metastore: Option<String>,
-    /// Follow Hive NOTIFICATION_LOG rows exported as JSON Lines (a file or a folder of *.jsonl).
-    #[arg(long = "hive-events", value_name = "PATH", conflicts_with = "events")]
-    hive_events: Option<PathBuf>,
-    /// Where Hive's file URIs are on this machine: PREFIX=DIR (repeatable).
-    #[arg(long = "source-map", value_name = "PREFIX=DIR")]
-    source_map: Vec<String>,
-    /// How often to poll the Hive notification log, in milliseconds.
-    #[arg(long = "hive-poll-ms", value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
-    hive_poll_ms: u64,
-    /// Change-management root: copies named <file name>_<sha256>.
-    #[arg(long = "cm-root", value_name = "DIR")]
-    cm_root: Option<PathBuf>,
-    /// Build the first state from the metastore's tables (databases, tables,
-    /// partitions, their files) before following its events.
-    #[arg(long, requires = "hive_metastore")]
-    bootstrap: bool,
-    /// Newest unpinned versions kept browsable under .stagefs/snapshots.
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
-    retain: u64,
-    /// Seconds a read of a source file may make no progress before the
-    /// fetch is abandoned and retried (a hung NFS or FUSE source).
-    #[arg(long = "fetch-timeout", value_name = "SECS", default_value_t = stagefs::replicate::DEFAULT_FETCH_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
-    fetch_timeout: u64,
-    /// Write a catalog checkpoint (and compact the journal) once the visible
-    /// state-id moved N past the last one; 0: by time only.
-    #[arg(long = "checkpoint-events", value_name = "N", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_EVENTS)]
-    checkpoint_events: u64,
-    /// ...or once this many seconds passed with a newer visible state.
-    #[arg(long = "checkpoint-interval", value_name = "SECONDS", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
-    checkpoint_interval: u64,
-    /// MiB per second a checkpoint is written at, so its bytes never queue
-    /// ahead of the commits' flushes; 0: as fast as the disk takes them.
-    #[arg(long = "checkpoint-rate", value_name = "MIB_PER_S", default_value_t = stagefs::checkpoint::DEFAULT_CHECKPOINT_RATE_MIB)]
-    checkpoint_rate: u64,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Replicate and serve the mount (foreground; Ctrl-C or SIGTERM unmounts).
-    Mount {
-        /// An empty directory to mount on.
-        mountpoint: PathBuf,
-        #[command(flatten)]
-        source: SourceArgs,
-        /// Let users other than the mounting one read the mount.
-        #[arg(long)]
-        allow_other: bool,
-        /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT, e.g.
-        /// 127.0.0.1:9464; off unless given).
-        #[arg(long, value_name = "ADDR")]
-        metrics: Option<String>,
-    },
-    /// Print the status JSON of a mount or a state folder.
-    Status {
-        /// A stagefs mountpoint.
-        mountpoint: Option<PathBuf>,
-        /// A state folder (works without a running daemon).
-        #[arg(long = "state", value_name = "DIR", conflicts_with = "mountpoint")]
-        state: Option<PathBuf>,
-        /// Print one line per second (visible, latest, lag, rates) until interrupted.
-        #[arg(long)]
-        watch: bool,
-    },
-    /// Run COMMAND so that it and every process it starts see one state of the mount.
-    Run {
-        /// A stagefs mountpoint.
-        mountpoint: PathBuf,
-        /// The state to see: a retained state-id, or `visible` (the newest).
-        #[arg(long, value_name = "STATE|visible", default_value = "visible")]
-        at: String,
-        /// The command and its arguments (after `--`).
-        #[arg(last = true, required = true, value_name = "COMMAND")]
-        command: Vec<std::ffi::OsString>,
-    },
-    /// Self-contained demo: a synthetic warehouse that keeps changing, mounted.
-    Demo {
-        /// Where to mount (default: a new folder under /tmp).
-        mountpoint: Option<PathBuf>,
-        /// Feed the demo through Hive notification rows (gzip(json-2.0)) instead of native events.
-        #[arg(long)]
-        hive: bool,
-    },
-    /// Replicate without mounting (headless; for staging hosts and tests).
-    Replicate {
-        #[command(flatten)]
-        source: SourceArgs,
-    },
-    /// Bootstrap a state folder from the Hive metastore's tables, then exit
-    /// (`mount` or `replicate` with the same --state continues from it).
-    Bootstrap {
-        #[command(flatten)]
-        source: SourceArgs,
-    },
-}
-
 fn main() -> ExitCode {
-    daemon::init_logging();
-    let cli = Cli::parse();
+    // The --config file's options go in ahead of the flags (which win).
+    let argv = match stagefs::config::apply(&Cli::command(), std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("stagefs: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match Cli::command()
+        .try_get_matches_from(argv)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    daemon::init_logging(cli.log_format);
     let result = match cli.command {
         Command::Mount {
             mountpoint,
@@ -158,6 +51,12 @@ fn main() -> ExitCode {
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source } => daemon::replicate(replicate_args(source)),
         Command::Bootstrap { source } => daemon::bootstrap(replicate_args(source)),
+        Command::Completions { shell } => {
+            stagefs::cli::write_completions(shell, &mut std::io::stdout())
+                .map_err(|e| daemon::DaemonError::Io(format!("writing the completions: {e}")))
+        }
+        Command::Manpage => stagefs::cli::write_manpage(&mut std::io::stdout())
+            .map_err(|e| daemon::DaemonError::Io(format!("writing the man page: {e}"))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -173,7 +72,12 @@ fn main() -> ExitCode {
 }
 
 fn replicate_args(s: SourceArgs) -> ReplicateArgs {
-    let hive_rows = match (s.hive_metastore, s.hive_events) {
+    // A password file joins the URL as the `?password_file=` it reads.
+    let hive_metastore = match (s.hive_metastore, &s.metastore_password_file) {
+        (Some(url), Some(file)) => Some(stagefs::config::with_password_file(&url, file)),
+        (url, _) => url,
+    };
+    let hive_rows = match (hive_metastore, s.hive_events) {
         (Some(url), _) => Some(HiveRows::Metastore(url)),
         (None, Some(path)) => Some(HiveRows::Files(path)),
         (None, None) => None,

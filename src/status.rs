@@ -364,6 +364,11 @@ pub struct ReadersReport {
     /// kept it, because the process spent the gap waiting for a CPU.
     #[serde(default)]
     pub starved_keeps: u64,
+    /// Requests after a wall-clock gap long enough to move the view that
+    /// kept it, because the process (or its parent) was computing: on a
+    /// CPU or waiting for one (`starved_keeps` are among them).
+    #[serde(default)]
+    pub busy_keeps: u64,
     /// Table entries the mount asked the kernel to drop (old versions).
     pub dentry_invalidations: u64,
 }

@@ -374,9 +374,16 @@ fn an_unmapped_uri_is_rejected_as_bad_input() {
     let src = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
     write_seed_example(src.path()).unwrap();
-    let mut fx = HiveFixture::convert(src.path(), true);
-    // Only the change-management root is mapped.
+    let mut fx = HiveFixture::convert(src.path(), false);
+    // Only the change-management root is mapped, and the warehouse is on a
+    // file system stagefs has no reader for (an unmapped hdfs:// URI would
+    // be read on HDFS).
     fx.map.retain(|m| m.contains("cmroot"));
+    let rows = rows_of(&fx).join("\n").replace(
+        "hdfs://stagefs-demo:8020/warehouse",
+        "abfs://stagefs-demo/warehouse",
+    );
+    set_rows(&fx, &[rows]);
     let (_r, reason) = stall_after(&fx, state.path(), 19, "the unmapped URI");
     assert!(reason.contains("no --source-map covers"), "{reason}");
     assert!(reason.starts_with("event 20"), "{reason}");

@@ -155,8 +155,12 @@ pub fn list_location(source_dir: &Path, dir: &Path) -> Result<Vec<ListedFile>, S
                 let Identity {
                     size,
                     mtime_ns,
-                    stamp: Stamp::Local { ctime_ns, ino },
+                    stamp,
                 } = identity_of(&meta);
+                // A local file's metadata always gives a local stamp.
+                let Stamp::Local { ctime_ns, ino } = stamp else {
+                    continue;
+                };
                 out.push(ListedFile {
                     path: entry.path(),
                     source_dir: source_dir.to_owned(),

@@ -9,15 +9,17 @@
 //!
 //! One implementation per kind of place, each in its own file: [`local`]
 //! (a path beneath a root directory, opened without ever leaving it and
-//! only when it is a regular file). A reader of another kind of place
-//! (HDFS, S3) is a new file beside it, a new [`Location`] variant and its
-//! arm in [`Location::open`] and [`Location`]'s `Display`; nothing else
-//! changes.
+//! only when it is a regular file) and [`hdfs`] (a file on HDFS, read
+//! where it is through the native client). A reader of another kind of
+//! place (S3) is a new file beside them, a new [`Location`] variant and its
+//! arm in [`Location::open`], [`Location::remote`] and [`Location`]'s
+//! `Display`; nothing else changes.
 //!
 //! Called by the blob store's fetch (`stage`) and by the bootstrap
 //! listing when it re-reads a file it staged before
 //! (`bootstrap::listing`).
 
+pub mod hdfs;
 pub mod local;
 
 use std::fmt;
@@ -33,6 +35,9 @@ pub enum Location {
     /// `relative` beneath the local directory `root`: opened only if it is
     /// a regular file reached without leaving `root` ([`local`]).
     Local { root: PathBuf, relative: PathBuf },
+    /// A file on HDFS, by its URI (`hdfs://host:port/path` or
+    /// `hdfs://nameservice/path`), checked well formed ([`hdfs`]).
+    Hdfs { uri: String },
 }
 
 impl Location {
@@ -44,12 +49,25 @@ impl Location {
         }
     }
 
+    /// The place a file URI names on a file system stagefs reads where it
+    /// is (HDFS); `None` for a URI of any other kind (a local path, a
+    /// scheme with no reader), `Some(Err)` for a malformed one.
+    pub fn remote(uri: &str) -> Option<Result<Location, String>> {
+        if hdfs::HdfsUri::is_hdfs(uri) {
+            return Some(hdfs::HdfsUri::parse(uri).map(|_| Location::Hdfs {
+                uri: uri.to_owned(),
+            }));
+        }
+        None
+    }
+
     /// Opens the file for reading.
     pub fn open(&self) -> Result<Box<dyn SourceFile>, SourceOpenError> {
         match self {
             Location::Local { root, relative } => {
                 Ok(Box::new(local::LocalFile::open(root, relative)?))
             }
+            Location::Hdfs { uri } => Ok(Box::new(hdfs::HdfsFile::open(uri)?)),
         }
     }
 }
@@ -59,6 +77,7 @@ impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Location::Local { root, relative } => write!(f, "{}", root.join(relative).display()),
+            Location::Hdfs { uri } => f.write_str(uri),
         }
     }
 }
@@ -102,6 +121,9 @@ pub enum Stamp {
     /// inode, and not by tools that preserve mtimes) and its inode number
     /// (another one: the path was replaced).
     Local { ctime_ns: i64, ino: u64 },
+    /// A file on HDFS: its block size (a rewrite may change it; length and
+    /// modification time are in the [`Identity`]).
+    Hdfs { block_size: u64 },
 }
 
 /// Why a source file could not be opened. The `Display` text is the reason

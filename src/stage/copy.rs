@@ -4,6 +4,8 @@
 //! through userspace, pipelined (sha256 on a second thread) for large files
 //! and sequential for small ones. Each checks the length as it goes: a
 //! source that grows or shrinks while read is a source problem.
+//! [`copy_verified`] copies one place into a temp file with the engine
+//! that fits and checks what the file asks for (`verify`).
 
 use std::fs::File;
 use std::io;
@@ -11,21 +13,22 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::thread;
 
-use sha2::Digest;
+use sha2::{Digest, Sha256};
 
 use crate::durable::Writeback;
-use crate::source_file::SourceFile;
+use crate::event::{BlobId, FileRef};
+use crate::source_file::{Identity, Location, SourceFile};
 
 use super::heartbeat::heartbeat;
-use super::store::TempBlob;
 #[cfg(test)]
 use super::test_hooks;
-use super::verify::{Digests, Hashing, StreamCheck};
+use super::tmp::{TempBlob, Temps};
+use super::verify::{stream_check, CheckFailed, Digests, Hashing, SourceChecks, StreamCheck};
 use super::{store_error, StageError};
 
 /// Read → hash → write in chunks this large: big enough that syscall and
 /// per-call hashing overhead vanish, small enough to stay in L2/L3.
-pub(super) const COPY_BUFFER_BYTES: usize = 1 << 20;
+const COPY_BUFFER_BYTES: usize = 1 << 20;
 
 /// Bytes [`copy_in_kernel`] copies with `copy_file_range` before hashing
 /// them back: small enough that the hash follows the copy closely (the
@@ -41,6 +44,156 @@ pub(super) const PIPELINE_MIN_BYTES: u64 = 8 << 20;
 
 /// Buffers circulating in the pipeline: enough to keep both threads busy.
 const PIPELINE_BUFFERS: usize = 4;
+
+/// A verified copy of a file in `tmp/` ([`copy_verified`]), with its
+/// content's sha256 and size.
+pub(super) struct Copied {
+    pub(super) temp: TempBlob,
+    pub(super) blob: BlobId,
+    pub(super) size: u64,
+    /// The source's identity through the file read, after the copy.
+    pub(super) source_after: Identity,
+}
+
+/// Copies `place` into a new temp file from `temps`, hashing and counting
+/// on the way, and checks what `file.verify` asks for: size and sha256, or
+/// the HDFS checksum (made by `checks`, computed in the same pass), or
+/// nothing beyond a stable length. Returns the copy with its sha256 and
+/// size. The outer `Err` is a store failure (ends the fetch); the inner
+/// `Err` says why this copy is unusable (try the next place).
+pub(super) fn copy_verified(
+    temps: &Temps,
+    checks: &dyn SourceChecks,
+    place: &Location,
+    file: &FileRef,
+    sync: bool,
+) -> Result<Result<Copied, String>, StageError> {
+    // A local file: beneath its root, never through a link out of it,
+    // and only if it is a regular file (a FIFO or device is refused
+    // unopened). The size comes from the check of that very inode.
+    let src = match place.open() {
+        Ok(opened) => opened,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let expected = src.identity().size;
+    let known = file.known();
+    // Checked before copying so a wrong multi-GiB file costs nothing. A
+    // file known only by its checksum must keep the length it had when
+    // opened: growth or shrinking while reading is caught.
+    if let Some((_, size)) = known {
+        if expected != size {
+            return Ok(Err(format!("size {expected} expected {size}")));
+        }
+    }
+    let check = match stream_check(checks, &file.verify) {
+        Ok(check) => check,
+        Err(problem) => return Ok(Err(problem)),
+    };
+    let hashing = Hashing {
+        sha: Sha256::new(),
+        check,
+    };
+    if expected > COPY_BUFFER_BYTES as u64 {
+        // Below one buffer the readahead window does not matter.
+        if let Some(local) = src.local_file() {
+            advise_sequential(local);
+        }
+    }
+
+    let mut temp = temps.create(&file.key())?;
+    // In the kernel where the file is local (and the kernel can copy
+    // between the two filesystems), else through userspace.
+    let in_kernel = match src.local_file() {
+        Some(local) => copy_in_kernel(local, &mut temp, expected, hashing)?,
+        None => Err(hashing),
+    };
+    let copied = match in_kernel {
+        Ok(result) => result,
+        Err(hashing) if expected >= PIPELINE_MIN_BYTES => {
+            copy_pipelined(&*src, &mut temp, expected, hashing)?
+        }
+        Err(hashing) => copy_sequential(&*src, &mut temp, expected, hashing)?,
+    };
+    let (got, check) = match copied {
+        Ok(digests) => digests,
+        Err(problem) => return Ok(Err(problem)),
+    };
+    // `copy_file_range` never reads past `expected`: growth after the
+    // last byte read shows only in the size. The caller also compares
+    // the whole identity with what it listed.
+    let source_after = match src.identity_now() {
+        Ok(now) if now.size > expected => {
+            return Ok(Err(format!(
+                "size {} expected {expected} (grew while reading)",
+                now.size
+            )))
+        }
+        // A remote file (HDFS) rewritten while read (an INSERT OVERWRITE
+        // reusing its name) may keep its length; its modification time or
+        // block size then differ. Its bytes may be a mix of both contents:
+        // not a usable copy.
+        Ok(now) if src.local_file().is_none() && now != *src.identity() => {
+            return Ok(Err(format!(
+                "changed while reading (was {:?}, now {now:?})",
+                src.identity()
+            )))
+        }
+        Ok(now) => now,
+        Err(e) => return Ok(Err(format!("cannot stat after the copy: {e}"))),
+    };
+    if let Some((sha, _)) = known {
+        if got != sha {
+            return Ok(Err(format!("sha mismatch (content hashes to {got})")));
+        }
+    }
+    if let Some(check) = check {
+        if let Err(problem) = verify_stored(check, &temp, expected)? {
+            return Ok(Err(problem));
+        }
+    }
+    if sync {
+        temp.sync_data()?;
+    }
+    Ok(Ok(Copied {
+        temp,
+        blob: got,
+        size: expected,
+        source_after,
+    }))
+}
+
+/// Verifies `check`, fed the whole copy; while it offers a further check,
+/// feeds that the `size` bytes stored in `temp` and verifies it, so what is
+/// verified is always the blob to be. The inner `Err` says why the copy is
+/// unusable.
+fn verify_stored(
+    mut check: Box<dyn StreamCheck>,
+    temp: &TempBlob,
+    size: u64,
+) -> Result<Result<(), String>, StageError> {
+    let mut buf = Vec::new();
+    loop {
+        match check.verify() {
+            Ok(()) => return Ok(Ok(())),
+            Err(CheckFailed {
+                problem,
+                again: None,
+            }) => return Ok(Err(problem)),
+            Err(CheckFailed {
+                again: Some(mut again),
+                ..
+            }) => {
+                if buf.is_empty() {
+                    buf = vec![0u8; COPY_BUFFER_BYTES.min(size as usize).max(1)];
+                }
+                read_back(&temp.file, &temp.path, &mut buf, 0, size, |b| {
+                    again.update(b)
+                })?;
+                check = again;
+            }
+        }
+    }
+}
 
 /// Why the bytes read from a source are not the expected file, or `None`.
 /// Growth is caught as soon as it happens: reading on could take arbitrarily long.
@@ -327,7 +480,7 @@ fn copy_rest(
 /// Reads bytes `from..to` of the temp file `file` back (from the page
 /// cache) through `buf`, handing every chunk to `f`. They are bytes this
 /// process wrote, so a short read is a store failure.
-pub(super) fn read_back(
+fn read_back(
     file: &File,
     path: &Path,
     buf: &mut [u8],
@@ -445,7 +598,7 @@ pub(super) fn copy_pipelined(
     })
 }
 
-pub(super) fn advise_sequential(file: &File) {
+fn advise_sequential(file: &File) {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;

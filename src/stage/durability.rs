@@ -1,35 +1,35 @@
 //! Making a group of verified copies durable at once
-//! ([`BlobStore::publish`]), in the durability order: the bytes of every
-//! copy, then the renames into place, then the renames themselves. Per
-//! copy (`fdatasync` each, on several threads) or by filesystem (one
-//! `syncfs` where the filesystem writes to a device itself, [`GroupSync`]).
+//! ([`BlobStore::publish`](super::BlobStore::publish)), in the durability
+//! order: the bytes of every copy, then the renames into place, then the
+//! renames themselves. Per copy (`fdatasync` each, on several threads) or by
+//! filesystem (one `syncfs` where the filesystem writes to a device itself,
+//! [`GroupSync`]).
 
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::thread;
 
 use crate::durable::fsync_dir;
 use crate::event::BlobId;
 use crate::source_file::Identity;
 
-use super::placement::{Placed, FAN_OUT_DURABLE};
-use super::store::{BlobStore, TempBlob};
+use super::placement::{Placed, Placement};
 #[cfg(test)]
 use super::test_hooks;
+use super::tmp::TempBlob;
 use super::{store_error, StageError};
 
-/// Copies in one [`BlobStore::publish`] from which a `syncfs` of the
-/// store's filesystem replaces one `fdatasync` per copy. Measured
-/// (docs/BENCHMARKS.md, "Blob group durability"): a single small blob is
-/// faster with its own `fdatasync` (a `syncfs` also flushes every other
-/// writer's dirty data), groups of 64 and more small blobs are 1.5–6×
-/// faster with `syncfs`.
+/// Copies in one [`BlobStore::publish`](super::BlobStore::publish) from which a
+/// `syncfs` of the store's filesystem replaces one `fdatasync` per copy.
+/// Measured (docs/BENCHMARKS.md, "Blob group durability"): a single small blob
+/// is faster with its own `fdatasync` (a `syncfs` also flushes every other
+/// writer's dirty data), groups of 64 and more small blobs are 1.5–6× faster
+/// with `syncfs`.
 pub const GROUP_SYNC_MIN: usize = 32;
 
-/// How [`BlobStore::publish`] makes a large group durable, chosen when the
-/// store is opened from the filesystem that holds it.
+/// How [`BlobStore::publish`](super::BlobStore::publish) makes a large group
+/// durable, chosen when the store is opened from the filesystem that holds it.
 ///
 /// `syncfs` makes a filesystem's data and metadata durable only where the
 /// filesystem itself writes to a device: ext2/3/4, XFS and btrfs (and
@@ -90,137 +90,118 @@ fn syncfs(fd: &File) -> io::Result<()> {
     }
 }
 
-impl BlobStore {
-    /// Makes a group of unsynced copies durable and puts them in place, in
-    /// the durability order: first the bytes of every copy, then the
-    /// renames into place, then the renames themselves. A blob is never at
-    /// its path before its bytes are durable, and `Ok` means every blob of
-    /// the group is durably at its path. On error, returns the blobs that
-    /// are not durably in place (their temps are removed): fetch them again.
-    ///
-    /// Per copy ([`GroupSync::PerFile`], or fewer than [`GROUP_SYNC_MIN`]
-    /// copies not yet synced): each temp file is fdatasynced through its
-    /// own descriptor (on up to [`PUBLISH_SYNC_THREADS`] threads, so the
-    /// filesystem can commit many in one journal transaction; copies
-    /// already synced through [`Unsynced::sync_data`] are skipped), and
-    /// each touched fan-out directory is fsynced once after the renames (on
-    /// as many threads, for the same reason).
-    ///
-    /// By filesystem ([`GroupSync::Filesystem`]): one `syncfs` makes every
-    /// copy's bytes durable, and each copy's own writeback result is then
-    /// read through its descriptor (`sync_file_range` with `WAIT_AFTER`
-    /// reports a failed writeback of that file once, whoever started it),
-    /// so a copy whose bytes did not reach the disk is still reported by
-    /// itself; one more `syncfs` after the renames replaces the directory
-    /// fsyncs. If a `syncfs` fails, the per-copy way runs instead, which
-    /// names the failing copies or directories.
-    pub fn publish(&self, batch: Vec<Unsynced>) -> Result<(), (StageError, Vec<BlobId>)> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let unsynced = batch.iter().filter(|u| !u.synced).count();
-        let by_filesystem = self
-            .group_sync
-            .as_ref()
-            .filter(|_| unsynced >= GROUP_SYNC_MIN);
-        let mut failed = Vec::new();
-        let mut first_error = None;
-        let mut synced = Vec::with_capacity(batch.len());
-        let results = match by_filesystem {
-            Some(fd) => sync_by_filesystem(fd, batch),
-            None => sync_all_data(batch),
-        };
-        for (u, result) in results {
-            match result {
-                Ok(()) => synced.push(u),
-                Err(e) => {
-                    // Dropping `u` removes its temp: the bytes may not be durable.
-                    failed.push(u.id);
-                    first_error.get_or_insert(e);
-                }
+/// [`BlobStore::publish`](super::BlobStore::publish) of the blobs in
+/// `placement`: `group_sync` is open on the store's filesystem when a
+/// group of [`GROUP_SYNC_MIN`] or more copies is made durable with
+/// `syncfs` ([`GroupSync::Filesystem`]).
+pub(super) fn publish(
+    placement: &Placement,
+    group_sync: Option<&File>,
+    batch: Vec<Unsynced>,
+) -> Result<(), (StageError, Vec<BlobId>)> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let unsynced = batch.iter().filter(|u| !u.synced).count();
+    let by_filesystem = group_sync.filter(|_| unsynced >= GROUP_SYNC_MIN);
+    let mut failed = Vec::new();
+    let mut first_error = None;
+    let mut synced = Vec::with_capacity(batch.len());
+    let results = match by_filesystem {
+        Some(fd) => sync_by_filesystem(fd, batch),
+        None => sync_all_data(batch),
+    };
+    for (u, result) in results {
+        match result {
+            Ok(()) => synced.push(u),
+            Err(e) => {
+                // Dropping `u` removes its temp: the bytes may not be durable.
+                failed.push(u.id);
+                first_error.get_or_insert(e);
             }
         }
-        let mut placed = Vec::with_capacity(synced.len());
-        let mut touched = std::collections::BTreeSet::new();
-        // Fan-out directories whose entry in `root` is not known durable:
-        // `root` is synced with the renames, and they are marked durable
-        // once that succeeded.
-        let mut new_dirs = Vec::new();
-        for mut u in synced {
-            let dest = self.path(&u.id);
-            let fan_out = dest.parent().unwrap_or(&self.root).to_path_buf();
-            // placed_here: renamed into place (false: a parallel copy got
-            // there first and this temp is dropped).
-            let result = self.place(&u.temp.path, &u.id, &dest);
-            match result {
-                Ok(Placed {
-                    placed_here,
-                    dir_new,
-                }) => {
-                    if dir_new {
-                        new_dirs.push(u.id);
-                        touched.insert(self.root.clone());
-                    }
-                    if placed_here {
-                        u.temp.keep = true;
-                        self.count_placed(u.size);
-                        placed.push((u.id, u.size));
-                    }
-                    // Even when another copy got there first, its rename may
-                    // not be durable yet: sync the directory either way.
-                    touched.insert(fan_out);
+    }
+    let mut placed = Vec::with_capacity(synced.len());
+    let mut touched = std::collections::BTreeSet::new();
+    // Fan-out directories whose entry in `root` is not known durable:
+    // `root` is synced with the renames, and they are marked durable
+    // once that succeeded.
+    let mut new_dirs = Vec::new();
+    for mut u in synced {
+        let dest = placement.path(&u.id);
+        let fan_out = dest.parent().unwrap_or(placement.root()).to_path_buf();
+        // placed_here: renamed into place (false: a parallel copy got
+        // there first and this temp is dropped).
+        let result = placement.place(&u.temp.path, &u.id, &dest);
+        match result {
+            Ok(Placed {
+                placed_here,
+                dir_new,
+            }) => {
+                if dir_new {
+                    new_dirs.push(u.id);
+                    touched.insert(placement.root().to_path_buf());
                 }
-                Err(e) => {
-                    failed.push(u.id);
-                    first_error.get_or_insert(e);
+                if placed_here {
+                    u.temp.keep = true;
+                    placement.count_placed(u.size);
+                    placed.push((u.id, u.size));
                 }
+                // Even when another copy got there first, its rename may
+                // not be durable yet: sync the directory either way.
+                touched.insert(fan_out);
+            }
+            Err(e) => {
+                failed.push(u.id);
+                first_error.get_or_insert(e);
             }
         }
-        let renames_durable = match by_filesystem {
-            Some(fd) if !touched.is_empty() => match syncfs(fd) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::warn!(error = %e, "syncfs of the blob store failed; syncing each directory");
-                    false
-                }
-            },
-            _ => false,
-        };
-        // In parallel: the filesystem commits concurrent directory syncs
-        // together (one after another, 1,024 small blobs touch ~250).
-        let dir_errors: Vec<(PathBuf, io::Error)> = if renames_durable {
-            Vec::new()
-        } else {
-            in_parallel(touched.into_iter().collect(), |dir| {
-                fsync_dir(&dir).err().map(|e| (dir, e))
-            })
-            .into_iter()
-            .flatten()
-            .collect()
-        };
-        if let Some((dir, e)) = dir_errors.into_iter().next() {
-            // The renames may not survive a crash: take them out again so
-            // nothing whose name is not durable is trusted as present.
-            for (id, size) in &placed {
-                if fs::remove_file(self.path(id)).is_ok() {
-                    self.subtract_staged(*size);
-                }
+    }
+    let renames_durable = match by_filesystem {
+        Some(fd) if !touched.is_empty() => match syncfs(fd) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "syncfs of the blob store failed; syncing each directory");
+                false
             }
-            failed.extend(placed.iter().map(|(id, _)| *id));
-            return Err((store_error("syncing directory", &dir, e), failed));
+        },
+        _ => false,
+    };
+    // In parallel: the filesystem commits concurrent directory syncs
+    // together (one after another, 1,024 small blobs touch ~250).
+    let dir_errors: Vec<(PathBuf, io::Error)> = if renames_durable {
+        Vec::new()
+    } else {
+        in_parallel(touched.into_iter().collect(), |dir| {
+            fsync_dir(&dir).err().map(|e| (dir, e))
+        })
+        .into_iter()
+        .flatten()
+        .collect()
+    };
+    if let Some((dir, e)) = dir_errors.into_iter().next() {
+        // The renames may not survive a crash: take them out again so
+        // nothing whose name is not durable is trusted as present.
+        for (id, size) in &placed {
+            if fs::remove_file(placement.path(id)).is_ok() {
+                placement.subtract_staged(*size);
+            }
         }
-        for id in &new_dirs {
-            self.fan_out(id).store(FAN_OUT_DURABLE, Ordering::Relaxed);
-        }
-        match first_error {
-            Some(e) => Err((e, failed)),
-            None => Ok(()),
-        }
+        failed.extend(placed.iter().map(|(id, _)| *id));
+        return Err((store_error("syncing directory", &dir, e), failed));
+    }
+    for id in &new_dirs {
+        placement.mark_durable(id);
+    }
+    match first_error {
+        Some(e) => Err((e, failed)),
+        None => Ok(()),
     }
 }
 
-/// A verified copy waiting in `tmp/` for [`BlobStore::publish`]; dropping
-/// it removes the temp file.
+/// A verified copy waiting in `tmp/` for
+/// [`BlobStore::publish`](super::BlobStore::publish); dropping it removes the
+/// temp file.
 pub struct Unsynced {
     pub(super) temp: TempBlob,
     pub(super) id: BlobId,
@@ -244,10 +225,11 @@ impl Unsynced {
         &self.source_after
     }
 
-    /// `fdatasync`s the copy now, so that [`BlobStore::publish`] only
-    /// renames it: a caller with many copies syncs each as it is made,
-    /// overlapping the wait with the copies still running. On error the
-    /// copy is not durable; dropping it removes the temp.
+    /// `fdatasync`s the copy now, so that
+    /// [`BlobStore::publish`](super::BlobStore::publish) only renames it: a
+    /// caller with many copies syncs each as it is made, overlapping the wait
+    /// with the copies still running. On error the copy is not durable;
+    /// dropping it removes the temp.
     pub fn sync_data(&mut self) -> Result<(), StageError> {
         if !self.synced {
             self.temp.sync_data()?;
@@ -263,9 +245,9 @@ impl std::fmt::Debug for Unsynced {
     }
 }
 
-/// Most threads [`BlobStore::publish`] fdatasyncs a group with. The syncs
-/// mostly wait on the disk, so more threads than cores pay off: the
-/// filesystem commits concurrent syncs together.
+/// Most threads [`BlobStore::publish`](super::BlobStore::publish) fdatasyncs a
+/// group with. The syncs mostly wait on the disk, so more threads than cores
+/// pay off: the filesystem commits concurrent syncs together.
 pub const PUBLISH_SYNC_THREADS: usize = 8;
 
 /// `fdatasync`s every copy not yet synced through its own descriptor, on
@@ -281,9 +263,10 @@ fn sync_all_data(batch: Vec<Unsynced>) -> Vec<(Unsynced, Result<(), StageError>)
     out
 }
 
-/// [`BlobStore::publish`] by filesystem: one `syncfs` through `fd`, then
-/// each copy's own writeback result, read through its descriptor. When the
-/// `syncfs` fails, [`sync_all_data`] does it copy by copy instead.
+/// [`BlobStore::publish`](super::BlobStore::publish) by filesystem: one
+/// `syncfs` through `fd`, then each copy's own writeback result, read through
+/// its descriptor. When the `syncfs` fails, [`sync_all_data`] does it copy by
+/// copy instead.
 fn sync_by_filesystem(fd: &File, batch: Vec<Unsynced>) -> Vec<(Unsynced, Result<(), StageError>)> {
     if let Err(e) = syncfs(fd) {
         tracing::warn!(error = %e, "syncfs of the blob store failed; syncing each copy");
@@ -336,7 +319,7 @@ mod tests {
     use super::*;
     use crate::event::FileRef;
     use crate::stage::testing::*;
-    use crate::stage::FetchOutcome;
+    use crate::stage::{BlobStore, FetchOutcome};
 
     #[test]
     fn unsynced_copies_are_in_place_only_after_publish() {

@@ -57,14 +57,16 @@
 //! process per store; within it, GC must not remove a blob that a fetch or a
 //! retained version still needs.
 //!
-//! The parts, by job: `store` (the store, its temp files and the fetch
-//! of a file from the first place that has it), `origins` (where a file
-//! is looked for), `copy` (the copy engines: in the kernel, pipelined,
-//! sequential), `verify` (size, sha256 and the checksums a source's files
-//! carry, [`SourceChecks`]), `placement` (a verified copy renamed into its
-//! fan-out directory, durably), `durability` (a group made durable at
-//! once, [`GroupSync`]) and `heartbeat` (signs of progress for the fetch
-//! deadline).
+//! The parts, by job, each using only those listed before it: `heartbeat`
+//! (signs of progress for the fetch deadline), `origins` (where a file is
+//! looked for), `tmp` (the temp files copies are made in), `verify` (size,
+//! sha256 and the checksums a source's files carry, [`SourceChecks`]),
+//! `copy` (the copy engines: in the kernel, pipelined, sequential; and the
+//! verified copy of one place), `placement` (a verified copy renamed into
+//! its fan-out directory, durably; the blobs' paths and counts),
+//! `durability` (a group made durable at once, [`GroupSync`]) and, on top,
+//! `store` ([`BlobStore`] itself, which wires them: the fetch of a file
+//! from the first place that has it, publishing, removal and listing).
 
 mod copy;
 mod durability;
@@ -76,6 +78,7 @@ mod store;
 mod test_hooks;
 #[cfg(test)]
 pub(crate) mod testing;
+mod tmp;
 mod verify;
 
 use std::io;

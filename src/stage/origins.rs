@@ -1,8 +1,8 @@
 //! Where a file is looked for, in order: a native file at the source root
 //! and then under its change-management names; a Hive file at its mapped
 //! source path and then at its URI's change-management copy, each beneath
-//! the `--source-map` directory it was mapped through. Each place is a
-//! [`Location`] (today always local).
+//! the `--source-map` directory it was mapped through, or, for a Hive file
+//! no map covers, at its URI on HDFS. Each place is a [`Location`].
 
 use std::path::Path;
 
@@ -70,8 +70,17 @@ pub(super) fn candidate_places(
 
 /// A Hive file's `path` (absolute, from `--source-map`) opened beneath the
 /// mapped directory `dir` it lies in: the part below `dir` comes from the
-/// source and must not lead out of it, by `..` or by a symlink.
+/// source and must not lead out of it, by `..` or by a symlink. A `path`
+/// that is a URI on a file system read where it is (HDFS) has no `dir`.
 fn mapped_place(dir: Option<&str>, path: &str) -> Result<Location, String> {
+    if let Some(remote) = Location::remote(path) {
+        return match dir {
+            None => remote.map_err(|e| format!("{path}: refused: {e}")),
+            Some(dir) => Err(format!(
+                "{path}: refused: a URI, yet the event names the local directory {dir}"
+            )),
+        };
+    }
     let Some(dir) = dir else {
         return Err(format!(
             "{path}: refused: the event names no --source-map directory to open it beneath"

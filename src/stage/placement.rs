@@ -1,22 +1,22 @@
 //! Putting a verified copy in place: the rename of its temp file to the
 //! blob's path (never replacing a blob already there), the fan-out
 //! directory created when missing, and the directory syncs that make the
-//! rename durable. The store remembers per fan-out directory whether it
+//! rename durable. [`Placement`] remembers per fan-out directory whether it
 //! exists and whether its entry in `blobs/` is durable, so a group syncs
-//! `blobs/` once, not once per directory.
+//! `blobs/` once, not once per directory, and counts the blobs in place.
 
 use std::fs;
 use std::io;
-use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use crate::durable::fsync_dir;
 use crate::event::BlobId;
 
-use super::store::{create_dir_entry, BlobStore, TempBlob};
+use super::tmp::{create_dir_entry, TempBlob};
 use super::{store_error, StageError};
 
-/// [`BlobStore`]`::fan_outs`: not looked at yet by this store.
+/// [`Placement`]`::fan_outs`: not looked at yet by this store.
 pub(super) const FAN_OUT_UNKNOWN: u8 = 0;
 
 /// The fan-out directory exists (this store created or found it), but its
@@ -26,7 +26,86 @@ const FAN_OUT_EXISTS: u8 = 1;
 /// The fan-out directory exists and `blobs/` was synced after it did.
 pub(super) const FAN_OUT_DURABLE: u8 = 2;
 
-impl BlobStore {
+/// Where a store's blobs are: their paths under `root`, what the store
+/// knows of each fan-out directory, and how many blobs are in place and
+/// their total size, kept as blobs are placed and removed.
+#[derive(Debug)]
+pub(super) struct Placement {
+    /// `<state>/blobs`
+    root: PathBuf,
+    /// `fan_outs[b]`: what this store knows of the fan-out directory
+    /// `<root>/<b as hex>` ([`FAN_OUT_UNKNOWN`], [`FAN_OUT_EXISTS`],
+    /// [`FAN_OUT_DURABLE`]). Placing a blob in a directory known to exist
+    /// needs no `mkdir`; one not known durable makes the placing caller
+    /// sync `root` too (once per group, not once per directory). Fan-out
+    /// directories are never removed; a rename that finds one gone anyway
+    /// creates it again.
+    fan_outs: Box<[AtomicU8]>,
+    staged_bytes: AtomicU64,
+    /// How many blobs are stored; kept with `staged_bytes`.
+    stored_blobs: AtomicU64,
+}
+
+impl Placement {
+    /// The blobs under `root`, none counted yet ([`Placement::found`]).
+    pub(super) fn new(root: PathBuf) -> Placement {
+        Placement {
+            root,
+            fan_outs: (0..256).map(|_| AtomicU8::new(FAN_OUT_UNKNOWN)).collect(),
+            staged_bytes: AtomicU64::new(0),
+            stored_blobs: AtomicU64::new(0),
+        }
+    }
+
+    /// `<state>/blobs`
+    pub(super) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the blob `id` is (or would be) stored.
+    pub(super) fn path(&self, id: &BlobId) -> PathBuf {
+        let hex = id.to_hex();
+        self.root.join(&hex[..2]).join(hex)
+    }
+
+    /// Total size of the stored blobs.
+    pub(super) fn staged_bytes(&self) -> u64 {
+        self.staged_bytes.load(Ordering::Relaxed)
+    }
+
+    /// How many blobs are stored.
+    pub(super) fn stored_blobs(&self) -> u64 {
+        self.stored_blobs.load(Ordering::Relaxed)
+    }
+
+    /// The blobs found in place when the store was opened: `count` of
+    /// them, `bytes` in all.
+    pub(super) fn found(&self, bytes: u64, count: u64) {
+        self.staged_bytes.store(bytes, Ordering::Relaxed);
+        self.stored_blobs.store(count, Ordering::Relaxed);
+    }
+
+    pub(super) fn count_placed(&self, size: u64) {
+        self.staged_bytes.fetch_add(size, Ordering::Relaxed);
+        self.stored_blobs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One blob of `len` bytes left the store.
+    pub(super) fn subtract_staged(&self, len: u64) {
+        // Saturating: a blob placed by hand outside the store's knowledge
+        // must not wrap the counters.
+        let _ = self
+            .staged_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(len))
+            });
+        let _ = self
+            .stored_blobs
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
+            });
+    }
+
     /// Moves a verified, synced temp file to the blob path and makes the
     /// rename durable. Never replaces an existing blob: when a parallel fetch
     /// of the same content got there first, this temp is simply dropped.
@@ -108,10 +187,10 @@ impl BlobStore {
     }
 
     /// Makes the fan-out directory of `id` durable with what is in it: its
-    /// own fsync, and one of `root` when [`BlobStore::place`] said
+    /// own fsync, and one of `root` when [`Placement::place`] said
     /// `dir_new` or while the directory is not known durable there (a
-    /// parallel [`BlobStore::publish`] may have created it and not synced
-    /// `root` yet).
+    /// parallel [`publish`](super::BlobStore::publish) may have created it
+    /// and not synced `root` yet).
     pub(super) fn sync_fan_out_dir(&self, id: &BlobId, dir_new: bool) -> Result<(), StageError> {
         let dir = self.root.join(&id.to_hex()[..2]);
         fsync_dir(&dir).map_err(|e| store_error("syncing directory", &dir, e))?;
@@ -125,13 +204,19 @@ impl BlobStore {
         Ok(())
     }
 
+    /// The fan-out directory of `id` is durable in `root` (a sync of `root`
+    /// after it existed succeeded).
+    pub(super) fn mark_durable(&self, id: &BlobId) {
+        self.fan_out(id).store(FAN_OUT_DURABLE, Ordering::Relaxed);
+    }
+
     /// What this store knows of the fan-out directory of `id`.
     pub(super) fn fan_out(&self, id: &BlobId) -> &AtomicU8 {
         &self.fan_outs[usize::from(id.0[0])]
     }
 }
 
-/// What [`BlobStore::place`] did.
+/// What [`Placement::place`] did.
 pub(super) struct Placed {
     /// The temp was renamed to the blob's path (false: the blob was there).
     pub(super) placed_here: bool,
@@ -182,7 +267,7 @@ fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::stage::testing::*;
-    use crate::stage::GROUP_SYNC_MIN;
+    use crate::stage::{BlobStore, GROUP_SYNC_MIN};
 
     #[test]
     fn a_fan_out_directory_removed_behind_the_store_is_created_again() {
@@ -208,7 +293,7 @@ mod tests {
     fn fan_out_directories_a_group_creates_are_durable_with_its_renames() {
         let fx = fixture();
         let store = BlobStore::open(&fx.state).unwrap();
-        let state = |id: &BlobId| store.fan_out(id).load(Ordering::Relaxed);
+        let state = |id: &BlobId| store.placement.fan_out(id).load(Ordering::Relaxed);
         // Below and above GROUP_SYNC_MIN: per copy and by filesystem.
         for (tag, n) in [("few", 3), ("many", GROUP_SYNC_MIN + 8)] {
             let (blobs, copies) = copies_of(&fx, &store, tag, n);
@@ -231,12 +316,13 @@ mod tests {
             .expect("40 random blobs leave some of 256 directories new");
         let mut copy = copies.swap_remove(i);
         let placed = store
+            .placement
             .place(&copy.temp.path, &blobs[i], &store.path(&blobs[i]))
             .unwrap();
         copy.temp.keep = true;
         assert!(placed.placed_here && placed.dir_new);
         assert_eq!(state(&blobs[i]), FAN_OUT_EXISTS);
-        store.sync_fan_out_dir(&blobs[i], false).unwrap();
+        store.placement.sync_fan_out_dir(&blobs[i], false).unwrap();
         assert_eq!(state(&blobs[i]), FAN_OUT_DURABLE);
     }
 }

@@ -1,71 +1,38 @@
 //! The store itself: opening it (temp files of a crash removed, sizes
 //! summed), its paths and counters, the fetch of a file from the first
-//! place that has a usable copy, removal and listing for GC, and the temp
-//! files copies are made in (`blobs/tmp/<shard>/`).
+//! place that has a usable copy, the publishing of a group of copies,
+//! and removal and listing for GC. It wires the parts below it: the temp
+//! files (`tmp`), the copy engines (`copy`), the checks (`verify`), the
+//! placement of blobs (`placement`) and group durability (`durability`).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::fs::{self, File};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use crate::durable::{fsync_dir, Writeback};
 use crate::event::{is_valid_source_path, BlobId, FileRef, Verify};
+use crate::source_file::Location;
 
-use super::durability::{GroupSync, Unsynced};
+use super::copy::{copy_verified, Copied};
+use super::durability::{self, GroupSync, Unsynced};
 use super::origins::{candidate_places, is_valid_mapped_path};
-use super::placement::FAN_OUT_UNKNOWN;
-#[cfg(test)]
-use super::test_hooks;
-use super::verify::{Copied, NoSourceChecks, SourceChecks};
+use super::placement::Placement;
+use super::tmp::{ensure_dir, Temps, TMP_DIR_NAME};
+use super::verify::{NoSourceChecks, SourceChecks};
 use super::{store_error, FetchOutcome, StageError};
-
-/// Start writeback of the temp file every this many bytes, so that the final
-/// `sync_data` waits for the tail only, and the disk works while we hash.
-#[cfg(target_os = "linux")]
-const WRITEBACK_CHUNK_BYTES: u64 = 16 << 20;
-
-const TMP_DIR_NAME: &str = "tmp";
-
-const TMP_SUFFIX: &str = ".tmp";
-
-/// Temp files are spread over `tmp/0` … `tmp/15`. Creating a file takes
-/// its directory's lock while the filesystem allocates the inode, so
-/// parallel copies into one directory wait for each other: a bootstrap of
-/// 15,000 small files spent 27 % of its samples spinning on the lock of
-/// `tmp/` (`perf`, docs/benchmarks/HISTORY.md "Bootstrap").
-pub(super) const TMP_SHARDS: u64 = 16;
 
 /// The blob store. `Send + Sync`; share it through an `Arc`.
 #[derive(Debug)]
 pub struct BlobStore {
-    /// `<state>/blobs`
-    pub(super) root: PathBuf,
-    /// `<state>/blobs/tmp`
-    tmp_dir: PathBuf,
-    staged_bytes: AtomicU64,
-    /// How many blobs are stored; kept with `staged_bytes`.
-    stored_blobs: AtomicU64,
-    /// Makes temp names unique within this process, so parallel fetches of
-    /// one blob never share a temp file; the pid in the name is for humans
-    /// reading a leftover.
-    next_tmp: AtomicU64,
-    /// This process's id, for the temp names (read once: `getpid` is a
-    /// system call per temp otherwise).
-    pid: u32,
-    /// `fan_outs[b]`: what this store knows of the fan-out directory
-    /// `<root>/<b as hex>` ([`FAN_OUT_UNKNOWN`], [`FAN_OUT_EXISTS`],
-    /// [`FAN_OUT_DURABLE`]). Placing a blob in a directory known to exist
-    /// needs no `mkdir`; one not known durable makes the placing caller
-    /// sync `root` too (once per group, not once per directory). Fan-out
-    /// directories are never removed; a rename that finds one gone anyway
-    /// creates it again.
-    pub(super) fan_outs: Box<[AtomicU8]>,
-    /// Open on `root` when a whole group can be made durable with one
-    /// `syncfs` (see [`GroupSync`]); `None`: one `fdatasync` per copy.
-    pub(super) group_sync: Option<File>,
+    /// The blobs under `<state>/blobs`: paths, fan-out directories, counts.
+    pub(super) placement: Placement,
+    /// The temp files in `<state>/blobs/tmp`.
+    temps: Temps,
+    /// Open on `<state>/blobs` when a whole group can be made durable with
+    /// one `syncfs` (see [`GroupSync`]); `None`: one `fdatasync` per copy.
+    group_sync: Option<File>,
     /// Makes the checks beyond sha256 that files name ([`SourceChecks`]).
-    pub(super) checks: Arc<dyn SourceChecks>,
+    checks: Arc<dyn SourceChecks>,
 }
 
 impl BlobStore {
@@ -74,12 +41,8 @@ impl BlobStore {
     /// `state_dir` itself must exist.
     pub fn open(state_dir: &Path) -> Result<BlobStore, StageError> {
         let root = state_dir.join("blobs");
-        let tmp_dir = root.join(TMP_DIR_NAME);
         ensure_dir(&root)?;
-        ensure_dir(&tmp_dir)?;
-        for shard in 0..TMP_SHARDS {
-            ensure_dir(&tmp_dir.join(shard.to_string()))?;
-        }
+        let temps = Temps::open(&root)?;
         // Opened before any copy is written, so its `syncfs` reports every
         // writeback error of the filesystem from now on.
         let group_sync = match GroupSync::for_store(&root) {
@@ -89,24 +52,18 @@ impl BlobStore {
             GroupSync::PerFile => None,
         };
         let store = BlobStore {
-            root,
-            tmp_dir,
-            staged_bytes: AtomicU64::new(0),
-            stored_blobs: AtomicU64::new(0),
-            next_tmp: AtomicU64::new(0),
-            pid: std::process::id(),
-            fan_outs: (0..256).map(|_| AtomicU8::new(FAN_OUT_UNKNOWN)).collect(),
+            placement: Placement::new(root),
+            temps,
             group_sync,
             checks: Arc::new(NoSourceChecks),
         };
-        store.remove_leftover_temps()?;
+        store.temps.remove_leftovers()?;
         let (mut total, mut count) = (0u64, 0u64);
         store.for_each_blob(Sizes::Yes, |_, len| {
             total += len;
             count += 1;
         })?;
-        store.staged_bytes.store(total, Ordering::Relaxed);
-        store.stored_blobs.store(count, Ordering::Relaxed);
+        store.placement.found(total, count);
         Ok(store)
     }
 
@@ -120,8 +77,7 @@ impl BlobStore {
 
     /// Where the blob `id` is (or would be) stored.
     pub fn path(&self, id: &BlobId) -> PathBuf {
-        let hex = id.to_hex();
-        self.root.join(&hex[..2]).join(hex)
+        self.placement.path(id)
     }
 
     /// True when the blob is stored. Only verified, synced blobs ever reach
@@ -142,17 +98,12 @@ impl BlobStore {
 
     /// Total size of the stored blobs.
     pub fn staged_bytes(&self) -> u64 {
-        self.staged_bytes.load(Ordering::Relaxed)
+        self.placement.staged_bytes()
     }
 
     /// How many blobs are stored.
     pub fn stored_blobs(&self) -> u64 {
-        self.stored_blobs.load(Ordering::Relaxed)
-    }
-
-    pub(super) fn count_placed(&self, size: u64) {
-        self.staged_bytes.fetch_add(size, Ordering::Relaxed);
-        self.stored_blobs.fetch_add(1, Ordering::Relaxed);
+        self.placement.stored_blobs()
     }
 
     /// Stores the content `file` names, unless it is already stored: first
@@ -171,16 +122,16 @@ impl BlobStore {
                 // A parallel fetch may have renamed this blob in without having
                 // fsynced the directory yet; syncing here keeps "Ok means
                 // durable" true for every caller. On a clean directory it is cheap.
-                self.sync_fan_out_dir(&id, false)?;
+                self.placement.sync_fan_out_dir(&id, false)?;
                 return Ok(FetchOutcome::AlreadyPresent);
             }
         }
         let (origin, copy) = self.copy_from_first_usable(file, source_root, cm_root, true)?;
         if file.known().is_none() && self.contains(&copy.blob) {
-            self.sync_fan_out_dir(&copy.blob, false)?;
+            self.placement.sync_fan_out_dir(&copy.blob, false)?;
             return Ok(FetchOutcome::AlreadyPresent);
         }
-        self.install(copy.temp, &copy.blob, copy.size)?;
+        self.placement.install(copy.temp, &copy.blob, copy.size)?;
         Ok(origin)
     }
 
@@ -273,8 +224,12 @@ impl BlobStore {
     ) -> Result<(FetchOutcome, Copied), StageError> {
         let path_ok = match file.known() {
             Some(_) => is_valid_source_path(&file.path),
-            // Hive files carry the absolute local path `--source-map` gave.
-            None => is_valid_mapped_path(&file.path),
+            // Hive files carry the absolute local path `--source-map` gave,
+            // or the URI of a file read where it is (HDFS).
+            None => {
+                is_valid_mapped_path(&file.path)
+                    || matches!(Location::remote(&file.path), Some(Ok(_)))
+            }
         };
         if !path_ok {
             // `Path::join` with an absolute path would escape the source root.
@@ -292,7 +247,7 @@ impl BlobStore {
                     continue;
                 }
             };
-            match self.copy_verified(&place, file, sync)? {
+            match copy_verified(&self.temps, &*self.checks, &place, file, sync)? {
                 Ok(copied) => {
                     if origin == FetchOutcome::FromChangeManagement {
                         tracing::info!(
@@ -322,6 +277,34 @@ impl BlobStore {
         })
     }
 
+    /// Makes a group of unsynced copies durable and puts them in place, in
+    /// the durability order: first the bytes of every copy, then the
+    /// renames into place, then the renames themselves. A blob is never at
+    /// its path before its bytes are durable, and `Ok` means every blob of
+    /// the group is durably at its path. On error, returns the blobs that
+    /// are not durably in place (their temps are removed): fetch them again.
+    ///
+    /// Per copy ([`GroupSync::PerFile`], or fewer than
+    /// [`GROUP_SYNC_MIN`](super::GROUP_SYNC_MIN) copies not yet synced): each
+    /// temp file is fdatasynced through its own descriptor (on up to
+    /// [`PUBLISH_SYNC_THREADS`](super::PUBLISH_SYNC_THREADS) threads, so the
+    /// filesystem can commit many in one journal transaction; copies already
+    /// synced through [`Unsynced::sync_data`] are skipped), and each touched
+    /// fan-out directory is fsynced once after the renames (on as many threads,
+    /// for the same reason).
+    ///
+    /// By filesystem ([`GroupSync::Filesystem`]): one `syncfs` makes every
+    /// copy's bytes durable, and each copy's own writeback result is then
+    /// read through its descriptor (`sync_file_range` with `WAIT_AFTER`
+    /// reports a failed writeback of that file once, whoever started it),
+    /// so a copy whose bytes did not reach the disk is still reported by
+    /// itself; one more `syncfs` after the renames replaces the directory
+    /// fsyncs. If a `syncfs` fails, the per-copy way runs instead, which
+    /// names the failing copies or directories.
+    pub fn publish(&self, batch: Vec<Unsynced>) -> Result<(), (StageError, Vec<BlobId>)> {
+        durability::publish(&self.placement, self.group_sync.as_ref(), batch)
+    }
+
     /// Deletes a blob (for GC) and returns the bytes freed; 0 when it was not
     /// stored, so GC may retry a removal that crashed half-way.
     pub fn remove(&self, id: &BlobId) -> Result<u64, StageError> {
@@ -336,8 +319,8 @@ impl BlobStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
             Err(e) => return Err(store_error("removing", &path, e)),
         }
-        self.subtract_staged(len);
-        self.sync_fan_out_dir(id, false)?;
+        self.placement.subtract_staged(len);
+        self.placement.sync_fan_out_dir(id, false)?;
         Ok(len)
     }
 
@@ -349,76 +332,6 @@ impl BlobStore {
         self.for_each_blob(Sizes::No, |id, _| ids.push(id))?;
         ids.sort_unstable();
         Ok(ids)
-    }
-
-    pub(super) fn create_temp(&self, id: &BlobId) -> Result<TempBlob, StageError> {
-        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let path = self
-            .tmp_dir
-            .join((n % TMP_SHARDS).to_string())
-            .join(format!("{}.{}.{n}{TMP_SUFFIX}", id.to_hex(), self.pid));
-        // Readable too: after an in-kernel copy the temp is hashed back.
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| store_error("creating", &path, e))?;
-        Ok(TempBlob {
-            path,
-            file,
-            writeback: Writeback::every(WRITEBACK_CHUNK_BYTES),
-            keep: false,
-        })
-    }
-
-    /// One blob of `len` bytes left the store.
-    pub(super) fn subtract_staged(&self, len: u64) {
-        // Saturating: a blob placed by hand outside the store's knowledge
-        // must not wrap the counters.
-        let _ = self
-            .staged_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(len))
-            });
-        let _ = self
-            .stored_blobs
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(1))
-            });
-    }
-
-    /// Removes everything below `tmp/` but its shard directories.
-    fn remove_leftover_temps(&self) -> Result<(), StageError> {
-        let shards: Vec<PathBuf> = (0..TMP_SHARDS)
-            .map(|n| self.tmp_dir.join(n.to_string()))
-            .collect();
-        let mut removed = 0usize;
-        for dir in std::iter::once(&self.tmp_dir).chain(&shards) {
-            let mut here = 0usize;
-            for entry in fs::read_dir(dir).map_err(|e| store_error("listing", dir, e))? {
-                let entry = entry.map_err(|e| store_error("listing", dir, e))?;
-                let path = entry.path();
-                if shards.contains(&path) {
-                    continue;
-                }
-                let result = if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    fs::remove_dir_all(&path)
-                } else {
-                    fs::remove_file(&path)
-                };
-                result.map_err(|e| store_error("removing leftover temp", &path, e))?;
-                here += 1;
-            }
-            if here > 0 {
-                fsync_dir(dir).map_err(|e| store_error("syncing directory", dir, e))?;
-                removed += here;
-            }
-        }
-        if removed > 0 {
-            tracing::info!(removed, dir = %self.tmp_dir.display(), "removed leftover temp files");
-        }
-        Ok(())
     }
 
     /// Calls `f(id, size)` for every stored blob (size 0 with
@@ -433,8 +346,9 @@ impl BlobStore {
             let dir = dir.to_path_buf();
             move |e| store_error("listing", &dir, e)
         };
-        for fan in fs::read_dir(&self.root).map_err(listing_err(&self.root))? {
-            let fan = fan.map_err(listing_err(&self.root))?;
+        let root = self.placement.root();
+        for fan in fs::read_dir(root).map_err(listing_err(root))? {
+            let fan = fan.map_err(listing_err(root))?;
             let fan_name = fan.file_name();
             let fan_name = fan_name.to_string_lossy();
             if fan_name == TMP_DIR_NAME {
@@ -495,106 +409,6 @@ pub struct Fetched {
     pub size: u64,
     /// The copy to publish; `None` when the blob was already stored.
     pub copy: Option<Unsynced>,
-}
-
-/// A temp file in `blobs/tmp/<shard>/`, removed on drop unless it was renamed into place.
-pub(super) struct TempBlob {
-    pub(super) path: PathBuf,
-    pub(super) file: File,
-    pub(super) writeback: Writeback,
-    pub(super) keep: bool,
-}
-
-impl TempBlob {
-    pub(super) fn write(&mut self, bytes: &[u8]) -> Result<(), StageError> {
-        #[cfg(test)]
-        if let Some(errno) = test_hooks::injected_write_errno() {
-            return Err(store_error(
-                "writing",
-                &self.path,
-                io::Error::from_raw_os_error(errno),
-            ));
-        }
-        self.file
-            .write_all(bytes)
-            .map_err(|e| store_error("writing", &self.path, e))?;
-        self.writeback.wrote(&self.file, bytes.len() as u64);
-        Ok(())
-    }
-
-    /// In tests: the sync failure injected for this temp's blob.
-    fn injected_sync_failure(&self) -> Result<(), StageError> {
-        #[cfg(test)]
-        if let Some(errno) = test_hooks::injected_sync_errno(&self.path) {
-            return Err(store_error(
-                "syncing",
-                &self.path,
-                io::Error::from_raw_os_error(errno),
-            ));
-        }
-        Ok(())
-    }
-
-    /// After a `syncfs` wrote this file back: the result of that writeback
-    /// for this file (an error is reported once per descriptor, so a
-    /// failure seen by another `syncfs` caller is still seen here).
-    pub(super) fn writeback_result(&self) -> Result<(), StageError> {
-        use std::os::fd::AsRawFd;
-        self.injected_sync_failure()?;
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        // SAFETY: sync_file_range on a descriptor we own, whole file.
-        if unsafe { libc::sync_file_range(self.file.as_raw_fd(), 0, 0, flags) } == 0 {
-            Ok(())
-        } else {
-            Err(store_error(
-                "syncing",
-                &self.path,
-                io::Error::last_os_error(),
-            ))
-        }
-    }
-
-    pub(super) fn sync_data(&self) -> Result<(), StageError> {
-        self.injected_sync_failure()?;
-        self.file
-            .sync_data()
-            .map_err(|e| store_error("syncing", &self.path, e))
-    }
-}
-
-impl Drop for TempBlob {
-    fn drop(&mut self) {
-        if !self.keep {
-            if let Err(e) = fs::remove_file(&self.path) {
-                // `open` removes it on the next start at the latest.
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot remove temp file");
-            }
-        }
-    }
-}
-
-/// Creates `dir` if missing and makes its entry durable in the parent.
-fn ensure_dir(dir: &Path) -> Result<(), StageError> {
-    if create_dir_entry(dir)? {
-        let parent = dir
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        fsync_dir(parent).map_err(|e| store_error("syncing directory", parent, e))?;
-    }
-    Ok(())
-}
-
-/// Creates `dir` if missing (true: created now), without syncing its
-/// parent: the caller makes the entry durable.
-pub(super) fn create_dir_entry(dir: &Path) -> Result<bool, StageError> {
-    match fs::create_dir(dir) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(false),
-        Err(e) => Err(store_error("creating directory", dir, e)),
-    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,9 @@ use sha2::{Digest, Sha256};
 use crate::event::{BlobId, FileRef, Verify};
 
 use super::durability::Unsynced;
-use super::store::{BlobStore, TMP_SHARDS};
+use super::store::BlobStore;
 use super::test_hooks;
+use super::tmp::TMP_SHARDS;
 
 /// Bytes the kernel copy engine copies per piece.
 pub(crate) const KERNEL_COPY_PIECE_BYTES: u64 = super::copy::KERNEL_COPY_PIECE_BYTES;

@@ -1209,6 +1209,7 @@ impl View {
             unattributed_requests: r.unattributed_requests,
             view_moves: r.view_moves,
             starved_keeps: r.starved_keeps,
+            busy_keeps: r.busy_keeps,
             dentry_invalidations: r.dentry_invalidations,
         };
         let sessions = crate::status::sessions_report(&snap.pins);

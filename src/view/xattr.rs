@@ -17,6 +17,13 @@
 //! cannot be named); `getfattr -n user.stagefs.session MOUNT` answers the
 //! caller's session id (`ENODATA` outside one); `setfattr -x` leaves it
 //! (the leader's leaving ends it). Not listed by `listxattr`.
+//!
+//! Holds: `getfattr -n user.stagefs.hold MOUNT` moves the caller's view
+//! to the newest visible state, holds it there for the caller and every
+//! process below it until the next such read, and answers the state-id
+//! (`EPERM` if the caller cannot be named, `ENODATA` with views off);
+//! `setfattr -x user.stagefs.hold MOUNT` releases it (`ENODATA` if the
+//! caller holds nothing). Not listed by `listxattr`.
 
 use std::ffi::OsStr;
 
@@ -32,6 +39,7 @@ pub const SOURCE: &str = "user.stagefs.source";
 pub const VERIFIED: &str = "user.stagefs.verified";
 pub const PIN: &str = "user.stagefs.pin";
 pub const SESSION: &str = "user.stagefs.session";
+pub const HOLD: &str = "user.stagefs.hold";
 
 impl View {
     /// `(name, value)` of every attribute `ino` has, in listing order.
@@ -80,6 +88,14 @@ impl View {
         if ino == super::ROOT && name == SESSION {
             return self.session_id(reader).map(String::into_bytes);
         }
+        if ino == super::ROOT && name == HOLD {
+            if reader == Reader::Unattributed {
+                return Err(ViewError::Unattributed);
+            }
+            let snap = self.catalog.snapshot();
+            let held = self.readers.hold(reader, &snap).ok_or(ViewError::NoAttr)?;
+            return Ok(held.to_string().into_bytes());
+        }
         if ino == super::ROOT && name == VISIBLE {
             // Read-your-check: answer and move the view from one snapshot.
             let snap = self.catalog.snapshot();
@@ -126,6 +142,13 @@ impl View {
         let reader = self.reader(caller);
         if ino == super::ROOT && name == SESSION {
             return self.leave_session(reader);
+        }
+        if ino == super::ROOT && name == HOLD {
+            return if self.readers.release(reader) {
+                Ok(())
+            } else {
+                Err(ViewError::NoAttr)
+            };
         }
         if name != PIN {
             return match self.getxattr(ino, name, caller) {

@@ -1,5 +1,6 @@
 //! Hive file URIs as stagefs [`FileRef`]s: the local path and
-//! change-management copy through `--source-map`, the checksum, the
+//! change-management copy through `--source-map` (or, for a URI no map
+//! covers on a file system stagefs reads, the URIs themselves), the checksum, the
 //! subdirectory below the partition or table location, and a reference key
 //! unique to the file's place in its event.
 //!
@@ -10,9 +11,10 @@
 
 use sha2::{Digest, Sha256};
 
-use super::map::SourceMap;
+use super::map::{Place, SourceMap};
 use super::model::{FileUri, HiveMessage, HivePartition, HiveTable};
 use crate::event::{is_valid_file_name, is_valid_source_path, BlobId, FileRef, Verify};
+use crate::source_file::Location;
 
 /// Where Hive keeps the files of `table`'s `partition` (the table's own
 /// location when unpartitioned), when the message says.
@@ -106,8 +108,15 @@ pub(crate) fn map_file(
     uri: &FileUri,
     dir: Option<&str>,
 ) -> Result<FileRef, String> {
-    let (source_dir, rest) = map.resolve(&uri.path)?;
-    let path = source_dir.join(rest);
+    // A mapped file: its local path, opened beneath the mapped directory.
+    // A file read where it is (HDFS): its URI, and no local directory.
+    let (path, source_dir) = match map.place(&uri.path)? {
+        Place::Mapped(dir, rest) => (
+            dir.join(rest).to_string_lossy().into_owned(),
+            Some(dir.to_string_lossy().into_owned()),
+        ),
+        Place::Remote(_) => (uri.path.clone(), None),
+    };
     let file_name = uri
         .path
         .rsplit('/')
@@ -140,12 +149,20 @@ pub(crate) fn map_file(
     }
     let (cm_path, cm_dir) = match (&checksum, uri.cm_root.as_deref().filter(|c| !c.is_empty())) {
         (Some(c), Some(root)) => {
-            let (dir, rest) = map.resolve(root)?;
-            let cm = dir.join(rest).join(super::uri::cm_file_name(file_name, c));
-            (
-                Some(cm.to_string_lossy().into_owned()),
-                Some(dir.to_string_lossy().into_owned()),
-            )
+            let cm_name = super::uri::cm_file_name(file_name, c);
+            match map.place(root)? {
+                Place::Mapped(dir, rest) => (
+                    Some(dir.join(rest).join(cm_name).to_string_lossy().into_owned()),
+                    Some(dir.to_string_lossy().into_owned()),
+                ),
+                Place::Remote(_) => {
+                    let cm = format!("{}/{cm_name}", root.trim_end_matches('/'));
+                    if let Some(Err(e)) = Location::remote(&cm) {
+                        return Err(e);
+                    }
+                    (Some(cm), None)
+                }
+            }
         }
         _ => (None, None),
     };
@@ -155,7 +172,7 @@ pub(crate) fn map_file(
     h.update((index as u64).to_le_bytes());
     h.update(uri.path.as_bytes());
     Ok(FileRef {
-        path: path.to_string_lossy().into_owned(),
+        path,
         name: file_name.to_owned(),
         subdir,
         verify: match checksum {
@@ -163,7 +180,7 @@ pub(crate) fn map_file(
             None => Verify::None,
         },
         key: Some(BlobId(h.finalize().into())),
-        source_dir: Some(source_dir.to_string_lossy().into_owned()),
+        source_dir,
         cm_path,
         cm_dir,
         uri: Some(uri.path.clone()),

@@ -8,9 +8,24 @@
 //! `.` or `..` component (it would escape its directory), is bad input.
 //! Change-management roots inside URIs are mapped the same way.
 //!
+//! A URI no prefix covers is read where it is when stagefs has a reader for
+//! its file system (`hdfs://`: [`SourceMap::place`] gives its
+//! [`Location`]); a map still wins where it covers a URI.
+//!
 //! Used by the Hive adapter for every file URI; pure.
 
 use std::path::{Path, PathBuf};
+
+use crate::source_file::Location;
+
+/// Where a file URI is read from ([`SourceMap::place`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place<'a> {
+    /// Below a mapped local directory: the directory and the path below it.
+    Mapped(&'a Path, PathBuf),
+    /// Where the URI names it, on a file system stagefs reads (HDFS).
+    Remote(Location),
+}
 
 /// The maps given on the command line.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,11 +69,30 @@ impl SourceMap {
         Ok(dir.join(rest))
     }
 
+    /// Where `uri` is read from: below the directory a map gives it
+    /// ([`SourceMap::resolve`]), else where it is when stagefs reads its
+    /// file system, else why neither.
+    pub fn place(&self, uri: &str) -> Result<Place<'_>, String> {
+        match self.resolve_covered(uri) {
+            Some(mapped) => mapped.map(|(dir, rest)| Place::Mapped(dir, rest)),
+            None => match Location::remote(uri) {
+                Some(remote) => remote.map(Place::Remote),
+                None => Err(format!("no --source-map covers `{uri}`")),
+            },
+        }
+    }
+
     /// The mapped directory that covers `uri` and the path below it
     /// (relative, no `.`/`..`/empty components; empty for the directory
     /// itself). Files are opened beneath that directory, so that neither
     /// the URI nor a symlink in the source can lead out of it.
     pub fn resolve(&self, uri: &str) -> Result<(&Path, PathBuf), String> {
+        self.resolve_covered(uri)
+            .unwrap_or_else(|| Err(format!("no --source-map covers `{uri}`")))
+    }
+
+    /// [`SourceMap::resolve`]; `None` when no map covers `uri`.
+    fn resolve_covered(&self, uri: &str) -> Option<Result<(&Path, PathBuf), String>> {
         for (prefix, dir) in &self.entries {
             let Some(rest) = uri.strip_prefix(prefix.as_str()) else {
                 continue;
@@ -68,20 +102,20 @@ impl SourceMap {
             }
             let rest = rest.trim_start_matches('/');
             if rest.is_empty() {
-                return Ok((dir, PathBuf::new()));
+                return Some(Ok((dir, PathBuf::new())));
             }
             if rest.contains('\0')
                 || rest
                     .split('/')
                     .any(|c| c.is_empty() || c == "." || c == "..")
             {
-                return Err(format!(
+                return Some(Err(format!(
                     "`{uri}` escapes the directory {prefix} is mapped to"
-                ));
+                )));
             }
-            return Ok((dir, PathBuf::from(rest)));
+            return Some(Ok((dir, PathBuf::from(rest))));
         }
-        Err(format!("no --source-map covers `{uri}`"))
+        None
     }
 }
 
@@ -130,6 +164,27 @@ mod tests {
             let err = m.local(uri).unwrap_err();
             assert!(err.contains("escapes"), "{uri}: {err}");
         }
+    }
+
+    #[test]
+    fn an_unmapped_hdfs_uri_is_read_where_it_is_and_a_map_still_wins() {
+        let m = SourceMap::parse(&["hdfs://nn1:8020/warehouse=/srv/wh"]).unwrap();
+        assert_eq!(
+            m.place("hdfs://nn1:8020/warehouse/t/f").unwrap(),
+            Place::Mapped(Path::new("/srv/wh"), PathBuf::from("t/f"))
+        );
+        assert_eq!(
+            m.place("hdfs://ns1/user/hive/cmroot/f_00").unwrap(),
+            Place::Remote(Location::Hdfs {
+                uri: "hdfs://ns1/user/hive/cmroot/f_00".into()
+            })
+        );
+        // Malformed, a mapped URI escaping its directory, no reader.
+        assert!(m.place("hdfs://ns1/wh/../x").is_err());
+        assert!(m.place("hdfs://nn1:8020/warehouse/../x").is_err());
+        let err = m.place("abfs://c@acct/wh/f").unwrap_err();
+        assert!(err.contains("no --source-map covers"), "{err}");
+        assert!(SourceMap::default().place("hdfs://nn/wh/f").is_ok());
     }
 
     #[test]

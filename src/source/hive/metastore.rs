@@ -1419,6 +1419,9 @@ mod my {
             Error::UrlError(_) | Error::FromValueError(_) | Error::FromRowError(_) => {
                 RowSourceError::Fatal(format!("{what}: {error}"))
             }
+            // A certificate refused or a server without TLS: retrying
+            // cannot fix it.
+            Error::TlsError(_) => RowSourceError::Fatal(format!("{what}: TLS: {error}")),
         }
     }
 }

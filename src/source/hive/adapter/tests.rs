@@ -776,12 +776,13 @@ fn insert_files_mapped_ahead_give_the_same_events_and_the_same_rejection_as_mapp
             .collect();
         rows.push(insert(id, &files));
     }
-    // A file no --source-map covers, after a good one of the same event.
+    // A file no --source-map covers (on a file system with no reader: an
+    // hdfs:// one would be read on HDFS), after a good one of the same event.
     rows[120] = insert(
         121,
         &[
             "hdfs://nn/wh/d/t/g#00ab#hdfs://nn/cm#".into(),
-            "hdfs://elsewhere/d/t/h".into(),
+            "abfs://elsewhere/d/t/h".into(),
         ],
     );
     let inline = outcomes(&rows, 0);
@@ -790,7 +791,7 @@ fn insert_files_mapped_ahead_give_the_same_events_and_the_same_rejection_as_mapp
     };
     assert!(
         r.reason
-            .contains("no --source-map covers `hdfs://elsewhere/d/t/h`"),
+            .contains("no --source-map covers `abfs://elsewhere/d/t/h`"),
         "{r}"
     );
     match &inline[10].1 {

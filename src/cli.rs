@@ -1,0 +1,197 @@
+//! The command line of `stagefs` (clap derive): the binary parses it, the
+//! config file ([`crate::config`]) reads its keys from it, and
+//! `stagefs completions` / `stagefs manpage` are generated from it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::daemon::LogFormat;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "stagefs",
+    version,
+    about = "A FUSE filesystem that shows a replicated warehouse only in states the source really had"
+)]
+pub struct Cli {
+    /// How log lines are written to stderr: text (coloured only on a
+    /// terminal) or json (one object per line).
+    #[arg(
+        long = "log-format",
+        value_name = "text|json",
+        global = true,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Folder that holds everything stagefs owns (journal, staged files, commits, pins).
+    #[arg(long = "state", value_name = "DIR")]
+    pub state: PathBuf,
+    /// The source warehouse's files (native source).
+    #[arg(long = "source-root", value_name = "DIR")]
+    pub source_root: Option<PathBuf>,
+    /// The source notification log: *.jsonl files, read in name order (native source).
+    #[arg(long = "events", value_name = "DIR")]
+    pub events: Option<PathBuf>,
+    /// Follow Hive's metastore database: postgresql://user@host:port/db or
+    /// mysql://user@host:port/db (password: STAGEFS_METASTORE_PASSWORD or ?password_file=).
+    #[arg(long = "hive-metastore", value_name = "URL", conflicts_with_all = ["events", "hive_events"])]
+    pub hive_metastore: Option<String>,
+    /// Follow Hive NOTIFICATION_LOG rows exported as JSON Lines (a file or a folder of *.jsonl).
+    #[arg(long = "hive-events", value_name = "PATH", conflicts_with = "events")]
+    pub hive_events: Option<PathBuf>,
+    /// Where Hive's file URIs are on this machine: PREFIX=DIR (repeatable).
+    #[arg(long = "source-map", value_name = "PREFIX=DIR")]
+    pub source_map: Vec<String>,
+    /// How often to poll the Hive notification log, in milliseconds.
+    #[arg(long = "hive-poll-ms", value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    pub hive_poll_ms: u64,
+    /// Read the metastore password from this file (its first line); else
+    /// it comes from STAGEFS_METASTORE_PASSWORD.
+    #[arg(
+        long = "metastore-password-file",
+        value_name = "FILE",
+        requires = "hive_metastore"
+    )]
+    pub metastore_password_file: Option<PathBuf>,
+    /// Take options from this TOML file (keys: the long flags without
+    /// dashes, and `mountpoint`); flags given here override it.
+    #[arg(long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Change-management root: copies named <file name>_<sha256>.
+    #[arg(long = "cm-root", value_name = "DIR")]
+    pub cm_root: Option<PathBuf>,
+    /// Build the first state from the metastore's tables (databases, tables,
+    /// partitions, their files) before following its events.
+    #[arg(long, requires = "hive_metastore")]
+    pub bootstrap: bool,
+    /// Newest unpinned versions kept browsable under .stagefs/snapshots.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub retain: u64,
+    /// Seconds a read of a source file may make no progress before the
+    /// fetch is abandoned and retried (a hung NFS or FUSE source).
+    #[arg(long = "fetch-timeout", value_name = "SECS", default_value_t = crate::replicate::DEFAULT_FETCH_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub fetch_timeout: u64,
+    /// Write a catalog checkpoint (and compact the journal) once the visible
+    /// state-id moved N past the last one; 0: by time only.
+    #[arg(long = "checkpoint-events", value_name = "N", default_value_t = crate::checkpoint::DEFAULT_CHECKPOINT_EVENTS)]
+    pub checkpoint_events: u64,
+    /// ...or once this many seconds passed with a newer visible state.
+    #[arg(long = "checkpoint-interval", value_name = "SECONDS", default_value_t = crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_interval: u64,
+    /// MiB per second a checkpoint is written at, so its bytes never queue
+    /// ahead of the commits' flushes; 0: as fast as the disk takes them.
+    #[arg(long = "checkpoint-rate", value_name = "MIB_PER_S", default_value_t = crate::checkpoint::DEFAULT_CHECKPOINT_RATE_MIB)]
+    pub checkpoint_rate: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Replicate and serve the mount (foreground; Ctrl-C or SIGTERM unmounts).
+    Mount {
+        /// An empty directory to mount on.
+        mountpoint: PathBuf,
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Let users other than the mounting one read the mount.
+        #[arg(long)]
+        allow_other: bool,
+        /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT, e.g.
+        /// 127.0.0.1:9464; off unless given).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
+    },
+    /// Print the status JSON of a mount or a state folder.
+    Status {
+        /// A stagefs mountpoint.
+        mountpoint: Option<PathBuf>,
+        /// A state folder (works without a running daemon).
+        #[arg(long = "state", value_name = "DIR", conflicts_with = "mountpoint")]
+        state: Option<PathBuf>,
+        /// Print one line per second (visible, latest, lag, rates) until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Run COMMAND so that it and every process it starts see one state of the mount.
+    Run {
+        /// A stagefs mountpoint.
+        mountpoint: PathBuf,
+        /// The state to see: a retained state-id, or `visible` (the newest).
+        #[arg(long, value_name = "STATE|visible", default_value = "visible")]
+        at: String,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// Self-contained demo: a synthetic warehouse that keeps changing, mounted.
+    Demo {
+        /// Where to mount (default: a new folder under /tmp).
+        mountpoint: Option<PathBuf>,
+        /// Feed the demo through Hive notification rows (gzip(json-2.0)) instead of native events.
+        #[arg(long)]
+        hive: bool,
+    },
+    /// Replicate without mounting (headless; for staging hosts and tests).
+    Replicate {
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+    /// Bootstrap a state folder from the Hive metastore's tables, then exit
+    /// (`mount` or `replicate` with the same --state continues from it).
+    Bootstrap {
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell) on stdout.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page stagefs(1) (roff) on stdout.
+    Manpage,
+}
+
+/// Writes the completion script of `stagefs` for `shell` to `out`.
+/// (Generated in memory first: clap_complete panics on a write error,
+/// such as a closed pipe.)
+pub fn write_completions(
+    shell: clap_complete::Shell,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    let mut script = Vec::new();
+    clap_complete::generate(
+        shell,
+        &mut <Cli as clap::CommandFactory>::command(),
+        "stagefs",
+        &mut script,
+    );
+    out.write_all(&script)
+}
+
+/// Writes the man page stagefs(1) to `out`: the top-level page, then each
+/// subcommand's page (its options) as a section of the same document, so
+/// one file documents every option.
+pub fn write_manpage(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let cli = <Cli as clap::CommandFactory>::command();
+    clap_mangen::Man::new(cli.clone()).render(out)?;
+    for sub in cli.get_subcommands() {
+        let name = format!("stagefs-{}", sub.get_name());
+        let bin_name = format!("stagefs {}", sub.get_name());
+        let sub = sub.clone().display_name(name).bin_name(bin_name);
+        let man = clap_mangen::Man::new(sub);
+        // Name, synopsis, description, options: no second title header.
+        man.render_name_section(out)?;
+        man.render_synopsis_section(out)?;
+        man.render_description_section(out)?;
+        man.render_options_section(out)?;
+    }
+    Ok(())
+}
