@@ -21,6 +21,7 @@
 //! Needs `scripts/setup-servers.sh` (Java 17 + Maven: the HDFS and metastore
 //! launchers) and `scripts/setup.sh` (PostgreSQL).
 
+mod common;
 #[path = "common/dbserver.rs"]
 mod dbserver;
 mod servers;
@@ -30,6 +31,7 @@ use std::io::Write;
 
 use serde_json::Value;
 
+use common::daemon::{read_tree, visible, Daemon, DaemonArgs, HiveMetastoreArgs};
 use dbserver::{DbServer, Kind, PASSWORD, USER};
 use servers::hms::{Encoder, MetastoreDb, RealMetastore};
 use servers::MiniHdfs;
@@ -246,20 +248,7 @@ fn real_metastore_rows_decode_and_fold_to_the_source(kind: Kind, encoder: Encode
     let server = DbServer::start(kind);
     server.create_database("hive");
     let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
-    let db = match kind {
-        Kind::Postgres => MetastoreDb {
-            db_type: "postgres",
-            jdbc_url: format!("jdbc:postgresql://127.0.0.1:{}/hive", server.port()),
-            user: USER.into(),
-            password: PASSWORD.into(),
-        },
-        Kind::MariaDb => MetastoreDb {
-            db_type: "mysql",
-            jdbc_url: format!("jdbc:mariadb://127.0.0.1:{}/hive", server.port()),
-            user: USER.into(),
-            password: PASSWORD.into(),
-        },
-    };
+    let db = metastore_db(kind, &server);
     let mut hms = RealMetastore::start(&db, hdfs.uri(), encoder).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("metastore ready: {}", hms.ready());
     let last = workload(&mut hms);
@@ -399,4 +388,416 @@ fn real_metastore_gzip_rows_decode_and_fold_to_the_source() {
 #[test]
 fn real_metastore_on_mariadb_json_rows_decode_and_fold_to_the_source() {
     real_metastore_rows_decode_and_fold_to_the_source(Kind::MariaDb, Encoder::Json);
+}
+
+// ---------------------------------------------------------------------------
+// The stagefs daemon following the real metastore.
+// ---------------------------------------------------------------------------
+
+/// `db.table` → path below the table (`k=v/…/name`) → sha256 hex.
+type Tables = BTreeMap<String, BTreeMap<String, String>>;
+
+/// The oracle's tables, as the mount lays them out: a partition's files
+/// under its `k1=v1/k2=v2` directory, each file where it lies below its
+/// partition's (or the table's) location.
+fn oracle_tables(source: &Value) -> Tables {
+    let below = |loc: &str, path: &str| -> String {
+        path.strip_prefix(loc)
+            .and_then(|r| r.strip_prefix('/'))
+            .unwrap_or_else(|| panic!("{path} is not below {loc}"))
+            .to_owned()
+    };
+    let mut out = Tables::new();
+    for (key, t) in source.as_object().expect("source object") {
+        let mut files = BTreeMap::new();
+        let add = |files: &mut BTreeMap<String, String>, dir: &str, loc: &str, list: &Value| {
+            for f in list.as_array().expect("files") {
+                let rel = below(loc, f["path"].as_str().expect("path"));
+                let rel = if dir.is_empty() {
+                    rel
+                } else {
+                    format!("{dir}/{rel}")
+                };
+                files.insert(rel, f["sha256"].as_str().expect("sha256").to_owned());
+            }
+        };
+        match t.get("partitions") {
+            None => add(
+                &mut files,
+                "",
+                t["location"].as_str().expect("location"),
+                &t["files"],
+            ),
+            Some(parts) => {
+                let keys: Vec<&str> = t["partition_keys"]
+                    .as_array()
+                    .expect("keys")
+                    .iter()
+                    .map(|k| k.as_str().expect("key"))
+                    .collect();
+                for p in parts.as_array().expect("partitions") {
+                    let dir: Vec<String> = keys
+                        .iter()
+                        .zip(p["values"].as_array().expect("values"))
+                        .map(|(k, v)| format!("{k}={}", v.as_str().expect("value")))
+                        .collect();
+                    add(
+                        &mut files,
+                        &dir.join("/"),
+                        p["location"].as_str().expect("location"),
+                        &p["files"],
+                    );
+                }
+            }
+        }
+        out.insert(key.clone(), files);
+    }
+    out
+}
+
+/// One walk of the mount by a reader: the state its view showed (the
+/// root's `user.stagefs.state_id`, the same before and after the walk) and
+/// every `db.table` in it with its content.
+struct Walk {
+    state: u64,
+    tables: Tables,
+}
+
+fn root_state(mnt: &std::path::Path) -> u64 {
+    common::getxattr(mnt, "user.stagefs.state_id")
+        .expect("state_id of the root")
+        .parse()
+        .expect("decimal state_id")
+}
+
+/// Walks every `db/table` of the mount, each table read through one
+/// directory handle. `None` when the view moved during the walk (the walk
+/// then spans two states and is not checked).
+fn walk_mount(mnt: &std::path::Path) -> Option<Walk> {
+    let state = root_state(mnt);
+    let mut tables = Tables::new();
+    for db in std::fs::read_dir(mnt).expect("read the mount").flatten() {
+        let db_name = db.file_name().to_string_lossy().into_owned();
+        if db_name.starts_with('.') {
+            continue;
+        }
+        let Ok(list) = std::fs::read_dir(db.path()) else {
+            continue;
+        };
+        for t in list.flatten() {
+            let Ok(dir) = std::fs::File::open(t.path()) else {
+                continue;
+            };
+            use std::os::unix::io::AsRawFd;
+            let at = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+            let changed: u64 = common::getxattr(&at, "user.stagefs.state_id")
+                .unwrap_or_else(|e| panic!("state_id of {}: errno {e}", t.path().display()))
+                .parse()
+                .expect("decimal state_id");
+            if changed > state {
+                // The other reader thread moved this process's view.
+                return None;
+            }
+            let key = format!("{db_name}.{}", t.file_name().to_string_lossy());
+            tables.insert(key, read_tree(&at));
+        }
+    }
+    (root_state(mnt) == state).then_some(Walk { state, tables })
+}
+
+/// The driver's operations for round `r` in database `db`: CREATE/ALTER/
+/// DROP, INSERT INTO, INSERT OVERWRITE reusing `000000_0`, truncate of a
+/// table and of a partition, rename, drop of a partition, a table and a
+/// whole database (cascade, the previous round's).
+fn mount_round(r: usize, dir: &std::path::Path) -> Vec<Vec<String>> {
+    let db = format!("r{r}");
+    let file = |n: usize| {
+        let body: String = (0..(n % 7 + 1))
+            .map(|i| format!("{},round {r} file {n} row {i}\n", n * 10 + i))
+            .collect();
+        write_file(dir, &format!("r{r}-{n}.csv"), &body)
+    };
+    let mut ops: Vec<Vec<&str>> = Vec::new();
+    let f: Vec<String> = (0..12).map(file).collect();
+    ops.push(vec!["create-db", &db, "repl-source"]);
+    ops.push(vec!["create-table", &db, "orders", "text", "dt", "region"]);
+    ops.push(vec!["add-partition", &db, "orders", "2024-01-01", "eu"]);
+    ops.push(vec!["add-partition", &db, "orders", "2024-01-02", "us"]);
+    ops.push(vec![
+        "insert",
+        &db,
+        "orders",
+        "into",
+        &f[0],
+        "2024-01-01",
+        "eu",
+    ]);
+    ops.push(vec![
+        "insert",
+        &db,
+        "orders",
+        "into",
+        &f[1],
+        "2024-01-01",
+        "eu",
+    ]);
+    ops.push(vec![
+        "insert",
+        &db,
+        "orders",
+        "into",
+        &f[2],
+        "2024-01-02",
+        "us",
+    ]);
+    ops.push(vec![
+        "insert",
+        &db,
+        "orders",
+        "overwrite",
+        &f[3],
+        "2024-01-01",
+        "eu",
+    ]);
+    ops.push(vec!["create-table", &db, "flat", "parquet"]);
+    ops.push(vec!["insert", &db, "flat", "into", &f[4]]);
+    ops.push(vec!["insert", &db, "flat", "overwrite", &f[5]]);
+    ops.push(vec!["insert", &db, "flat", "into", &f[6]]);
+    ops.push(vec!["create-table", &db, "gone", "text"]);
+    ops.push(vec!["insert", &db, "gone", "into", &f[7]]);
+    ops.push(vec!["drop-table", &db, "gone"]);
+    ops.push(vec!["add-partition", &db, "orders", "2024-01-03", "eu"]);
+    ops.push(vec![
+        "insert",
+        &db,
+        "orders",
+        "into",
+        &f[8],
+        "2024-01-03",
+        "eu",
+    ]);
+    ops.push(vec!["drop-partition", &db, "orders", "2024-01-02", "us"]);
+    ops.push(vec!["truncate", &db, "orders", "2024-01-03", "eu"]);
+    ops.push(vec!["rename", &db, "flat", "flat2"]);
+    ops.push(vec!["insert", &db, "flat2", "overwrite", &f[9]]);
+    ops.push(vec!["create-table", &db, "trunc", "text"]);
+    ops.push(vec!["insert", &db, "trunc", "into", &f[10]]);
+    ops.push(vec!["truncate", &db, "trunc"]);
+    ops.push(vec!["insert", &db, "trunc", "overwrite", &f[11]]);
+    let prev = r.checked_sub(1).map(|p| format!("r{p}"));
+    let mut out: Vec<Vec<String>> = ops
+        .into_iter()
+        .map(|o| o.into_iter().map(str::to_owned).collect())
+        .collect();
+    if let Some(prev) = prev {
+        out.push(vec!["alter-db-not-repl-source".into(), prev.clone()]);
+        out.push(vec!["drop-db".into(), prev, "cascade".into()]);
+    }
+    out
+}
+
+/// Whether a walk shows what the oracle says at its state, table by
+/// table (present or not, and content): exactly the oracle after the
+/// operation that ended at that id, or, for an id inside an operation of
+/// several events (a truncate's two rows, a cascading drop), the oracle
+/// before or after it (each table changes once within one operation).
+fn check_walk(oracles: &[(u64, Tables)], w: &Walk) -> Vec<String> {
+    let k = match oracles.binary_search_by_key(&w.state, |(id, _)| *id) {
+        Ok(k) => Ok(k),
+        Err(0) => return vec![format!("view {} before the first oracle", w.state)],
+        Err(k) if k == oracles.len() => {
+            return vec![format!("view {} after the last operation", w.state)]
+        }
+        Err(k) => Err(k),
+    };
+    let mut names: std::collections::BTreeSet<&String> = w.tables.keys().collect();
+    match k {
+        Ok(k) => names.extend(oracles[k].1.keys()),
+        Err(k) => {
+            names.extend(oracles[k - 1].1.keys());
+            names.extend(oracles[k].1.keys());
+        }
+    }
+    let mut bad = Vec::new();
+    for name in names {
+        let got = w.tables.get(name);
+        let ok = match k {
+            Ok(k) => oracles[k].1.get(name) == got,
+            Err(k) => oracles[k - 1].1.get(name) == got || oracles[k].1.get(name) == got,
+        };
+        if !ok {
+            let (lo, hi) = match k {
+                Ok(k) => (k, k),
+                Err(k) => (k - 1, k),
+            };
+            bad.push(format!(
+                "{name} in view {}: mount {got:?}, source at {} {:?}, at {} {:?}",
+                w.state,
+                oracles[lo].0,
+                oracles[lo].1.get(name),
+                oracles[hi].0,
+                oracles[hi].1.get(name)
+            ));
+        }
+    }
+    bad
+}
+
+fn stagefs_follows_the_real_metastore(kind: Kind, encoder: Encoder) {
+    let rounds: usize = if std::env::var_os("STAGEFS_LONG_TESTS").is_some() {
+        12
+    } else {
+        2
+    };
+    let server = DbServer::start(kind);
+    server.create_database("hive");
+    let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut hms = RealMetastore::start(&metastore_db(kind, &server), hdfs.uri(), encoder)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("metastore ready: {}", hms.ready());
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // No --source-map: every hdfs:// URI is read from the mini cluster.
+    let args = DaemonArgs::under(tmp.path()).hive_metastore(HiveMetastoreArgs {
+        url: server.url("hive"),
+        password: PASSWORD.into(),
+        source_map: Vec::new(),
+        poll_ms: 50,
+    });
+    let d = Daemon::start(args);
+    let mnt = d.mnt().to_owned();
+
+    let first = hms.call(&["state"]).unwrap_or_else(|e| panic!("{e}"));
+    let mut oracles: Vec<(u64, Tables)> = vec![(
+        first["event_id"].as_u64().expect("event_id"),
+        oracle_tables(&first["source"]),
+    )];
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = std::sync::Arc::clone(&stop);
+            let mnt = mnt.clone();
+            std::thread::spawn(move || {
+                let (mut seen, mut moved) = (Vec::new(), 0usize);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Reading `user.stagefs.visible` moves this process's
+                    // view to the newest state at once (docs/SEMANTICS.md,
+                    // "The view rule"): each walk sees a fresh state.
+                    let _ = common::getxattr(&mnt, "user.stagefs.visible");
+                    match walk_mount(&mnt) {
+                        Some(w) => seen.push(w),
+                        None => moved += 1,
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                (seen, moved)
+            })
+        })
+        .collect();
+
+    let scratch = hms.scratch();
+    for r in 0..rounds {
+        for op in mount_round(r, &scratch) {
+            if op[0] == "rename" {
+                // Hive moves a renamed table's files and keeps no copy in
+                // cmroot (docs/HIVE.md "Limits"): stagefs must have staged
+                // them first.
+                let id = oracles.last().expect("oracle").0;
+                d.wait_status_for(
+                    &format!("visible >= {id} before a rename"),
+                    std::time::Duration::from_secs(60),
+                    |s| visible(s) >= id,
+                );
+            }
+            let words: Vec<&str> = op.iter().map(String::as_str).collect();
+            let reply = hms.call(&words).unwrap_or_else(|e| panic!("{e}"));
+            let id = reply["event_id"].as_u64().expect("event_id");
+            let (prev, tables) = oracles.last().expect("oracle");
+            if op[0] == "alter-db-not-repl-source" {
+                // Hive 4 writes no ALTER_DATABASE row for a change of the
+                // replication parameters alone (shouldSkipCapturing).
+                assert_eq!(id, *prev, "{op:?}");
+                assert_eq!(&oracle_tables(&reply["source"]), tables, "{op:?}");
+                continue;
+            }
+            assert!(id > *prev, "{op:?} wrote no event");
+            oracles.push((id, oracle_tables(&reply["source"])));
+        }
+    }
+    let last = oracles.last().expect("oracle").0;
+    let s = d.wait_status_for(
+        &format!("visible >= {last}"),
+        std::time::Duration::from_secs(120),
+        |s| visible(s) >= last,
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut seen, mut moved) = (Vec::new(), 0);
+    for r in readers {
+        let (w, m) = r.join().expect("reader");
+        seen.extend(w);
+        moved += m;
+    }
+    eprintln!("status at the end: {s}");
+    assert_eq!(visible(&s), last, "{s}");
+
+    // Every walk of the mount equals the source at its view's state-id.
+    let bad: Vec<String> = seen.iter().flat_map(|w| check_walk(&oracles, w)).collect();
+    let states: std::collections::BTreeSet<u64> = seen.iter().map(|w| w.state).collect();
+    let reads: usize = seen.iter().map(|w| w.tables.len()).sum();
+    eprintln!(
+        "{} walks ({reads} table reads) at {} distinct states of {}, {moved} walks across a view move, {} anomalies",
+        seen.len(),
+        states.len(),
+        oracles.len(),
+        bad.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{} anomalies, first: {:#?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    assert!(states.len() > 10, "the readers saw {} states", states.len());
+
+    // The final content, exactly: the same tables, the same bytes.
+    let _ = common::getxattr(&mnt, "user.stagefs.visible");
+    let end = walk_mount(&mnt).expect("a quiet mount's view holds");
+    assert_eq!(end.state, last);
+    let want = &oracles.last().expect("oracle").1;
+    assert_eq!(&end.tables, want, "the mount against the source at {last}");
+    assert!(
+        want.values().map(BTreeMap::len).sum::<usize>() > 0,
+        "the source holds files at the end"
+    );
+    assert!(s["stalled"].is_null(), "{s}");
+    drop(d);
+    drop(hms);
+}
+
+fn metastore_db(kind: Kind, server: &DbServer) -> MetastoreDb {
+    match kind {
+        Kind::Postgres => MetastoreDb {
+            db_type: "postgres",
+            jdbc_url: format!("jdbc:postgresql://127.0.0.1:{}/hive", server.port()),
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
+        Kind::MariaDb => MetastoreDb {
+            db_type: "mysql",
+            jdbc_url: format!("jdbc:mariadb://127.0.0.1:{}/hive", server.port()),
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
+    }
+}
+
+#[test]
+fn stagefs_follows_the_real_metastore_on_postgres() {
+    stagefs_follows_the_real_metastore(Kind::Postgres, Encoder::Json);
+}
+
+#[test]
+fn stagefs_follows_the_real_metastore_on_mariadb() {
+    stagefs_follows_the_real_metastore(Kind::MariaDb, Encoder::Gzip);
 }

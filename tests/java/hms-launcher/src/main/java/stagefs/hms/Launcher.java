@@ -55,11 +55,14 @@ import org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool;
  * <p>Then one JSON line per command on stdin (words separated by single spaces), each answer
  * {@code "ok":true|false}; a successful answer carries {@code event_id} (the metastore's current
  * notification id) and {@code source}: every table of every database as the metastore API and an
- * HDFS listing show it (the oracle, independent of the notification log). Commands call
+ * HDFS listing show it, each file with its length, HDFS checksum and sha256 (the oracle,
+ * independent of the notification log). Commands call
  * HiveMetaStoreClient the way HiveServer2 does:
  *
  * <ul>
- *   <li>{@code create-db DB}
+ *   <li>{@code create-db DB [repl-source]} (repl-source: {@code repl.source.for} set, so the
+ *       metastore recycles the files it drops into cmroot), {@code alter-db-not-repl-source DB}
+ *       (removes it: Hive drops no database that is a replication source)
  *   <li>{@code create-table DB TBL parquet|text [PARTKEY...]} (columns id int, v string)
  *   <li>{@code add-partition DB TBL VAL...}
  *   <li>{@code insert DB TBL into|overwrite LOCALFILE [VAL...]}: writes the file into the table or
@@ -67,7 +70,7 @@ import org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool;
  *       ReplChangeManager and deletes them), then fires the INSERT event with the new file and its
  *       HDFS checksum.
  *   <li>{@code drop-partition DB TBL VAL...}, {@code rename DB TBL NEWTBL}, {@code truncate DB
- *       TBL [VAL...]}, {@code drop-table DB TBL}, {@code drop-db DB}
+ *       TBL [VAL...]}, {@code drop-table DB TBL}, {@code drop-db DB [cascade]}
  *   <li>{@code state} (just the oracle), {@code quit}
  * </ul>
  *
@@ -274,12 +277,26 @@ public final class Launcher {
       case "create-db": {
         need(w, 2);
         Database db = new Database(w.get(1), "", null, new HashMap<>());
+        if (w.size() > 2 && w.get(2).equals("repl-source")) {
+          // A replication source (ALTER DATABASE ... SET DBPROPERTIES): the
+          // metastore then recycles dropped and truncated files into cmroot.
+          db.putToParameters(ReplChangeManager.SOURCE_OF_REPLICATION, "stagefs");
+        }
         client.createDatabase(db);
+        break;
+      }
+      case "alter-db-not-repl-source": {
+        // Hive refuses to drop a database that is a replication source.
+        need(w, 2);
+        Database db = client.getDatabase(w.get(1));
+        db.getParameters().remove(ReplChangeManager.SOURCE_OF_REPLICATION);
+        client.alterDatabase(w.get(1), db);
         break;
       }
       case "drop-db":
         need(w, 2);
-        client.dropDatabase(w.get(1), true, false, false);
+        client.dropDatabase(w.get(1), true, false,
+            w.size() > 2 && w.get(2).equals("cascade"));
         break;
       case "create-table": {
         need(w, 4);
@@ -488,8 +505,25 @@ public final class Launcher {
       f.put("path", st.getPath().toString());
       f.put("len", st.getLen());
       f.put("checksum", ReplChangeManager.checksumFor(st.getPath(), fs));
+      f.put("sha256", sha256(st.getPath()));
     }
     return out;
+  }
+
+  /** The file's bytes as HDFS serves them, hashed (lower-case hex). */
+  private String sha256(Path p) throws Exception {
+    java.security.MessageDigest md = java.security.MessageDigest.getInstance("SHA-256");
+    byte[] buf = new byte[65536];
+    try (java.io.InputStream in = fs.open(p)) {
+      for (int n; (n = in.read(buf)) > 0; ) {
+        md.update(buf, 0, n);
+      }
+    }
+    StringBuilder hex = new StringBuilder();
+    for (byte b : md.digest()) {
+      hex.append(String.format("%02x", b));
+    }
+    return hex.toString();
   }
 
   private static void need(List<String> w, int n) {
