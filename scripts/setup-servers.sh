@@ -72,6 +72,35 @@ if ! launcher_built; then
   launcher_built || { echo "setup-servers: the HDFS launcher did not build" >&2; exit 1; }
 fi
 
+# --- Hive metastore launcher -------------------------------------------------
+# tests/java/hms-launcher: Hive 4.0.1's standalone metastore, schematool and
+# its SQL scripts (unpacked from the metastore's bin tar.gz), the JDBC
+# drivers, and our NOTIFICATION_LOG listener. Same repository and offline-first rule.
+hms_launcher=tests/java/hms-launcher
+hms_launcher_built() {
+  local cp=$hms_launcher/target/classpath.txt
+  [ -f "$cp" ] && [ -f "$hms_launcher/target/classes/stagefs/hms/Launcher.class" ] || return 1
+  [ -d "$hms_launcher/target/metastore-home/apache-hive-metastore-4.0.1-bin/scripts/metastore/upgrade" ] || return 1
+  [ -z "$(find "$hms_launcher/pom.xml" "$hms_launcher/src" -newer "$cp" -print -quit)" ] || return 1
+  local jar
+  while IFS= read -r jar; do
+    [ -f "$jar" ] || return 1
+  done < <(tr ':' '\n' <"$cp")
+}
+
+if ! hms_launcher_built; then
+  mkdir -p "$maven_repo"
+  mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$hms_launcher/pom.xml" package)
+  if mvn -o "${mvn_args[@]}" >/dev/null 2>&1; then
+    echo "setup-servers: built the metastore launcher offline" >&2
+  else
+    echo "setup-servers: building the metastore launcher (downloads Hive into $maven_repo)" >&2
+    mvn "${mvn_args[@]}"
+  fi
+  touch "$hms_launcher/target/classpath.txt"
+  hms_launcher_built || { echo "setup-servers: the metastore launcher did not build" >&2; exit 1; }
+fi
+
 # --- SeaweedFS ---------------------------------------------------------------
 weed_dir=$servers_dir/seaweedfs-$SEAWEEDFS_VERSION
 if ! "$weed_dir/bin/weed" version >/dev/null 2>&1; then

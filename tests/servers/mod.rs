@@ -15,6 +15,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod hdfs;
+pub mod hms;
 pub mod proxy;
 pub mod s3;
 

@@ -1,0 +1,572 @@
+package stagefs.hms;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.BufferedReader;
+import java.io.File;
+import java.io.InputStreamReader;
+import java.io.OutputStream;
+import java.io.PrintStream;
+import java.net.InetSocketAddress;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.LocatedFileStatus;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.RemoteIterator;
+import org.apache.hadoop.hive.metastore.HiveMetaStore;
+import org.apache.hadoop.hive.metastore.HiveMetaStoreClient;
+import org.apache.hadoop.hive.metastore.ReplChangeManager;
+import org.apache.hadoop.hive.metastore.api.Database;
+import org.apache.hadoop.hive.metastore.api.FieldSchema;
+import org.apache.hadoop.hive.metastore.api.FireEventRequest;
+import org.apache.hadoop.hive.metastore.api.FireEventRequestData;
+import org.apache.hadoop.hive.metastore.api.InsertEventRequestData;
+import org.apache.hadoop.hive.metastore.api.Partition;
+import org.apache.hadoop.hive.metastore.api.SerDeInfo;
+import org.apache.hadoop.hive.metastore.api.StorageDescriptor;
+import org.apache.hadoop.hive.metastore.api.Table;
+import org.apache.hadoop.hive.metastore.conf.MetastoreConf;
+import org.apache.hadoop.hive.metastore.security.HadoopThriftAuthBridge;
+import org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool;
+
+/**
+ * A real Hive metastore for stagefs's tests, driven over stdin/stdout.
+ *
+ * <p>Start: {@code Launcher --base-dir DIR --hdfs hdfs://HOST:PORT --db-type postgres|mysql
+ * --jdbc-url URL --db-user U --db-password P --scripts DIR [--encoder json|gzip]}. It runs Hive's
+ * own schematool ({@link MetastoreSchemaTool} -initSchema) against the database, starts the
+ * metastore's Thrift server on a free port with NotificationLogListener (ours; see that class) as transactional listener,
+ * DML events on and change management (cmroot) on HDFS, and prints one JSON ready line
+ * ({@code thrift_uri}, {@code hdfs}, {@code warehouse}, {@code cmroot}, {@code conf_dir},
+ * {@code hive_version}, {@code encoder}).
+ *
+ * <p>Then one JSON line per command on stdin (words separated by single spaces), each answer
+ * {@code "ok":true|false}; a successful answer carries {@code event_id} (the metastore's current
+ * notification id) and {@code source}: every table of every database as the metastore API and an
+ * HDFS listing show it, each file with its length, HDFS checksum and sha256 (the oracle,
+ * independent of the notification log). Commands call
+ * HiveMetaStoreClient the way HiveServer2 does:
+ *
+ * <ul>
+ *   <li>{@code create-db DB [repl-source]} (repl-source: {@code repl.source.for} set, so the
+ *       metastore recycles the files it drops into cmroot), {@code alter-db-not-repl-source DB}
+ *       (removes it: Hive drops no database that is a replication source)
+ *   <li>{@code create-table DB TBL parquet|text [PARTKEY...]} (columns id int, v string)
+ *   <li>{@code add-partition DB TBL VAL...}
+ *   <li>{@code insert DB TBL into|overwrite LOCALFILE [VAL...]}: writes the file into the table or
+ *       partition directory on HDFS (overwrite first recycles the old files through
+ *       ReplChangeManager and deletes them), then fires the INSERT event with the new file and its
+ *       HDFS checksum.
+ *   <li>{@code drop-partition DB TBL VAL...}, {@code rename DB TBL NEWTBL}, {@code truncate DB
+ *       TBL [VAL...]}, {@code drop-table DB TBL}, {@code drop-db DB [cascade]}
+ *   <li>{@code state} (just the oracle), {@code quit}
+ * </ul>
+ *
+ * <p>Exits when stdin closes or on quit; DIR is removed.
+ */
+public final class Launcher {
+  private static final ObjectMapper JSON = new ObjectMapper();
+  private static final String PARQUET_IN =
+      "org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat";
+  private static final String PARQUET_OUT =
+      "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat";
+  private static final String PARQUET_SERDE =
+      "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe";
+  private static final String TEXT_IN = "org.apache.hadoop.mapred.TextInputFormat";
+  private static final String TEXT_OUT =
+      "org.apache.hadoop.hive.ql.io.HiveIgnoreKeyTextOutputFormat";
+  private static final String TEXT_SERDE = "org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe";
+
+  private final Configuration conf;
+  private final FileSystem fs;
+  private final HiveMetaStoreClient client;
+
+  private Launcher(Configuration conf, FileSystem fs, HiveMetaStoreClient client) {
+    this.conf = conf;
+    this.fs = fs;
+    this.client = client;
+  }
+
+  public static void main(String[] args) throws Exception {
+    // Hive and Hadoop print to stdout in places; the protocol owns it.
+    PrintStream out = new PrintStream(new java.io.FileOutputStream(java.io.FileDescriptor.out), true,
+        StandardCharsets.UTF_8);
+    System.setOut(System.err);
+    Map<String, String> opts = new HashMap<>();
+    for (int i = 0; i + 1 < args.length; i += 2) {
+      if (!args[i].startsWith("--")) {
+        fail(out, "bad argument " + args[i]);
+      }
+      opts.put(args[i].substring(2), args[i + 1]);
+    }
+    for (String need :
+        new String[] {"base-dir", "hdfs", "db-type", "jdbc-url", "db-user", "db-password",
+          "scripts"}) {
+      if (!opts.containsKey(need)) {
+        fail(out, "missing --" + need);
+      }
+    }
+    File base = new File(opts.get("base-dir"));
+    File confDir = new File(base, "conf");
+    confDir.mkdirs();
+    String hdfs = opts.get("hdfs");
+    String dbType = opts.get("db-type");
+    String encoder = opts.getOrDefault("encoder", "json");
+    String encoderClass;
+    if (encoder.equals("json")) {
+      encoderClass = "org.apache.hadoop.hive.metastore.messaging.json.JSONMessageEncoder";
+    } else if (encoder.equals("gzip")) {
+      encoderClass = "org.apache.hadoop.hive.metastore.messaging.json.gzip.GzipJSONMessageEncoder";
+    } else {
+      fail(out, "--encoder must be json or gzip, not " + encoder);
+      return;
+    }
+    String driver =
+        dbType.equals("postgres") ? "org.postgresql.Driver" : "org.mariadb.jdbc.Driver";
+    int port = freePort();
+    String warehouse = hdfs + "/warehouse";
+    String cmroot = hdfs + "/cmroot";
+
+    Configuration conf = MetastoreConf.newMetastoreConf();
+    conf.set("fs.defaultFS", hdfs);
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.CONNECT_URL_KEY, opts.get("jdbc-url"));
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.CONNECTION_DRIVER, driver);
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.CONNECTION_USER_NAME, opts.get("db-user"));
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.PWD, opts.get("db-password"));
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.WAREHOUSE, warehouse);
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.WAREHOUSE_EXTERNAL, hdfs + "/external");
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.TRANSACTIONAL_EVENT_LISTENERS,
+        NotificationLogListener.class.getName());
+    // HiveConf.FIRE_EVENTS_FOR_DML: HiveServer2 fires INSERT events only with it on.
+    conf.setBoolean("hive.metastore.dml.events", true);
+    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.REPLCMENABLED, true);
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.REPLCMDIR, cmroot);
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.EVENT_MESSAGE_FACTORY, encoderClass);
+    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.EVENT_DB_NOTIFICATION_API_AUTH, false);
+    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.SCHEMA_VERIFICATION, true);
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.THRIFT_URIS, "thrift://127.0.0.1:" + port);
+    MetastoreConf.setLongVar(conf, MetastoreConf.ConfVars.THRIFT_CONNECTION_RETRIES, 3);
+    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.HIVE_TXN_STATS_ENABLED, false);
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.HIVE_TXN_MANAGER,
+        "org.apache.hadoop.hive.ql.lockmgr.DbTxnManager");
+    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.HIVE_SUPPORT_CONCURRENCY, true);
+    // No background compactor/housekeeping threads in a test.
+    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.COMPACTOR_INITIATOR_ON, false);
+    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.METRICS_ENABLED, false);
+    // A metastore-site.xml for clients (and for the record).
+    File site = new File(confDir, "metastore-site.xml");
+    try (OutputStream o = Files.newOutputStream(site.toPath())) {
+      Configuration toWrite = new Configuration(false);
+      for (Map.Entry<String, String> e : conf) {
+        if (e.getKey().startsWith("metastore.") || e.getKey().startsWith("hive.")
+            || e.getKey().startsWith("javax.jdo") || e.getKey().equals("fs.defaultFS")) {
+          toWrite.set(e.getKey(), e.getValue());
+        }
+      }
+      toWrite.writeXml(o);
+    }
+
+    // 1. Hive's own schematool.
+    String[] toolArgs = {
+      "-dbType", dbType, "-initSchema", "-url", opts.get("jdbc-url"), "-driver", driver,
+      "-userName", opts.get("db-user"), "-passWord", opts.get("db-password")
+    };
+    int rc;
+    try {
+      rc = new MetastoreSchemaTool().run(opts.get("scripts"), toolArgs, null, conf);
+    } catch (Throwable t) {
+      t.printStackTrace();
+      fail(out, "schematool threw " + t);
+      return;
+    }
+    if (rc != 0) {
+      fail(out, "schematool -initSchema returned " + rc + " (see stderr)");
+    }
+
+    FileSystem fs = new Path(hdfs).getFileSystem(conf);
+    fs.mkdirs(new Path(warehouse));
+    fs.mkdirs(new Path(cmroot));
+
+    // 2. The metastore's Thrift server, in this JVM.
+    final Throwable[] died = new Throwable[1];
+    Thread server = new Thread(() -> {
+      try {
+        HiveMetaStore.startMetaStore(port, HadoopThriftAuthBridge.getBridge(), conf);
+      } catch (Throwable t) {
+        died[0] = t;
+        t.printStackTrace();
+      }
+    }, "metastore");
+    server.setDaemon(true);
+    server.start();
+    long deadline = System.currentTimeMillis() + 120_000;
+    while (!listening(port)) {
+      if (died[0] != null) {
+        fail(out, "the metastore did not start: " + died[0]);
+      }
+      if (System.currentTimeMillis() > deadline) {
+        fail(out, "the metastore did not listen on " + port + " in 120 s");
+      }
+      Thread.sleep(100);
+    }
+    HiveMetaStoreClient client = new HiveMetaStoreClient(conf);
+    Launcher l = new Launcher(conf, fs, client);
+
+    ObjectNode ready = JSON.createObjectNode();
+    ready.put("ready", true);
+    ready.put("thrift_uri", "thrift://127.0.0.1:" + port);
+    ready.put("hdfs", hdfs);
+    ready.put("warehouse", warehouse);
+    ready.put("cmroot", cmroot);
+    ready.put("conf_dir", confDir.getAbsolutePath());
+    ready.put("encoder", encoderClass);
+    ready.put("hive_version", org.apache.hive.common.util.HiveVersionInfo.getVersion());
+    ready.put("event_id", client.getCurrentNotificationEventId().getEventId());
+    out.println(JSON.writeValueAsString(ready));
+
+    BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+    String line;
+    while ((line = in.readLine()) != null) {
+      if (line.isEmpty()) {
+        continue;
+      }
+      List<String> w = Arrays.asList(line.split(" "));
+      if (w.get(0).equals("quit")) {
+        break;
+      }
+      ObjectNode reply;
+      try {
+        l.run(w);
+        reply = JSON.createObjectNode();
+        reply.put("ok", true);
+        reply.put("event_id", client.getCurrentNotificationEventId().getEventId());
+        reply.set("source", l.source());
+      } catch (Throwable t) {
+        t.printStackTrace();
+        reply = JSON.createObjectNode();
+        reply.put("ok", false);
+        reply.put("error", String.valueOf(t));
+      }
+      out.println(JSON.writeValueAsString(reply));
+    }
+    client.close();
+    try {
+      fs.delete(new Path("/warehouse"), true);
+    } catch (Exception e) {
+      // the HDFS may be gone already
+    }
+    deleteTree(base);
+    Runtime.getRuntime().halt(0);
+  }
+
+  private void run(List<String> w) throws Exception {
+    String cmd = w.get(0);
+    switch (cmd) {
+      case "create-db": {
+        need(w, 2);
+        Database db = new Database(w.get(1), "", null, new HashMap<>());
+        if (w.size() > 2 && w.get(2).equals("repl-source")) {
+          // A replication source (ALTER DATABASE ... SET DBPROPERTIES): the
+          // metastore then recycles dropped and truncated files into cmroot.
+          db.putToParameters(ReplChangeManager.SOURCE_OF_REPLICATION, "stagefs");
+        }
+        client.createDatabase(db);
+        break;
+      }
+      case "alter-db-not-repl-source": {
+        // Hive refuses to drop a database that is a replication source.
+        need(w, 2);
+        Database db = client.getDatabase(w.get(1));
+        db.getParameters().remove(ReplChangeManager.SOURCE_OF_REPLICATION);
+        client.alterDatabase(w.get(1), db);
+        break;
+      }
+      case "drop-db":
+        need(w, 2);
+        client.dropDatabase(w.get(1), true, false,
+            w.size() > 2 && w.get(2).equals("cascade"));
+        break;
+      case "create-table": {
+        need(w, 4);
+        Table t = new Table();
+        t.setDbName(w.get(1));
+        t.setTableName(w.get(2));
+        t.setOwner("stagefs");
+        t.setTableType("MANAGED_TABLE");
+        t.setParameters(new HashMap<>());
+        StorageDescriptor sd = new StorageDescriptor();
+        sd.setCols(new ArrayList<>(List.of(
+            new FieldSchema("id", "int", null), new FieldSchema("v", "string", null))));
+        SerDeInfo serde = new SerDeInfo();
+        serde.setParameters(new HashMap<>());
+        if (w.get(3).equals("parquet")) {
+          sd.setInputFormat(PARQUET_IN);
+          sd.setOutputFormat(PARQUET_OUT);
+          serde.setSerializationLib(PARQUET_SERDE);
+        } else if (w.get(3).equals("text")) {
+          sd.setInputFormat(TEXT_IN);
+          sd.setOutputFormat(TEXT_OUT);
+          serde.setSerializationLib(TEXT_SERDE);
+          serde.getParameters().put("field.delim", ",");
+          serde.getParameters().put("serialization.format", ",");
+        } else {
+          throw new IllegalArgumentException("format must be parquet or text: " + w.get(3));
+        }
+        sd.setSerdeInfo(serde);
+        sd.setBucketCols(new ArrayList<>());
+        sd.setSortCols(new ArrayList<>());
+        sd.setParameters(new HashMap<>());
+        t.setSd(sd);
+        List<FieldSchema> keys = new ArrayList<>();
+        for (String k : w.subList(4, w.size())) {
+          keys.add(new FieldSchema(k, "string", null));
+        }
+        t.setPartitionKeys(keys);
+        client.createTable(t);
+        break;
+      }
+      case "add-partition": {
+        need(w, 4);
+        Table t = client.getTable(w.get(1), w.get(2));
+        Partition p = new Partition();
+        p.setDbName(t.getDbName());
+        p.setTableName(t.getTableName());
+        p.setValues(new ArrayList<>(w.subList(3, w.size())));
+        StorageDescriptor sd = t.getSd().deepCopy();
+        sd.setLocation(null);
+        p.setSd(sd);
+        p.setParameters(new HashMap<>());
+        client.add_partition(p);
+        break;
+      }
+      case "drop-partition":
+        need(w, 4);
+        client.dropPartition(w.get(1), w.get(2), new ArrayList<>(w.subList(3, w.size())), true);
+        break;
+      case "insert":
+        need(w, 5);
+        insert(w.get(1), w.get(2), w.get(3), new File(w.get(4)),
+            new ArrayList<>(w.subList(5, w.size())));
+        break;
+      case "rename": {
+        need(w, 4);
+        Table t = client.getTable(w.get(1), w.get(2));
+        t.setTableName(w.get(3));
+        client.alter_table(w.get(1), w.get(2), t);
+        break;
+      }
+      case "truncate":
+        need(w, 3);
+        client.truncateTable(w.get(1), w.get(2),
+            w.size() > 3 ? Collections.singletonList(partName(w.get(1), w.get(2),
+                w.subList(3, w.size()))) : null);
+        break;
+      case "drop-table":
+        need(w, 3);
+        client.dropTable(w.get(1), w.get(2), true, false);
+        break;
+      case "state":
+        break;
+      default:
+        throw new IllegalArgumentException("unknown command " + cmd);
+    }
+  }
+
+  private String partName(String db, String tbl, List<String> vals) throws Exception {
+    Table t = client.getTable(db, tbl);
+    List<String> parts = new ArrayList<>();
+    for (int i = 0; i < vals.size(); i++) {
+      parts.add(t.getPartitionKeys().get(i).getName() + "=" + vals.get(i));
+    }
+    return String.join("/", parts);
+  }
+
+  /** INSERT INTO / INSERT OVERWRITE as HiveServer2's Hive.loadTable/loadPartition does it. */
+  private void insert(String db, String tbl, String mode, File local, List<String> vals)
+      throws Exception {
+    boolean overwrite;
+    if (mode.equals("overwrite")) {
+      overwrite = true;
+    } else if (mode.equals("into")) {
+      overwrite = false;
+    } else {
+      throw new IllegalArgumentException("mode must be into or overwrite: " + mode);
+    }
+    Table t = client.getTable(db, tbl);
+    Path dir;
+    if (t.getPartitionKeysSize() > 0) {
+      if (vals.size() != t.getPartitionKeysSize()) {
+        throw new IllegalArgumentException("give a value for each partition key");
+      }
+      Partition p = client.getPartition(db, tbl, vals);
+      dir = new Path(p.getSd().getLocation());
+    } else {
+      dir = new Path(t.getSd().getLocation());
+    }
+    fs.mkdirs(dir);
+    if (overwrite) {
+      // Hive.replaceFiles -> cleanUpOneDirectoryForReplace: recycle, then delete.
+      ReplChangeManager cm = ReplChangeManager.getInstance(conf);
+      for (FileStatus st : fs.listStatus(dir)) {
+        cm.recycle(st.getPath(), ReplChangeManager.RecycleType.MOVE, false);
+        fs.delete(st.getPath(), true);
+      }
+    }
+    // Hive's copy naming: 000000_0, then 000000_0_copy_1, ...
+    Path target = new Path(dir, "000000_0");
+    for (int n = 1; fs.exists(target); n++) {
+      target = new Path(dir, "000000_0_copy_" + n);
+    }
+    fs.copyFromLocalFile(false, true, new Path(local.getAbsolutePath()), target);
+
+    // Hive.fireInsertEvent -> addInsertFileInformation.
+    InsertEventRequestData data = new InsertEventRequestData();
+    data.setReplace(overwrite);
+    FileStatus st = fs.getFileStatus(target);
+    data.addToFilesAdded(st.getPath().toString());
+    String checksum = ReplChangeManager.checksumFor(st.getPath(), fs);
+    if (checksum != null) {
+      data.addToFilesAddedChecksum(checksum);
+    }
+    FireEventRequest rq = new FireEventRequest(true, FireEventRequestData.insertData(data));
+    rq.setDbName(db);
+    rq.setTableName(tbl);
+    if (!vals.isEmpty()) {
+      rq.setPartitionVals(vals);
+    }
+    client.fireListenerEvent(rq);
+  }
+
+  /** Every table: its location, keys, partitions and files (length + HDFS checksum). */
+  private ObjectNode source() throws Exception {
+    ObjectNode tables = JSON.createObjectNode();
+    List<String> dbs = new ArrayList<>(client.getAllDatabases());
+    Collections.sort(dbs);
+    for (String db : dbs) {
+      List<String> names = new ArrayList<>(client.getAllTables(db));
+      Collections.sort(names);
+      for (String name : names) {
+        Table t = client.getTable(db, name);
+        ObjectNode tn = JSON.createObjectNode();
+        tn.put("location", t.getSd().getLocation());
+        tn.put("table_type", t.getTableType());
+        tn.put("input_format", t.getSd().getInputFormat());
+        ArrayNode keys = tn.putArray("partition_keys");
+        for (FieldSchema k : t.getPartitionKeys()) {
+          keys.add(k.getName());
+        }
+        if (t.getPartitionKeysSize() == 0) {
+          tn.set("files", files(t.getSd().getLocation()));
+        } else {
+          ArrayNode parts = tn.putArray("partitions");
+          List<Partition> ps = client.listPartitions(db, name, (short) -1);
+          ps.sort((a, b) -> String.join("/", a.getValues()).compareTo(
+              String.join("/", b.getValues())));
+          for (Partition p : ps) {
+            ObjectNode pn = parts.addObject();
+            ArrayNode values = pn.putArray("values");
+            p.getValues().forEach(values::add);
+            pn.put("location", p.getSd().getLocation());
+            pn.set("files", files(p.getSd().getLocation()));
+          }
+        }
+        tables.set(db + "." + name, tn);
+      }
+    }
+    return tables;
+  }
+
+  private ArrayNode files(String location) throws Exception {
+    ArrayNode out = JSON.createArrayNode();
+    Path dir = new Path(location);
+    if (!fs.exists(dir)) {
+      return out;
+    }
+    List<LocatedFileStatus> all = new ArrayList<>();
+    RemoteIterator<LocatedFileStatus> it = fs.listFiles(dir, true);
+    while (it.hasNext()) {
+      all.add(it.next());
+    }
+    all.sort((a, b) -> a.getPath().toString().compareTo(b.getPath().toString()));
+    for (LocatedFileStatus st : all) {
+      ObjectNode f = out.addObject();
+      f.put("path", st.getPath().toString());
+      f.put("len", st.getLen());
+      f.put("checksum", ReplChangeManager.checksumFor(st.getPath(), fs));
+      f.put("sha256", sha256(st.getPath()));
+    }
+    return out;
+  }
+
+  /** The file's bytes as HDFS serves them, hashed (lower-case hex). */
+  private String sha256(Path p) throws Exception {
+    java.security.MessageDigest md = java.security.MessageDigest.getInstance("SHA-256");
+    byte[] buf = new byte[65536];
+    try (java.io.InputStream in = fs.open(p)) {
+      for (int n; (n = in.read(buf)) > 0; ) {
+        md.update(buf, 0, n);
+      }
+    }
+    StringBuilder hex = new StringBuilder();
+    for (byte b : md.digest()) {
+      hex.append(String.format("%02x", b));
+    }
+    return hex.toString();
+  }
+
+  private static void need(List<String> w, int n) {
+    if (w.size() < n) {
+      throw new IllegalArgumentException(w.get(0) + " needs " + (n - 1) + " arguments");
+    }
+  }
+
+  private static int freePort() throws Exception {
+    try (ServerSocket s = new ServerSocket(0, 1, java.net.InetAddress.getLoopbackAddress())) {
+      return s.getLocalPort();
+    }
+  }
+
+  private static boolean listening(int port) {
+    try (Socket s = new Socket()) {
+      s.connect(new InetSocketAddress("127.0.0.1", port), 200);
+      return true;
+    } catch (Exception e) {
+      return false;
+    }
+  }
+
+  private static void fail(PrintStream out, String why) {
+    ObjectNode n = JSON.createObjectNode();
+    n.put("ready", false);
+    n.put("error", why);
+    try {
+      out.println(JSON.writeValueAsString(n));
+    } catch (Exception e) {
+      out.println("{\"ready\":false}");
+    }
+    out.flush();
+    Runtime.getRuntime().halt(1);
+  }
+
+  private static void deleteTree(File f) {
+    File[] kids = f.listFiles();
+    if (kids != null) {
+      for (File k : kids) {
+        deleteTree(k);
+      }
+    }
+    f.delete();
+  }
+}

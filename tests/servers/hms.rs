@@ -1,0 +1,269 @@
+//! [`RealMetastore`]: Hive's own standalone metastore (4.0.1) run by the
+//! launcher in `tests/java/hms-launcher`, one JVM per value, on a database
+//! of one of the tests' private servers (tests/common/dbserver.rs) and with
+//! its warehouse and cmroot on a private HDFS ([`MiniHdfs`]).
+//!
+//! The launcher runs Hive's schematool on the database, starts the Thrift
+//! metastore with our `NotificationLogListener` as transactional listener
+//! (HCatalog's DbNotificationListener is not served for 4.0.x), DML
+//! events and change management on, prints one JSON ready line, then
+//! answers one JSON line per driver command (create-db, create-table,
+//! add-partition, insert, drop-partition, rename, truncate, drop-table,
+//! state). Each answer carries the metastore's current event id and the
+//! source's content as the metastore API and an HDFS listing show it: the
+//! oracle. It exits when its stdin closes; `Drop` sends `quit`, waits, kills
+//! it if it does not end, and removes its directory.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{log_tail, repo_root};
+
+/// schematool + DataNucleus + Thrift server start.
+const START_TIMEOUT: Duration = Duration::from_secs(240);
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Which message encoder the metastore writes `NOTIFICATION_LOG` with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoder {
+    /// `JSONMessageEncoder`: `MESSAGE_FORMAT` `json-0.2`.
+    Json,
+    /// `GzipJSONMessageEncoder`: `MESSAGE_FORMAT` `gzip(json-2.0)`.
+    Gzip,
+}
+
+/// The metastore's database.
+#[derive(Debug, Clone)]
+pub struct MetastoreDb {
+    /// `postgres` or `mysql` (schematool's `-dbType`).
+    pub db_type: &'static str,
+    /// A JDBC URL (`jdbc:postgresql://127.0.0.1:PORT/DB`, `jdbc:mariadb://…`).
+    pub jdbc_url: String,
+    pub user: String,
+    pub password: String,
+}
+
+pub struct RealMetastore {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    ready: Value,
+    log: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+fn java() -> PathBuf {
+    match std::env::var_os("JAVA_HOME") {
+        Some(home) if Path::new(&home).join("bin/java").exists() => {
+            Path::new(&home).join("bin/java")
+        }
+        _ => PathBuf::from("java"),
+    }
+}
+
+fn launcher_dir() -> PathBuf {
+    repo_root().join("tests/java/hms-launcher/target")
+}
+
+/// The launcher's class path and schematool's script dir, or why it cannot run.
+fn launcher_paths() -> Result<(String, PathBuf), String> {
+    let target = launcher_dir();
+    let classes = target.join("classes");
+    let scripts = target.join("metastore-home/apache-hive-metastore-4.0.1-bin");
+    let deps = std::fs::read_to_string(target.join("classpath.txt"));
+    match deps {
+        Ok(deps)
+            if classes.join("stagefs/hms/Launcher.class").exists()
+                && scripts.join("scripts/metastore/upgrade").is_dir() =>
+        {
+            Ok((format!("{}:{}", classes.display(), deps.trim()), scripts))
+        }
+        _ => Err(format!(
+            "the metastore launcher is not built ({} is missing): run scripts/setup-servers.sh",
+            target.join("classpath.txt").display()
+        )),
+    }
+}
+
+impl RealMetastore {
+    /// Runs schematool on `db` and starts the metastore with its warehouse
+    /// and cmroot on `hdfs_uri` (`hdfs://127.0.0.1:PORT`).
+    pub fn start(db: &MetastoreDb, hdfs_uri: &str, encoder: Encoder) -> Result<Self, String> {
+        let (classpath, scripts) = launcher_paths()?;
+        let dir = tempfile::Builder::new()
+            .prefix("stagefs-hms-")
+            .tempdir()
+            .map_err(|e| format!("creating the metastore's temp dir: {e}"))?;
+        let log = dir.path().join("launcher.log");
+        let log_file =
+            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let mut cmd = Command::new(java());
+        cmd.args([
+            "-Xmx768m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Djava.net.preferIPv4Stack=true",
+            "-cp",
+            &classpath,
+            "stagefs.hms.Launcher",
+            "--base-dir",
+        ])
+        .arg(dir.path().join("hms"))
+        .args(["--hdfs", hdfs_uri])
+        .args(["--db-type", db.db_type])
+        .args(["--jdbc-url", &db.jdbc_url])
+        .args(["--db-user", &db.user])
+        .args(["--db-password", &db.password])
+        .arg("--scripts")
+        .arg(&scripts)
+        .args([
+            "--encoder",
+            match encoder {
+                Encoder::Json => "json",
+                Encoder::Gzip => "gzip",
+            },
+        ]);
+        cmd.env_remove("HADOOP_CONF_DIR")
+            .env_remove("HADOOP_USER_NAME")
+            .env_remove("HIVE_CONF_DIR");
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "starting {}: {e} (is Java 17 installed? scripts/setup-servers.sh)",
+                    java().display()
+                )
+            })?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut hms = RealMetastore {
+            child,
+            stdin,
+            lines,
+            ready: Value::Null,
+            log,
+            dir,
+        };
+        let ready = hms.next_reply(START_TIMEOUT, "the metastore's ready line")?;
+        if ready["ready"] != Value::Bool(true) {
+            return Err(format!(
+                "the metastore launcher did not start: {ready}\n{}",
+                hms.log_tail()
+            ));
+        }
+        hms.ready = ready;
+        Ok(hms)
+    }
+
+    /// The ready line: `thrift_uri`, `hdfs`, `warehouse`, `cmroot`,
+    /// `conf_dir`, `encoder`, `hive_version`, `event_id`.
+    pub fn ready(&self) -> &Value {
+        &self.ready
+    }
+
+    pub fn thrift_uri(&self) -> &str {
+        self.ready["thrift_uri"].as_str().unwrap_or_default()
+    }
+
+    pub fn log_tail(&self) -> String {
+        format!(
+            "metastore log ({}):\n{}",
+            self.log.display(),
+            log_tail(&self.log, 6000)
+        )
+    }
+
+    fn next_reply(&mut self, timeout: Duration, what: &str) -> Result<Value, String> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(line) => {
+                serde_json::from_str(&line).map_err(|e| format!("{what}: not JSON ({e}): {line:?}"))
+            }
+            Err(RecvTimeoutError::Timeout) => Err(format!(
+                "{what}: no answer in {timeout:?}\n{}",
+                self.log_tail()
+            )),
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                Err(format!(
+                    "{what}: the launcher exited ({status})\n{}",
+                    self.log_tail()
+                ))
+            }
+        }
+    }
+
+    /// Sends one driver command (words without spaces) and returns its
+    /// reply (`event_id`, `source`), or the launcher's error.
+    pub fn call(&mut self, words: &[&str]) -> Result<Value, String> {
+        if let Some(w) = words
+            .iter()
+            .find(|w| w.is_empty() || w.contains([' ', '\n', '\r']))
+        {
+            return Err(format!(
+                "launcher arguments hold no spaces or newlines: {w:?}"
+            ));
+        }
+        let line = words.join(" ");
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or("the launcher's stdin is closed")?;
+        writeln!(stdin, "{line}")
+            .and_then(|_| stdin.flush())
+            .map_err(|e| format!("sending {line:?}: {e}\n{}", self.log_tail()))?;
+        let reply = self.next_reply(COMMAND_TIMEOUT, &line)?;
+        if reply["ok"] == Value::Bool(true) {
+            Ok(reply)
+        } else {
+            Err(format!(
+                "{line}: {}\n{}",
+                reply["error"].as_str().unwrap_or("no error text"),
+                self.log_tail()
+            ))
+        }
+    }
+
+    /// A scratch directory of this metastore's (for files to insert).
+    pub fn scratch(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+}
+
+impl Drop for RealMetastore {
+    fn drop(&mut self) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = writeln!(stdin, "quit");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break;
+                }
+            }
+        }
+    }
+}
