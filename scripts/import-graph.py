@@ -62,6 +62,9 @@ LAYERS = [
     ["view"],
     ["fuse"],
     ["replicate"],
+    # Publishing states to shared storage (reads catalog trees and the
+    # blob store's paths through closures the daemon hands it).
+    ["publish"],
     ["metrics"],
     ["daemon", "run"],
     ["testkit", "checker", "workload", "hive_writer"],

@@ -91,6 +91,18 @@ pub struct SourceArgs {
     pub checkpoint_rate: u64,
 }
 
+/// Publishing the visible states for reader hosts (SPEC §8).
+#[derive(Debug, Args)]
+pub struct PublishFlags {
+    /// Publish every visible state (it may skip states) to shared storage:
+    /// s3://bucket/prefix or file:///dir.
+    #[arg(long, value_name = "URL")]
+    pub publish: Option<String>,
+    /// Sign the published head with this ed25519 key (`stagefs keygen`).
+    #[arg(long = "signing-key", value_name = "FILE", requires = "publish")]
+    pub signing_key: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Replicate and serve the mount (foreground; Ctrl-C or SIGTERM unmounts).
@@ -106,6 +118,8 @@ pub enum Command {
         /// 127.0.0.1:9464; off unless given).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        #[command(flatten)]
+        publish: PublishFlags,
     },
     /// Print the status JSON of a mount or a state folder.
     Status {
@@ -141,6 +155,14 @@ pub enum Command {
     Replicate {
         #[command(flatten)]
         source: SourceArgs,
+        #[command(flatten)]
+        publish: PublishFlags,
+    },
+    /// Write a new ed25519 key pair for signed publishing: FILE (secret,
+    /// mode 0600) and FILE.pub (for readers' --trusted-key).
+    Keygen {
+        /// Where to write the secret key (must not exist).
+        file: PathBuf,
     },
     /// Bootstrap a state folder from the Hive metastore's tables, then exit
     /// (`mount` or `replicate` with the same --state continues from it).

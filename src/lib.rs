@@ -6,6 +6,7 @@
 //! [`replicate`] runs the pipeline threads, one file each; [`daemon`],
 //! [`run`] and [`demo`] are the commands; [`status`] reports on them
 //! ([`metrics`] exports it to Prometheus, with the [`latency`] histograms);
+//! [`publish`] writes the visible states to shared storage for reader hosts.
 //! [`workload`] generates the changing warehouse of the demo, the tests and
 //! the benchmarks. The test kit (the consistency checker) is `testkit`, built
 //! only with the cargo feature `testkit` (the tests, examples and benchmarks
@@ -26,6 +27,7 @@ pub mod fusermount;
 pub mod journal;
 pub mod latency;
 pub mod metrics;
+pub mod publish;
 pub mod redact;
 pub mod replicate;
 pub mod run;

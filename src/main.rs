@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 
-use stagefs::cli::{Cli, Command, SourceArgs};
-use stagefs::daemon::{self, HiveArgs, MountArgs, ReplicateArgs};
+use stagefs::cli::{Cli, Command, PublishFlags, SourceArgs};
+use stagefs::daemon::{self, HiveArgs, MountArgs, PublishArgs, ReplicateArgs};
 use stagefs::source::hive::HiveRows;
 
 fn main() -> ExitCode {
@@ -32,9 +32,13 @@ fn main() -> ExitCode {
             source,
             allow_other,
             metrics,
+            publish,
         } => daemon::mount(MountArgs {
             mountpoint,
-            replicate: replicate_args(source),
+            replicate: ReplicateArgs {
+                publish: publish_args(publish),
+                ..replicate_args(source)
+            },
             allow_other,
             metrics,
         }),
@@ -49,7 +53,11 @@ fn main() -> ExitCode {
             command,
         } => Err(stagefs::run::run(&mountpoint, &at, &command)),
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
-        Command::Replicate { source } => daemon::replicate(replicate_args(source)),
+        Command::Replicate { source, publish } => daemon::replicate(ReplicateArgs {
+            publish: publish_args(publish),
+            ..replicate_args(source)
+        }),
+        Command::Keygen { file } => daemon::keygen(&file),
         Command::Bootstrap { source } => daemon::bootstrap(replicate_args(source)),
         Command::Completions { shell } => {
             stagefs::cli::write_completions(shell, &mut std::io::stdout())
@@ -98,7 +106,15 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
         checkpoint_events: s.checkpoint_events,
         checkpoint_seconds: s.checkpoint_interval,
         checkpoint_rate_mib: s.checkpoint_rate,
+        publish: None,
     }
+}
+
+fn publish_args(p: PublishFlags) -> Option<PublishArgs> {
+    p.publish.map(|url| PublishArgs {
+        url,
+        signing_key: p.signing_key,
+    })
 }
 
 /// mimalloc: the pipeline allocates in one thread and frees in another
