@@ -103,6 +103,48 @@ pub struct PublishFlags {
     pub signing_key: Option<PathBuf>,
 }
 
+/// A reader host: serve the states published at a URL (SPEC §8).
+#[derive(Debug, Args)]
+pub struct FollowFlags {
+    /// Serve the states a publisher writes to URL (s3://bucket/prefix or
+    /// file:///dir) instead of replicating a source.
+    #[arg(
+        long,
+        value_name = "URL",
+        conflicts_with = "SourceArgs",
+        requires = "cache"
+    )]
+    pub from: Option<String>,
+    /// Folder for fetched file content, catalogs and the commit record.
+    #[arg(long, value_name = "DIR", requires = "from")]
+    pub cache: Option<PathBuf>,
+    /// Bytes of file content the cache keeps (suffixes K, M, G, T: powers of 1024).
+    #[arg(long = "cache-size", value_name = "BYTES", default_value = "10G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Refuse heads not signed by this public key (`stagefs keygen`'s FILE.pub).
+    #[arg(long = "trusted-key", value_name = "FILE", requires = "from")]
+    pub trusted_key: Option<PathBuf>,
+    /// How often to read the published head, in milliseconds.
+    #[arg(long = "poll-ms", value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub poll_ms: u64,
+}
+
+/// `10G`, `512M`, `4096`: bytes, with binary suffixes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 30),
+        Some(b'T' | b't') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 10G, 512M, 4096)"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s} is too large"))
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Replicate and serve the mount (foreground; Ctrl-C or SIGTERM unmounts).
@@ -110,7 +152,9 @@ pub enum Command {
         /// An empty directory to mount on.
         mountpoint: PathBuf,
         #[command(flatten)]
-        source: SourceArgs,
+        source: Option<SourceArgs>,
+        #[command(flatten)]
+        follow: FollowFlags,
         /// Let users other than the mounting one read the mount.
         #[arg(long)]
         allow_other: bool,

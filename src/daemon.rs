@@ -801,6 +801,91 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
     result
 }
 
+/// `stagefs mount MNT --from URL --cache DIR`: a reader host.
+#[derive(Debug, Clone)]
+pub struct FollowArgs {
+    pub mountpoint: PathBuf,
+    pub url: String,
+    pub cache: PathBuf,
+    pub cache_size: u64,
+    pub trusted_key: Option<PathBuf>,
+    pub poll_ms: u64,
+    pub allow_other: bool,
+}
+
+/// Serves the states published at `args.url` until SIGINT/SIGTERM or an
+/// external `umount`.
+pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
+    use crate::follow::{FollowConfig, FollowError, Follower};
+    check_mountpoint(&args.mountpoint)?;
+    let trusted_key = args
+        .trusted_key
+        .as_deref()
+        .map(crate::publish::keys::load_trusted)
+        .transpose()
+        .map_err(|e| DaemonError::Usage(format!("--trusted-key: {e}")))?;
+    install_signal_handlers();
+    let follower = Follower::start(FollowConfig {
+        url: args.url.clone(),
+        cache_dir: args.cache.clone(),
+        cache_size: args.cache_size,
+        trusted_key,
+        poll: Duration::from_millis(args.poll_ms),
+        retain: 16,
+    })
+    .map_err(|e| match e {
+        FollowError::Url(_) | FollowError::Cache(..) => DaemonError::Usage(e.to_string()),
+        FollowError::Cached { .. } => DaemonError::Io(e.to_string()),
+    })?;
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let view = Arc::new(View::new(
+        Arc::clone(follower.catalog()),
+        follower.blob_path(),
+        follower.status_source(),
+        ViewConfig {
+            uid,
+            gid,
+            mount_time: SystemTime::now(),
+        },
+    ));
+    let opts = MountOptions {
+        allow_other: args.allow_other,
+        threads: 2,
+        ..MountOptions::default()
+    };
+    let mounted = match fuse::mount(Arc::clone(&view), &args.mountpoint, &opts) {
+        Ok(m) => m,
+        Err(e) => {
+            follower.stop();
+            return Err(DaemonError::Mount(format!(
+                "mounting {}: {e}",
+                args.mountpoint.display()
+            )));
+        }
+    };
+    drop(view);
+    info!(mountpoint = %args.mountpoint.display(), url = %args.url, "mounted (reader host)");
+    notify_systemd(&format!(
+        "READY=1\nSTATUS=mounted at {}",
+        args.mountpoint.display()
+    ));
+    while !stop_requested() {
+        std::thread::sleep(Duration::from_millis(50));
+        if mounted.is_ended() {
+            info!("unmounted from outside");
+            break;
+        }
+    }
+    notify_systemd("STOPPING=1");
+    let result = mounted
+        .unmount()
+        .map_err(|e| DaemonError::Mount(format!("unmounting: {e}")));
+    follower.stop();
+    info!("stopped");
+    result
+}
+
 /// Mounts `replica` at `args.mountpoint` and serves until `should_stop()`
 /// or an external unmount; `on_tick` runs every 50 ms (the demo uses it).
 /// With an `exporter`, serves metrics of the mount meanwhile.

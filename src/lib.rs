@@ -6,7 +6,8 @@
 //! [`replicate`] runs the pipeline threads, one file each; [`daemon`],
 //! [`run`] and [`demo`] are the commands; [`status`] reports on them
 //! ([`metrics`] exports it to Prometheus, with the [`latency`] histograms);
-//! [`publish`] writes the visible states to shared storage for reader hosts.
+//! [`publish`] writes the visible states to shared storage for reader hosts;
+//! [`follow`] serves them on a reader host.
 //! [`workload`] generates the changing warehouse of the demo, the tests and
 //! the benchmarks. The test kit (the consistency checker) is `testkit`, built
 //! only with the cargo feature `testkit` (the tests, examples and benchmarks
@@ -22,6 +23,7 @@ pub mod daemon;
 pub mod demo;
 pub mod durable;
 pub mod event;
+pub mod follow;
 pub mod fuse;
 pub mod fusermount;
 pub mod journal;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 
-use stagefs::cli::{Cli, Command, PublishFlags, SourceArgs};
+use stagefs::cli::{Cli, Command, FollowFlags, PublishFlags, SourceArgs};
 use stagefs::daemon::{self, HiveArgs, MountArgs, PublishArgs, ReplicateArgs};
 use stagefs::source::hive::HiveRows;
 
@@ -33,15 +33,41 @@ fn main() -> ExitCode {
             allow_other,
             metrics,
             publish,
-        } => daemon::mount(MountArgs {
-            mountpoint,
-            replicate: ReplicateArgs {
-                publish: publish_args(publish),
-                ..replicate_args(source)
-            },
-            allow_other,
-            metrics,
-        }),
+            follow,
+        } => match (source, follow) {
+            (
+                None,
+                FollowFlags {
+                    from: Some(url),
+                    cache: Some(cache),
+                    cache_size,
+                    trusted_key,
+                    poll_ms,
+                },
+            ) if publish.publish.is_none() && metrics.is_none() => daemon::mount_from(daemon::FollowArgs {
+                mountpoint,
+                url,
+                cache,
+                cache_size,
+                trusted_key,
+                poll_ms,
+                allow_other,
+            }),
+            (Some(source), FollowFlags { from: None, .. }) => daemon::mount(MountArgs {
+                mountpoint,
+                replicate: ReplicateArgs {
+                    publish: publish_args(publish),
+                    ..replicate_args(source)
+                },
+                allow_other,
+                metrics,
+            }),
+            _ => Err(daemon::DaemonError::Usage(
+                "mount needs either a source (--state DIR and its flags) or --from URL --cache DIR \
+                 (--publish and --metrics only with a source)"
+                    .into(),
+            )),
+        },
         Command::Status {
             mountpoint,
             state,

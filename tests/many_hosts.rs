@@ -346,3 +346,181 @@ fn signed_heads_verify_with_the_published_key_only() {
     );
     assert!(p.sigterm().success(), "{}", p.stderr());
 }
+
+// ---------------------------------------------------------------------------
+// Reader hosts: `stagefs mount MNT --from URL --cache DIR`
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use stagefs::testkit::checker::{
+    run_readers, visible, CheckConfig, DaemonProcess, Oracle, Report, Target,
+};
+
+/// Mount tests share 2 cores: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A reader host on `url` at `root/mnt` with its cache in `root/cache`;
+/// unmounted (and killed if need be) when dropped.
+fn reader_host(root: &Path, url: &str, extra: &[&str]) -> DaemonProcess {
+    let mnt = root.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let cache = root.join("cache");
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "--from".as_ref(),
+        url.as_ref(),
+        "--cache".as_ref(),
+        cache.as_os_str(),
+        "--poll-ms".as_ref(),
+        "100".as_ref(),
+    ];
+    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+    DaemonProcess::start(
+        Path::new(BIN),
+        &mnt,
+        &args,
+        &root.join("reader.log"),
+        Duration::from_secs(20),
+    )
+    .expect("the reader host mounts")
+}
+
+fn status_of(mnt: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(mnt.join(".stagefs/status")).unwrap()).unwrap()
+}
+
+fn wait_visible(mnt: &Path, state: StateId, reader: &DaemonProcess) {
+    let start = Instant::now();
+    while visible(mnt).ok() != Some(state) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{} did not reach {state}: {}\n{}",
+            mnt.display(),
+            status_of(mnt),
+            reader.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Samples a mount's visible state until stopped; panics (at join) if it
+/// ever went back.
+fn watch_ratchet(mnt: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut last = StateId(0);
+        let mut moves = 0;
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(v) = visible(&mnt) {
+                assert!(
+                    v >= last,
+                    "{}: visible went back from {last} to {v}",
+                    mnt.display()
+                );
+                moves += u64::from(v > last);
+                last = v;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        moves
+    })
+}
+
+#[test]
+fn reader_hosts_show_only_published_source_states_and_reach_the_newest() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().join("published").display());
+    let store = open_store(&url).unwrap();
+    let oracle = Oracle::new();
+    let mut w = Workload::new(&dir.path().join("src"), WorkloadConfig::for_readers(31)).unwrap();
+    for _ in 0..40 {
+        w.step().unwrap();
+    }
+    oracle.record(&w);
+    let mut publisher = Host::new(&dir.path().join("publisher")).replicate(&w, &url, &[]);
+    wait_head(&*store, w.latest(), &publisher);
+    let hosts: Vec<PathBuf> = (1..=2)
+        .map(|i| dir.path().join(format!("host{i}")))
+        .collect();
+    let readers: Vec<DaemonProcess> = hosts.iter().map(|h| reader_host(h, &url, &[])).collect();
+
+    // The source keeps changing; a writer records each state it wrote.
+    let stop_writer = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, oracle) = (Arc::clone(&stop_writer), Arc::clone(&oracle));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                w.step().unwrap();
+                oracle.record(&w);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            w
+        })
+    };
+    let stop_watch = Arc::new(AtomicBool::new(false));
+    let watchers: Vec<_> = hosts
+        .iter()
+        .map(|h| watch_ratchet(h.join("mnt"), Arc::clone(&stop_watch)))
+        .collect();
+    let cfg = CheckConfig {
+        readers: 3,
+        target_observations: 3_000,
+        min_duration: Duration::from_secs(5),
+        max_duration: Duration::from_secs(60),
+        seed: 9,
+    };
+    let reports: Vec<Report> = std::thread::scope(|s| {
+        let runs: Vec<_> = hosts
+            .iter()
+            .map(|h| {
+                let (oracle, cfg) = (&oracle, &cfg);
+                s.spawn(move || {
+                    let never = AtomicBool::new(false);
+                    run_readers(
+                        &Target::Stagefs {
+                            mount: h.join("mnt"),
+                        },
+                        oracle,
+                        cfg,
+                        &never,
+                    )
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    stop_writer.store(true, Ordering::Relaxed);
+    let w = writer.join().unwrap();
+    for (h, (report, reader)) in hosts.iter().zip(reports.iter().zip(&readers)) {
+        eprintln!("{}: {}", h.display(), report.summary());
+        assert_eq!(
+            report.anomalies,
+            0,
+            "{}\n{}",
+            report.summary(),
+            reader.log()
+        );
+        assert!(report.observations >= 1_000, "{}", report.summary());
+        assert!(
+            report.last_visible > report.first_visible,
+            "the host never moved: {}",
+            report.summary()
+        );
+    }
+    // Every host reaches the source's newest state, never going back.
+    wait_head(&*store, w.latest(), &publisher);
+    for (h, reader) in hosts.iter().zip(&readers) {
+        wait_visible(&h.join("mnt"), w.latest(), reader);
+        let s = status_of(&h.join("mnt"));
+        assert_eq!(s["stalled"], serde_json::Value::Null, "{s}");
+        assert_eq!(s["lag_events"], 0, "{s}");
+        assert!(s["head"]["age_ms"].as_i64().is_some(), "{s}");
+        assert!(s["cache"]["fetched"].as_u64().unwrap() > 0, "{s}");
+    }
+    stop_watch.store(true, Ordering::Relaxed);
+    for (h, watcher) in hosts.iter().zip(watchers) {
+        let moves = watcher.join().expect("visible never went back");
+        eprintln!("{}: visible moved {moves} times", h.display());
+    }
+    assert!(publisher.sigterm().success(), "{}", publisher.stderr());
+}

@@ -123,6 +123,9 @@ pub struct Loader {
     dirs: HashMap<BlobId, Weak<DirNode>>,
     /// The piece list of every large file seen, by the file's sha256.
     pieces: HashMap<BlobId, BlobId>,
+    /// A folder of local copies of catalog objects (a reader's cache):
+    /// read first, verified like the storage's, and filled from it.
+    local: Option<std::path::PathBuf>,
 }
 
 /// What a directory object may be, from where it is reached.
@@ -141,6 +144,46 @@ enum Place {
 impl Loader {
     pub fn new() -> Loader {
         Loader::default()
+    }
+
+    /// A loader that keeps a copy of every catalog object in `dir` and
+    /// reads it from there first (a reader host restarted while the
+    /// storage is unreachable still loads the states it had).
+    pub fn with_local_copies(dir: &std::path::Path) -> Loader {
+        Loader {
+            local: Some(dir.to_owned()),
+            ..Loader::default()
+        }
+    }
+
+    /// Every piece list seen: file sha256 → piece list.
+    pub fn piece_lists(&self) -> &HashMap<BlobId, BlobId> {
+        &self.pieces
+    }
+
+    /// The catalog object `id`, from the local copy when it verifies, else
+    /// from the storage (then copied locally).
+    async fn catalog_bytes(
+        &self,
+        store: &dyn ObjectStore,
+        id: &BlobId,
+    ) -> Result<Vec<u8>, LoadError> {
+        let path = layout::catalog(id);
+        let local = self.local.as_ref().map(|d| d.join(id.to_hex()));
+        if let Some(copy) = &local {
+            if let Ok(bytes) = std::fs::read(copy) {
+                if layout::content_id(&bytes) == *id {
+                    return Ok(bytes);
+                }
+            }
+        }
+        let bytes = get_verified(store, &path, id, MAX_CATALOG_BYTES).await?;
+        if let Some(copy) = &local {
+            if let Err(e) = crate::durable::write_atomic(copy, &bytes) {
+                tracing::warn!("cannot keep a local copy of {path}: {e}");
+            }
+        }
+        Ok(bytes)
     }
 
     /// The piece list of the large file whose content is `sha256`.
@@ -174,7 +217,7 @@ impl Loader {
                     continue;
                 }
                 let path = layout::catalog(&id);
-                let bytes = get_verified(store, &path, &id, MAX_CATALOG_BYTES).await?;
+                let bytes = self.catalog_bytes(store, &id).await?;
                 let obj = DirObject::decode(&bytes)
                     .map_err(|e: CatalogObjectError| LoadError::corrupt(&path, e))?;
                 for (_, e) in &obj.entries {
