@@ -524,3 +524,297 @@ fn reader_hosts_show_only_published_source_states_and_reach_the_newest() {
     }
     assert!(publisher.sigterm().success(), "{}", publisher.stderr());
 }
+
+/// A job process (rule 10): prints the root's state and every table's
+/// files with their sha256 (reading a little of each), as JSON.
+const JOB: &str = r#"
+import os, sys, json
+mnt = sys.argv[1]
+out = {}
+state = os.getxattr(mnt, "user.stagefs.state_id").decode()
+for db in sorted(os.listdir(mnt)):
+    for t in sorted(os.listdir(os.path.join(mnt, db))):
+        base = os.path.join(mnt, db, t)
+        files = {}
+        for top, dirs, fs in os.walk(base):
+            for f in fs:
+                p = os.path.join(top, f)
+                files[os.path.relpath(p, base)] = os.getxattr(p, "user.stagefs.sha256").decode()
+                with open(p, "rb") as fh:
+                    fh.read(16)
+        out[db + "." + t] = files
+print(json.dumps({"state": state, "tables": out}))
+"#;
+
+fn run_job(mnt: &Path, state: Option<StateId>) -> std::process::Output {
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", JOB]).arg(mnt);
+    if let Some(s) = state {
+        cmd.env("STAGEFS_STATE_ID", s.to_string());
+    }
+    cmd.output().unwrap()
+}
+
+fn set_pin(dir: &Path, state: StateId) {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    let name = c"user.stagefs.pin";
+    let value = state.to_string();
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "pinning {}: {}",
+        dir.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+#[test]
+fn a_job_with_stagefs_state_id_reads_that_state_on_every_host() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().join("published").display());
+    let store = open_store(&url).unwrap();
+    let oracle = Oracle::new();
+    let mut w = Workload::new(&dir.path().join("src"), WorkloadConfig::for_readers(41)).unwrap();
+    for _ in 0..40 {
+        w.step().unwrap();
+    }
+    oracle.record(&w);
+    let mut publisher = Host::new(&dir.path().join("publisher")).replicate(&w, &url, &[]);
+    let n = w.latest();
+    wait_head(&*store, n, &publisher);
+    let hosts: Vec<PathBuf> = (1..=2)
+        .map(|i| dir.path().join(format!("host{i}")))
+        .collect();
+    let readers: Vec<DaemonProcess> = hosts.iter().map(|h| reader_host(h, &url, &[])).collect();
+    // One table pinned at N (the pin retains the state, what a lease at
+    // the URL is for; leases are not built yet); the others show the
+    // newest state to every process but the job's.
+    let pinned = oracle.table_names(n).1[0].replacen('.', "/", 1);
+    for (h, r) in hosts.iter().zip(&readers) {
+        wait_visible(&h.join("mnt"), n, r);
+        // The job's state stays retained on each host while it runs (what
+        // a lease at the URL is for; leases are not built yet).
+        set_pin(&h.join("mnt").join(&pinned), n);
+    }
+    // The source moves on while the job reads.
+    let stop_writer = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, oracle) = (Arc::clone(&stop_writer), Arc::clone(&oracle));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                w.step().unwrap();
+                oracle.record(&w);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            w
+        })
+    };
+    let (_, tables_at_n) = oracle.table_names(n);
+    let start = Instant::now();
+    let mut runs = 0;
+    while start.elapsed() < Duration::from_secs(4) {
+        for h in &hosts {
+            let out = run_job(&h.join("mnt"), Some(n));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(got["state"], n.to_string(), "{got}");
+            let tables = got["tables"].as_object().unwrap();
+            let mut keys: Vec<&String> = tables.keys().collect();
+            keys.sort();
+            let mut want_keys: Vec<&String> = tables_at_n.iter().collect();
+            want_keys.sort();
+            assert_eq!(keys, want_keys, "{}: tables at {n}", h.display());
+            for (key, files) in tables {
+                let want = oracle.table_at(key, n).unwrap();
+                let got: Vec<(String, String)> = files
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(p, s)| (p.clone(), s.as_str().unwrap().to_owned()))
+                    .collect();
+                let want: Vec<(String, String)> =
+                    want.iter().map(|(p, b)| (p.clone(), b.to_hex())).collect();
+                assert_eq!(got, want, "{}: {key} at {n}", h.display());
+            }
+            runs += 1;
+        }
+    }
+    stop_writer.store(true, Ordering::Relaxed);
+    let w = writer.join().unwrap();
+    // Both hosts moved on meanwhile: the job's state was not the newest.
+    wait_head(&*store, w.latest(), &publisher);
+    for (h, r) in hosts.iter().zip(&readers) {
+        wait_visible(&h.join("mnt"), w.latest(), r);
+        // A process without the variable sees the newest state.
+        let out = run_job(&h.join("mnt"), None);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(got["state"], w.latest().to_string(), "{got}");
+        // A state this host does not serve: ESTALE, never another state.
+        let out = run_job(&h.join("mnt"), Some(StateId(1)));
+        assert!(!out.status.success(), "state 1 was served");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("Stale file handle"), "{err}");
+    }
+    eprintln!(
+        "{runs} job runs over 2 hosts read state {n} while the source reached {}",
+        w.latest()
+    );
+    assert!(publisher.sigterm().success(), "{}", publisher.stderr());
+}
+
+/// The files of a mount with their content's sha256.
+fn files_with_sha(mnt: &Path) -> Vec<(PathBuf, String)> {
+    fn walk(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                walk(&p, out);
+            } else {
+                let sha =
+                    stagefs::testkit::checker::getxattr_string(&p, "user.stagefs.sha256").unwrap();
+                out.push((p, sha));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(mnt, &mut out);
+    out
+}
+
+fn wait_reason(mnt: &Path, what: &str, reader: &DaemonProcess) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let s = status_of(mnt);
+        if s["stalled"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(what))
+        {
+            return s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no stall reason {what:?}: {s}\n{}",
+            reader.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_reader_host_refuses_a_head_that_goes_back_detects_corruption_and_rides_out_an_outage() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let published = dir.path().join("published");
+    let url = format!("file://{}", published.display());
+    let store = open_store(&url).unwrap();
+    let mut w = workload(&dir.path().join("src"), 8);
+    for _ in 0..10 {
+        w.step().unwrap();
+    }
+    let mut host = Host::new(&dir.path().join("publisher"));
+    let mut publisher = host.replicate(&w, &url, &[]);
+    wait_head(&*store, w.latest(), &publisher);
+    let old_head = std::fs::read(published.join("HEAD")).unwrap();
+    let host_dir = dir.path().join("host");
+    let mnt = host_dir.join("mnt");
+    let mut reader = reader_host(&host_dir, &url, &[]);
+    wait_visible(&mnt, w.latest(), &reader);
+    for _ in 0..5 {
+        w.step().unwrap();
+    }
+    let newest = w.latest();
+    wait_head(&*store, newest, &publisher);
+    wait_visible(&mnt, newest, &reader);
+    assert!(publisher.sigterm().success(), "{}", publisher.stderr());
+    let good_head = std::fs::read(published.join("HEAD")).unwrap();
+
+    // A head that goes back is refused; the host stays where it is.
+    std::fs::write(published.join("HEAD"), &old_head).unwrap();
+    let s = wait_reason(&mnt, "went back", &reader);
+    assert_eq!(s["visible"], newest.0, "{s}");
+    assert_eq!(visible(&mnt).unwrap(), newest);
+    std::fs::write(published.join("HEAD"), &good_head).unwrap();
+
+    // Read one file (now cached), then corrupt every blob at the URL.
+    let files = files_with_sha(&mnt);
+    assert!(files.len() >= 2, "{files:?}");
+    let (cached, cached_sha) = &files[0];
+    let bytes = std::fs::read(cached).unwrap();
+    let sha = stagefs::event::BlobId(<sha2::Sha256 as sha2::Digest>::digest(&bytes).into());
+    assert_eq!(sha.to_hex(), *cached_sha);
+    for e in std::fs::read_dir(published.join("blobs")).unwrap() {
+        let p = e.unwrap().path();
+        let mut b = std::fs::read(&p).unwrap();
+        b.push(b'!');
+        std::fs::write(&p, b).unwrap();
+    }
+    let in_cache = |sha: &str| host_dir.join("cache/blobs").join(sha).exists();
+    let (uncached, _) = files
+        .iter()
+        .find(|(_, sha)| !in_cache(sha))
+        .expect("a file not read yet");
+    // Never wrong bytes: EIO, and status says why.
+    let err = std::fs::read(uncached).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let s = status_of(&mnt);
+    let last = s["cache"]["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(last.contains("does not match its name"), "{s}");
+    // What is cached is still served.
+    assert_eq!(std::fs::read(cached).unwrap(), bytes);
+
+    // The storage goes away: the host keeps serving what it has.
+    std::fs::rename(&published, dir.path().join("away")).unwrap();
+    wait_reason(&mnt, "HEAD cannot be used", &reader);
+    assert_eq!(std::fs::read(cached).unwrap(), bytes);
+    assert_eq!(visible(&mnt).unwrap(), newest);
+    // Restarted during the outage with its warm cache: same state, same bytes.
+    assert!(
+        reader.terminate(Duration::from_secs(10)).unwrap(),
+        "{}",
+        reader.log()
+    );
+    drop(reader);
+    let reader = reader_host(&host_dir, &url, &[]);
+    assert_eq!(visible(&mnt).unwrap(), newest);
+    assert_eq!(std::fs::read(cached).unwrap(), bytes);
+    wait_reason(&mnt, "HEAD cannot be used", &reader);
+    // Back, and with the old head: still refused after the restart.
+    std::fs::rename(dir.path().join("away"), &published).unwrap();
+    std::fs::write(published.join("HEAD"), &old_head).unwrap();
+    wait_reason(&mnt, "went back", &reader);
+    assert_eq!(visible(&mnt).unwrap(), newest);
+    std::fs::write(published.join("HEAD"), &good_head).unwrap();
+    let start = Instant::now();
+    while status_of(&mnt)["stalled"] != serde_json::Value::Null {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{}",
+            status_of(&mnt)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

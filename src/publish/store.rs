@@ -86,7 +86,10 @@ pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, StoreUrlError> {
 #[derive(Debug)]
 pub struct SharedFolder {
     root: PathBuf,
-    inner: LocalFileSystem,
+    /// Reads, lists and deletes: `LocalFileSystem` from `/` under the
+    /// folder's path as a prefix, so the folder need not exist (yet, or
+    /// during an outage) for the store to open.
+    inner: PrefixStore<LocalFileSystem>,
 }
 
 impl fmt::Display for SharedFolder {
@@ -98,13 +101,16 @@ impl fmt::Display for SharedFolder {
 static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
 
 impl SharedFolder {
-    /// The folder `root`, created if missing.
+    /// The folder `root` (an absolute path); created by the first write.
     pub fn open(root: &FsPath) -> std::io::Result<SharedFolder> {
-        std::fs::create_dir_all(root)?;
-        let inner = LocalFileSystem::new_with_prefix(root).map_err(std::io::Error::other)?;
+        let prefix = root
+            .to_str()
+            .and_then(|r| r.strip_prefix('/'))
+            .ok_or_else(|| std::io::Error::other("the folder must be an absolute UTF-8 path"))?;
+        let prefix = Path::parse(prefix).map_err(std::io::Error::other)?;
         Ok(SharedFolder {
             root: root.to_owned(),
-            inner,
+            inner: PrefixStore::new(LocalFileSystem::new(), prefix),
         })
     }
 
@@ -114,7 +120,7 @@ impl SharedFolder {
         payload: PutPayload,
         mode: PutMode,
     ) -> Result<PutResult> {
-        let dest = self.inner.path_to_filesystem(location)?;
+        let dest = self.root.join(location.as_ref());
         let generic = |e: std::io::Error| object_store::Error::Generic {
             store: "SharedFolder",
             source: format!("{}: {e}", dest.display()).into(),
@@ -209,14 +215,16 @@ fn e_tag(m: &std::fs::Metadata) -> String {
     format!("\"{:x}-{mtime:x}-{:x}\"", m.ino(), m.len())
 }
 
-/// Creates `dir` (below `root`) and every missing folder on the way,
-/// each made durable in its parent.
+/// Creates `dir` (`root` or below it) and every missing folder on the way
+/// from `root` (whose parent must exist), each made durable in its parent.
 fn create_dirs_durably(root: &FsPath, dir: &FsPath) -> std::io::Result<()> {
-    if dir.is_dir() || dir == root {
+    if dir.is_dir() {
         return Ok(());
     }
     if let Some(parent) = dir.parent() {
-        create_dirs_durably(root, parent)?;
+        if dir != root {
+            create_dirs_durably(root, parent)?;
+        }
         match std::fs::create_dir(dir) {
             Ok(()) => File::open(parent)?.sync_all()?,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
