@@ -984,6 +984,24 @@ pub fn status(
     state: Option<PathBuf>,
     watch: bool,
 ) -> Result<(), DaemonError> {
+    // A reader host's status (SPEC §8) is its own object: shown as it is.
+    if let Some(mp) = &mountpoint {
+        let text = std::fs::read_to_string(mp.join(".stagefs/status")).unwrap_or_default();
+        let value: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+        if let Some(v) = value.filter(|v| v["role"] == "reader") {
+            if watch {
+                return Err(DaemonError::Usage(
+                    "--watch is for replicating mounts; a reader host's status is printed whole"
+                        .into(),
+                ));
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&v).map_err(|e| DaemonError::Io(e.to_string()))?
+            );
+            return Ok(());
+        }
+    }
     let read = || -> Result<StatusReport, DaemonError> {
         match (&mountpoint, &state) {
             (Some(mp), _) => {

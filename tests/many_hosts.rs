@@ -8,7 +8,16 @@
 //! - a second publisher on the same URL is refused with a clear error
 //!   (exit 2) while the first goes on;
 //! - `stagefs keygen` and `--signing-key`: the head verifies with the
-//!   public key and with no other.
+//!   public key and with no other;
+//! - two reader hosts (`stagefs mount --from URL --cache DIR`) under the
+//!   consistency checker while the source changes: 0 anomalies, visible
+//!   never backwards, both reach the newest state;
+//! - a job (rule 10): processes with `STAGEFS_STATE_ID=N` on three reader
+//!   hosts, each in its own mount namespace at the same path, read state
+//!   N while the source moves on; `ESTALE` for a state not served;
+//! - faults on a reader host: a head that goes back (refused, also after a
+//!   restart), corrupted content (`EIO`, never served), an outage and a
+//!   restart with a warm cache during it (cached content still served).
 //!
 //! `STAGEFS_LONG_TESTS=1` runs 100 cuts instead of 20.
 
@@ -516,6 +525,18 @@ fn reader_hosts_show_only_published_source_states_and_reach_the_newest() {
         assert_eq!(s["lag_events"], 0, "{s}");
         assert!(s["head"]["age_ms"].as_i64().is_some(), "{s}");
         assert!(s["cache"]["fetched"].as_u64().unwrap() > 0, "{s}");
+        let out = Command::new(BIN)
+            .arg("status")
+            .arg(h.join("mnt"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(printed["role"], "reader", "{printed}");
     }
     stop_watch.store(true, Ordering::Relaxed);
     for (h, watcher) in hosts.iter().zip(watchers) {
@@ -546,40 +567,115 @@ for db in sorted(os.listdir(mnt)):
 print(json.dumps({"state": state, "tables": out}))
 "#;
 
-fn run_job(mnt: &Path, state: Option<StateId>) -> std::process::Output {
-    let mut cmd = Command::new("python3");
-    cmd.args(["-c", JOB]).arg(mnt);
-    if let Some(s) = state {
-        cmd.env("STAGEFS_STATE_ID", s.to_string());
-    }
-    cmd.output().unwrap()
+/// A reader host in a mount namespace of its own (`unshare --mount`): the
+/// same mountpoint path on every host, each with its own cache, as on
+/// separate machines. The namespace, and so the mount, ends with the
+/// process (killed when dropped).
+struct NsHost {
+    proc: Proc,
+    mnt: PathBuf,
 }
 
-fn set_pin(dir: &Path, state: StateId) {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
-    let name = c"user.stagefs.pin";
-    let value = state.to_string();
-    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
-    let rc = unsafe {
-        libc::setxattr(
-            c.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "pinning {}: {}",
-        dir.display(),
-        std::io::Error::last_os_error()
-    );
+impl NsHost {
+    fn start(root: &Path, mnt: &Path, url: &str) -> NsHost {
+        std::fs::create_dir_all(root).unwrap();
+        let log = root.join("reader.log");
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", BIN, "mount"])
+            .arg(mnt)
+            .args(["--from", url, "--cache"])
+            .arg(root.join("cache"))
+            .args(["--poll-ms", "100"])
+            .env("STAGEFS_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let host = NsHost {
+            proc: Proc { child, log },
+            mnt: mnt.to_owned(),
+        };
+        let start = Instant::now();
+        while host.status().is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the reader host did not mount\n{}",
+                host.proc.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        host
+    }
+
+    /// `prog` run inside this host's mount namespace.
+    fn command(&self, prog: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--mount=/proc/{}/ns/mnt", self.proc.child.id()))
+            .arg("--")
+            .arg(prog);
+        c
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        let out = self
+            .command("cat")
+            .arg(self.mnt.join(".stagefs/status"))
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    fn wait_visible(&self, state: StateId) {
+        let start = Instant::now();
+        while self.status().and_then(|s| s["visible"].as_u64()) != Some(state.0) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "did not reach {state}: {:?}\n{}",
+                self.status(),
+                self.proc.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The job script on this host, with `STAGEFS_STATE_ID=state` if given.
+    fn run_job(&self, state: Option<StateId>) -> std::process::Output {
+        let mut cmd = self.command("python3");
+        cmd.args(["-c", JOB]).arg(&self.mnt);
+        if let Some(s) = state {
+            cmd.env("STAGEFS_STATE_ID", s.to_string());
+        }
+        cmd.output().unwrap()
+    }
+
+    fn pin(&self, table: &str, state: StateId) {
+        let out = self
+            .command("python3")
+            .args([
+                "-c",
+                "import os, sys; os.setxattr(sys.argv[1], 'user.stagefs.pin', sys.argv[2].encode())",
+            ])
+            .arg(self.mnt.join(table))
+            .arg(state.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]
 fn a_job_with_stagefs_state_id_reads_that_state_on_every_host() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mount namespaces (unshare, nsenter) need root");
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().join("published").display());
@@ -593,19 +689,19 @@ fn a_job_with_stagefs_state_id_reads_that_state_on_every_host() {
     let mut publisher = Host::new(&dir.path().join("publisher")).replicate(&w, &url, &[]);
     let n = w.latest();
     wait_head(&*store, n, &publisher);
-    let hosts: Vec<PathBuf> = (1..=2)
-        .map(|i| dir.path().join(format!("host{i}")))
+    // Three hosts, one mountpoint path.
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let hosts: Vec<NsHost> = (1..=3)
+        .map(|i| NsHost::start(&dir.path().join(format!("host{i}")), &mnt, &url))
         .collect();
-    let readers: Vec<DaemonProcess> = hosts.iter().map(|h| reader_host(h, &url, &[])).collect();
-    // One table pinned at N (the pin retains the state, what a lease at
-    // the URL is for; leases are not built yet); the others show the
-    // newest state to every process but the job's.
+    // One table pinned at N keeps the state retained on each host (what a
+    // lease at the URL is for; leases are not built yet); the other
+    // tables show the newest state to every process but the job's.
     let pinned = oracle.table_names(n).1[0].replacen('.', "/", 1);
-    for (h, r) in hosts.iter().zip(&readers) {
-        wait_visible(&h.join("mnt"), n, r);
-        // The job's state stays retained on each host while it runs (what
-        // a lease at the URL is for; leases are not built yet).
-        set_pin(&h.join("mnt").join(&pinned), n);
+    for h in &hosts {
+        h.wait_visible(n);
+        h.pin(&pinned, n);
     }
     // The source moves on while the job reads.
     let stop_writer = Arc::new(AtomicBool::new(false));
@@ -623,22 +719,22 @@ fn a_job_with_stagefs_state_id_reads_that_state_on_every_host() {
     let (_, tables_at_n) = oracle.table_names(n);
     let start = Instant::now();
     let mut runs = 0;
-    while start.elapsed() < Duration::from_secs(4) {
-        for h in &hosts {
-            let out = run_job(&h.join("mnt"), Some(n));
+    while start.elapsed() < Duration::from_secs(6) {
+        for (i, h) in hosts.iter().enumerate() {
+            let out = h.run_job(Some(n));
             assert!(
                 out.status.success(),
-                "{}",
+                "host {i}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
             let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            assert_eq!(got["state"], n.to_string(), "{got}");
+            assert_eq!(got["state"], n.to_string(), "host {i}: {got}");
             let tables = got["tables"].as_object().unwrap();
             let mut keys: Vec<&String> = tables.keys().collect();
             keys.sort();
             let mut want_keys: Vec<&String> = tables_at_n.iter().collect();
             want_keys.sort();
-            assert_eq!(keys, want_keys, "{}: tables at {n}", h.display());
+            assert_eq!(keys, want_keys, "host {i}: tables at {n}");
             for (key, files) in tables {
                 let want = oracle.table_at(key, n).unwrap();
                 let got: Vec<(String, String)> = files
@@ -649,34 +745,34 @@ fn a_job_with_stagefs_state_id_reads_that_state_on_every_host() {
                     .collect();
                 let want: Vec<(String, String)> =
                     want.iter().map(|(p, b)| (p.clone(), b.to_hex())).collect();
-                assert_eq!(got, want, "{}: {key} at {n}", h.display());
+                assert_eq!(got, want, "host {i}: {key} at {n}");
             }
             runs += 1;
         }
     }
     stop_writer.store(true, Ordering::Relaxed);
     let w = writer.join().unwrap();
-    // Both hosts moved on meanwhile: the job's state was not the newest.
+    // Every host moved on meanwhile: the job's state was not the newest.
     wait_head(&*store, w.latest(), &publisher);
-    for (h, r) in hosts.iter().zip(&readers) {
-        wait_visible(&h.join("mnt"), w.latest(), r);
+    for (i, h) in hosts.iter().enumerate() {
+        h.wait_visible(w.latest());
         // A process without the variable sees the newest state.
-        let out = run_job(&h.join("mnt"), None);
+        let out = h.run_job(None);
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
         let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(got["state"], w.latest().to_string(), "{got}");
+        assert_eq!(got["state"], w.latest().to_string(), "host {i}: {got}");
         // A state this host does not serve: ESTALE, never another state.
-        let out = run_job(&h.join("mnt"), Some(StateId(1)));
-        assert!(!out.status.success(), "state 1 was served");
+        let out = h.run_job(Some(StateId(1)));
+        assert!(!out.status.success(), "host {i}: state 1 was served");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("Stale file handle"), "{err}");
+        assert!(err.contains("Stale file handle"), "host {i}: {err}");
     }
     eprintln!(
-        "{runs} job runs over 2 hosts read state {n} while the source reached {}",
+        "{runs} job runs over 3 hosts (one mountpoint, three mount namespaces) read state {n} while the source reached {}",
         w.latest()
     );
     assert!(publisher.sigterm().success(), "{}", publisher.stderr());

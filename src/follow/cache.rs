@@ -229,3 +229,82 @@ impl BlobCache {
         lock(&self.report).evicted += evicted;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::publish::open_store;
+    use object_store::{ObjectStoreExt, PutPayload};
+
+    fn id(bytes: &[u8]) -> BlobId {
+        layout::content_id(bytes)
+    }
+
+    #[test]
+    fn a_full_cache_evicts_the_least_recently_opened_and_fetches_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().join("pub").display());
+        let store = open_store(&url).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let contents: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 1000]).collect();
+        for c in &contents {
+            rt.block_on(store.put(&layout::blob(&id(c)), PutPayload::from(c.clone())))
+                .unwrap();
+        }
+        let cache =
+            BlobCache::open(&dir.path().join("cache"), store, rt.handle().clone(), 2500).unwrap();
+        for c in &contents {
+            let path = cache.path_for(&id(c));
+            assert_eq!(std::fs::read(&path).unwrap(), *c);
+            // Opened in order: each one more recently than the one before.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let r = cache.report();
+        assert!(r.bytes <= 2500, "{r:?}");
+        assert!(r.evicted >= 1, "{r:?}");
+        assert_eq!((r.fetched, r.failures), (4, 0), "{r:?}");
+        // The newest stayed; the oldest went and comes back verified.
+        assert!(cache.blob_path(&id(&contents[3])).exists());
+        assert!(!cache.blob_path(&id(&contents[0])).exists());
+        assert_eq!(
+            std::fs::read(cache.path_for(&id(&contents[0]))).unwrap(),
+            contents[0]
+        );
+    }
+
+    #[test]
+    fn content_that_does_not_verify_is_never_placed() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().join("pub").display());
+        let store = open_store(&url).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let good = b"good".to_vec();
+        rt.block_on(store.put(
+            &layout::blob(&id(&good)),
+            PutPayload::from(b"evil".to_vec()),
+        ))
+        .unwrap();
+        let cache = BlobCache::open(
+            &dir.path().join("cache"),
+            store,
+            rt.handle().clone(),
+            1 << 20,
+        )
+        .unwrap();
+        let path = cache.path_for(&id(&good));
+        assert!(!path.exists());
+        let r = cache.report();
+        assert_eq!(r.failures, 1);
+        assert!(r.last_error.unwrap().contains("does not match its name"));
+    }
+}
