@@ -119,13 +119,13 @@ pub struct FollowFlags {
     #[arg(long, value_name = "DIR", requires = "from")]
     pub cache: Option<PathBuf>,
     /// Bytes of file content the cache keeps (suffixes K, M, G, T: powers of 1024).
-    #[arg(long = "cache-size", value_name = "BYTES", default_value = "10G", value_parser = parse_size)]
+    #[arg(long = "cache-size", value_name = "BYTES", default_value = "10G", value_parser = parse_size, requires = "from")]
     pub cache_size: u64,
     /// Refuse heads not signed by this public key (`stagefs keygen`'s FILE.pub).
     #[arg(long = "trusted-key", value_name = "FILE", requires = "from")]
     pub trusted_key: Option<PathBuf>,
     /// How often to read the published head, in milliseconds.
-    #[arg(long = "poll-ms", value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long = "poll-ms", value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..), requires = "from")]
     pub poll_ms: u64,
 }
 

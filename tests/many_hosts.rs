@@ -19,6 +19,11 @@
 //!   restart), corrupted content (`EIO`, never served), an outage and a
 //!   restart with a warm cache during it (cached content still served).
 //!
+//! - on S3 (the private SeaweedFS server of tests/servers/, installed by
+//!   scripts/setup-servers.sh): a publisher killed and restarted, a second
+//!   publisher refused by S3's conditional writes, and a reader host that
+//!   reaches the newest state.
+//!
 //! `STAGEFS_LONG_TESTS=1` runs 100 cuts instead of 20.
 
 use std::path::{Path, PathBuf};
@@ -33,6 +38,8 @@ use stagefs::publish::load::{get_pieces, get_record, get_verified, Loader};
 use stagefs::publish::record::{Decoded, RecordKind};
 use stagefs::publish::{open_store, ObjectStore};
 use stagefs::workload::{Rng, Workload, WorkloadConfig};
+
+mod servers;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
 
@@ -72,6 +79,8 @@ impl Drop for Proc {
 struct Host {
     root: PathBuf,
     runs: usize,
+    /// More environment (S3 credentials and endpoint).
+    env: Vec<(String, String)>,
 }
 
 impl Host {
@@ -80,6 +89,7 @@ impl Host {
         Host {
             root: root.to_owned(),
             runs: 0,
+            env: Vec::new(),
         }
     }
 
@@ -99,6 +109,7 @@ impl Host {
             .arg(src.cm_root())
             .args(["--retain", "3", "--publish", url])
             .args(extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("STAGEFS_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -913,4 +924,94 @@ fn a_reader_host_refuses_a_head_that_goes_back_detects_corruption_and_rides_out_
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn on_s3_a_publisher_resumes_a_second_is_refused_and_a_reader_host_follows() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let server = servers::S3Server::start().expect("start the S3 server");
+    server
+        .create_bucket("stagefs-wh", false)
+        .expect("create the bucket");
+    let env: Vec<(String, String)> = vec![
+        ("AWS_ENDPOINT_URL".into(), server.endpoint()),
+        ("AWS_ACCESS_KEY_ID".into(), server.access_key().into()),
+        ("AWS_SECRET_ACCESS_KEY".into(), server.secret_key().into()),
+        ("AWS_REGION".into(), server.region().into()),
+    ];
+    let url = "s3://stagefs-wh/published/warehouse";
+    let s3 = server.store_builder("stagefs-wh").build().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(object_store::prefix::PrefixStore::new(
+        s3,
+        "published/warehouse",
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = workload(&dir.path().join("src"), 9);
+    let mut host = Host::new(&dir.path().join("publisher"));
+    host.env = env.clone();
+    for round in 0..3 {
+        for _ in 0..10 {
+            w.step().unwrap();
+        }
+        let mut p = host.replicate(&w, url, &[]);
+        std::thread::sleep(Duration::from_millis(300 + 200 * round));
+        p.kill9();
+    }
+    let mut p = host.replicate(&w, url, &[]);
+    let head = wait_head(&*store, w.latest(), &p);
+    check_published(&*store, &head, &w, "on S3");
+
+    let mut second = Host::new(&dir.path().join("second"));
+    second.env = env.clone();
+    let mut refused = second.replicate(&w, url, &[]);
+    let status = refused.child.wait().unwrap();
+    assert_eq!(status.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused.stderr().contains("second publisher"),
+        "{}",
+        refused.stderr()
+    );
+
+    let reader_dir = dir.path().join("reader");
+    let mnt = reader_dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let cache = reader_dir.join("cache");
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--from".as_ref(),
+        url.as_ref(),
+        "--cache".as_ref(),
+        cache.as_os_str(),
+        "--poll-ms".as_ref(),
+        "100".as_ref(),
+    ];
+    let reader = DaemonProcess::start_with_env(
+        Path::new(BIN),
+        &mnt,
+        &args,
+        &reader_dir.join("reader.log"),
+        "warn",
+        &env_refs,
+        Duration::from_secs(20),
+    )
+    .expect("the reader host mounts");
+    for _ in 0..5 {
+        w.step().unwrap();
+    }
+    wait_head(&*store, w.latest(), &p);
+    wait_visible(&mnt, w.latest(), &reader);
+    // Every file reads back with the content the source had.
+    let files = files_with_sha(&mnt);
+    assert!(!files.is_empty());
+    for (path, sha) in &files {
+        let bytes = std::fs::read(path).unwrap();
+        let got = stagefs::event::BlobId(<sha2::Sha256 as sha2::Digest>::digest(&bytes).into());
+        assert_eq!(got.to_hex(), *sha, "{}", path.display());
+    }
+    assert!(p.sigterm().success(), "{}", p.stderr());
+    eprintln!(
+        "on S3: {} files read through the reader host at state {}",
+        files.len(),
+        w.latest()
+    );
 }
