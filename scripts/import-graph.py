@@ -62,6 +62,11 @@ LAYERS = [
     ["view"],
     ["fuse"],
     ["replicate"],
+    # Publishing states to shared storage (reads catalog trees and the
+    # blob store's paths through closures the daemon hands it).
+    ["publish"],
+    # A reader host: published states into a catalog and a view.
+    ["follow"],
     ["metrics"],
     ["daemon", "run"],
     ["testkit", "checker", "workload", "hive_writer"],

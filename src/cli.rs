@@ -96,6 +96,60 @@ pub struct SourceArgs {
     pub checkpoint_rate: u64,
 }
 
+/// Publishing the visible states for reader hosts (SPEC §8).
+#[derive(Debug, Args)]
+pub struct PublishFlags {
+    /// Publish every visible state (it may skip states) to shared storage:
+    /// s3://bucket/prefix or file:///dir.
+    #[arg(long, value_name = "URL")]
+    pub publish: Option<String>,
+    /// Sign the published head with this ed25519 key (`stagefs keygen`).
+    #[arg(long = "signing-key", value_name = "FILE", requires = "publish")]
+    pub signing_key: Option<PathBuf>,
+}
+
+/// A reader host: serve the states published at a URL (SPEC §8).
+#[derive(Debug, Args)]
+pub struct FollowFlags {
+    /// Serve the states a publisher writes to URL (s3://bucket/prefix or
+    /// file:///dir) instead of replicating a source.
+    #[arg(
+        long,
+        value_name = "URL",
+        conflicts_with = "SourceArgs",
+        requires = "cache"
+    )]
+    pub from: Option<String>,
+    /// Folder for fetched file content, catalogs and the commit record.
+    #[arg(long, value_name = "DIR", requires = "from")]
+    pub cache: Option<PathBuf>,
+    /// Bytes of file content the cache keeps (suffixes K, M, G, T: powers of 1024).
+    #[arg(long = "cache-size", value_name = "BYTES", default_value = "10G", value_parser = parse_size, requires = "from")]
+    pub cache_size: u64,
+    /// Refuse heads not signed by this public key (`stagefs keygen`'s FILE.pub).
+    #[arg(long = "trusted-key", value_name = "FILE", requires = "from")]
+    pub trusted_key: Option<PathBuf>,
+    /// How often to read the published head, in milliseconds.
+    #[arg(long = "poll-ms", value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..), requires = "from")]
+    pub poll_ms: u64,
+}
+
+/// `10G`, `512M`, `4096`: bytes, with binary suffixes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 30),
+        Some(b'T' | b't') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 10G, 512M, 4096)"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s} is too large"))
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Replicate and serve the mount (foreground; Ctrl-C or SIGTERM unmounts).
@@ -103,7 +157,9 @@ pub enum Command {
         /// An empty directory to mount on.
         mountpoint: PathBuf,
         #[command(flatten)]
-        source: SourceArgs,
+        source: Option<SourceArgs>,
+        #[command(flatten)]
+        follow: FollowFlags,
         /// Let users other than the mounting one read the mount.
         #[arg(long)]
         allow_other: bool,
@@ -111,6 +167,8 @@ pub enum Command {
         /// 127.0.0.1:9464; off unless given).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        #[command(flatten)]
+        publish: PublishFlags,
     },
     /// Print the status JSON of a mount or a state folder.
     Status {
@@ -146,6 +204,14 @@ pub enum Command {
     Replicate {
         #[command(flatten)]
         source: SourceArgs,
+        #[command(flatten)]
+        publish: PublishFlags,
+    },
+    /// Write a new ed25519 key pair for signed publishing: FILE (secret,
+    /// mode 0600) and FILE.pub (for readers' --trusted-key).
+    Keygen {
+        /// Where to write the secret key (must not exist).
+        file: PathBuf,
     },
     /// Bootstrap a state folder from the Hive metastore's tables, then exit
     /// (`mount` or `replicate` with the same --state continues from it).

@@ -493,6 +493,7 @@ mod tests {
                 } => {
                     assert_eq!(mountpoint, Path::new("/mnt/warehouse"));
                     assert!(allow_other);
+                    let source = source.expect("the source flags");
                     assert_eq!(source.source_map.len(), 2);
                     assert_eq!(source.retain, 16);
                     assert_eq!(

@@ -19,6 +19,7 @@ use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
 use crate::latency::FuseRequests;
 use crate::metrics::{Exporter, Sources};
+use crate::publish::{PublishConfig, PublishError, Publisher};
 use crate::redact::Redactor;
 use crate::replicate::{Replica, ReplicaConfig, ReplicaError};
 use crate::source::hive::map::SourceMap;
@@ -125,6 +126,15 @@ pub struct ReplicateArgs {
     pub checkpoint_seconds: u64,
     /// `--checkpoint-rate`: MiB/s a checkpoint is written at (0: full speed).
     pub checkpoint_rate_mib: u64,
+    /// `--publish URL [--signing-key FILE]`: publish the visible states.
+    pub publish: Option<PublishArgs>,
+}
+
+/// `--publish URL` and `--signing-key FILE`.
+#[derive(Debug, Clone)]
+pub struct PublishArgs {
+    pub url: String,
+    pub signing_key: Option<PathBuf>,
 }
 
 /// The Hive source's flags; `rows` is None for the native source.
@@ -152,6 +162,7 @@ impl ReplicateArgs {
             checkpoint_events: crate::checkpoint::DEFAULT_CHECKPOINT_EVENTS,
             checkpoint_seconds: crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL.as_secs(),
             checkpoint_rate_mib: crate::checkpoint::DEFAULT_CHECKPOINT_RATE_MIB,
+            publish: None,
         }
     }
 }
@@ -372,6 +383,7 @@ fn write_status_file(state: &Path, report: &StatusReport) {
 /// Runs replication without a mount until SIGINT/SIGTERM.
 pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     let cfg = args.config()?;
+    let publish = publish_config(&args)?;
     install_signal_handlers();
     bootstrap_if_asked(&args, &cfg)?;
     let replica = match Replica::start(cfg) {
@@ -382,10 +394,17 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
         r => r?,
     };
     show_bootstrap(&replica, &args.state);
+    let publisher = match start_publisher(publish, &replica) {
+        Ok(p) => p,
+        Err(e) => {
+            replica.stop();
+            return Err(e);
+        }
+    };
     info!(state = %args.state.display(), "replicating (headless)");
     notify_systemd("READY=1\nSTATUS=replicating (headless)");
     let mut tick = 0u32;
-    while !stop_requested() {
+    while !stop_requested() && !publisher.as_ref().is_some_and(Publisher::failed) {
         std::thread::sleep(Duration::from_millis(50));
         tick += 1;
         if tick % 20 == 0 {
@@ -394,9 +413,86 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
     }
     notify_systemd("STOPPING=1");
     write_status_file(&args.state, &replica.status());
+    let published = stop_publisher(publisher);
     replica.stop();
     info!("stopped");
+    published
+}
+
+/// `stagefs keygen FILE`.
+pub fn keygen(file: &Path) -> Result<(), DaemonError> {
+    let public =
+        crate::publish::keys::keygen(file).map_err(|e| DaemonError::Usage(e.to_string()))?;
+    println!(
+        "secret key: {}\npublic key: {}",
+        file.display(),
+        public.display()
+    );
     Ok(())
+}
+
+/// The publisher's configuration of `--publish` (its key read and its URL
+/// checked before anything starts: mistakes are usage errors).
+fn publish_config(args: &ReplicateArgs) -> Result<Option<PublishConfig>, DaemonError> {
+    let Some(p) = &args.publish else {
+        return Ok(None);
+    };
+    crate::publish::open_store(&p.url)
+        .map_err(|e| DaemonError::Usage(format!("--publish: {e}")))?;
+    let signing_key = p
+        .signing_key
+        .as_deref()
+        .map(crate::publish::keys::load_signing)
+        .transpose()
+        .map_err(|e| DaemonError::Usage(format!("--signing-key: {e}")))?;
+    Ok(Some(PublishConfig {
+        url: p.url.clone(),
+        signing_key,
+        state_dir: args.state.clone(),
+    }))
+}
+
+/// Starts publishing the replica's visible states; a second publisher on
+/// the URL is a usage error.
+fn start_publisher(
+    cfg: Option<PublishConfig>,
+    replica: &Replica,
+) -> Result<Option<Publisher>, DaemonError> {
+    let Some(cfg) = cfg else {
+        return Ok(None);
+    };
+    let url = cfg.url.clone();
+    let catalog = Arc::clone(replica.catalog());
+    let blobs = Arc::clone(replica.blobs());
+    let publisher = Publisher::start(
+        cfg,
+        Arc::new(move || Arc::clone(&catalog.snapshot().visible)),
+        Arc::new(move |b: &BlobId| blobs.path(b)),
+    )
+    .map_err(|e| match e {
+        PublishError::SecondPublisher { .. } | PublishError::Url(_) => {
+            DaemonError::Usage(e.to_string())
+        }
+        other => DaemonError::Io(format!("publishing to {url}: {other}")),
+    })?;
+    info!(url = %url, "publishing");
+    Ok(Some(publisher))
+}
+
+/// Stops the publisher; an error when it had stopped for good.
+fn stop_publisher(publisher: Option<Publisher>) -> Result<(), DaemonError> {
+    let Some(p) = publisher else {
+        return Ok(());
+    };
+    let report = p.report();
+    p.stop();
+    match (report.fatal, report.error) {
+        (true, Some(e)) => Err(DaemonError::Io(format!(
+            "publishing to {}: {e}",
+            report.url
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// `--bootstrap`: builds the first state before replication starts
@@ -697,6 +793,7 @@ pub fn unescape_mountinfo(s: &str) -> String {
 pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
     check_mountpoint(&args.mountpoint)?;
     let cfg = args.replicate.config()?;
+    let publish = publish_config(&args.replicate)?;
     // Before replication starts: an address that cannot be bound is a
     // usage error with nothing started.
     let exporter = args
@@ -716,13 +813,109 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
         r => Arc::new(r?),
     };
     show_bootstrap(&replica, &args.replicate.state);
+    let publisher = match start_publisher(publish, &replica) {
+        Ok(p) => p,
+        Err(e) => {
+            if let Ok(r) = Arc::try_unwrap(replica) {
+                r.stop();
+            }
+            return Err(e);
+        }
+    };
     let state = args.replicate.state.clone();
-    let result = serve(&args, &replica, exporter, stop_requested, |_| {});
+    let should_stop = || stop_requested() || publisher.as_ref().is_some_and(Publisher::failed);
+    let result = serve(&args, &replica, exporter, should_stop, |_| {});
+    let result = result.and(stop_publisher(publisher));
     write_status_file(&state, &replica.status());
     match Arc::try_unwrap(replica) {
         Ok(r) => r.stop(),
         Err(_) => warn!("replication still referenced at exit"),
     }
+    info!("stopped");
+    result
+}
+
+/// `stagefs mount MNT --from URL --cache DIR`: a reader host.
+#[derive(Debug, Clone)]
+pub struct FollowArgs {
+    pub mountpoint: PathBuf,
+    pub url: String,
+    pub cache: PathBuf,
+    pub cache_size: u64,
+    pub trusted_key: Option<PathBuf>,
+    pub poll_ms: u64,
+    pub allow_other: bool,
+}
+
+/// Serves the states published at `args.url` until SIGINT/SIGTERM or an
+/// external `umount`.
+pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
+    use crate::follow::{FollowConfig, FollowError, Follower};
+    check_mountpoint(&args.mountpoint)?;
+    let trusted_key = args
+        .trusted_key
+        .as_deref()
+        .map(crate::publish::keys::load_trusted)
+        .transpose()
+        .map_err(|e| DaemonError::Usage(format!("--trusted-key: {e}")))?;
+    install_signal_handlers();
+    let follower = Follower::start(FollowConfig {
+        url: args.url.clone(),
+        cache_dir: args.cache.clone(),
+        cache_size: args.cache_size,
+        trusted_key,
+        poll: Duration::from_millis(args.poll_ms),
+        retain: 16,
+    })
+    .map_err(|e| match e {
+        FollowError::Url(_) | FollowError::Cache(..) => DaemonError::Usage(e.to_string()),
+        FollowError::Cached { .. } => DaemonError::Io(e.to_string()),
+    })?;
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let view = Arc::new(View::new(
+        Arc::clone(follower.catalog()),
+        follower.blob_path(),
+        follower.status_source(),
+        ViewConfig {
+            uid,
+            gid,
+            mount_time: SystemTime::now(),
+        },
+    ));
+    let opts = MountOptions {
+        allow_other: args.allow_other,
+        threads: 2,
+        ..MountOptions::default()
+    };
+    let mounted = match fuse::mount(Arc::clone(&view), &args.mountpoint, &opts) {
+        Ok(m) => m,
+        Err(e) => {
+            follower.stop();
+            return Err(DaemonError::Mount(format!(
+                "mounting {}: {e}",
+                args.mountpoint.display()
+            )));
+        }
+    };
+    drop(view);
+    info!(mountpoint = %args.mountpoint.display(), url = %args.url, "mounted (reader host)");
+    notify_systemd(&format!(
+        "READY=1\nSTATUS=mounted at {}",
+        args.mountpoint.display()
+    ));
+    while !stop_requested() {
+        std::thread::sleep(Duration::from_millis(50));
+        if mounted.is_ended() {
+            info!("unmounted from outside");
+            break;
+        }
+    }
+    notify_systemd("STOPPING=1");
+    let result = mounted
+        .unmount()
+        .map_err(|e| DaemonError::Mount(format!("unmounting: {e}")));
+    follower.stop();
     info!("stopped");
     result
 }
@@ -827,6 +1020,24 @@ pub fn status(
     state: Option<PathBuf>,
     watch: bool,
 ) -> Result<(), DaemonError> {
+    // A reader host's status (SPEC §8) is its own object: shown as it is.
+    if let Some(mp) = &mountpoint {
+        let text = std::fs::read_to_string(mp.join(".stagefs/status")).unwrap_or_default();
+        let value: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+        if let Some(v) = value.filter(|v| v["role"] == "reader") {
+            if watch {
+                return Err(DaemonError::Usage(
+                    "--watch is for replicating mounts; a reader host's status is printed whole"
+                        .into(),
+                ));
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&v).map_err(|e| DaemonError::Io(e.to_string()))?
+            );
+            return Ok(());
+        }
+    }
     let read = || -> Result<StatusReport, DaemonError> {
         match (&mountpoint, &state) {
             (Some(mp), _) => {

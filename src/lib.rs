@@ -7,6 +7,8 @@
 //! [`run`], [`demo`] and [`check`] (the pre-flight checks) are the
 //! commands, [`mount_helper`] their `/etc/fstab` entry; [`status`] reports on them
 //! ([`metrics`] exports it to Prometheus, with the [`latency`] histograms);
+//! [`publish`] writes the visible states to shared storage for reader hosts;
+//! [`follow`] serves them on a reader host.
 //! [`workload`] generates the changing warehouse of the demo, the tests and
 //! the benchmarks. The test kit (the consistency checker) is `testkit`, built
 //! only with the cargo feature `testkit` (the tests, examples and benchmarks
@@ -23,12 +25,14 @@ pub mod daemon;
 pub mod demo;
 pub mod durable;
 pub mod event;
+pub mod follow;
 pub mod fuse;
 pub mod fusermount;
 pub mod journal;
 pub mod latency;
 pub mod metrics;
 pub mod mount_helper;
+pub mod publish;
 pub mod redact;
 pub mod replicate;
 pub mod run;

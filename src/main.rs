@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 
-use stagefs::cli::{Cli, Command, SourceArgs};
-use stagefs::daemon::{self, HiveArgs, MountArgs, ReplicateArgs};
+use stagefs::cli::{Cli, Command, FollowFlags, PublishFlags, SourceArgs};
+use stagefs::daemon::{self, HiveArgs, MountArgs, PublishArgs, ReplicateArgs};
 use stagefs::source::hive::HiveRows;
 
 fn main() -> ExitCode {
@@ -38,12 +38,42 @@ fn main() -> ExitCode {
             source,
             allow_other,
             metrics,
-        } => daemon::mount(MountArgs {
-            mountpoint,
-            replicate: replicate_args(source),
-            allow_other,
-            metrics,
-        }),
+            publish,
+            follow,
+        } => match (source, follow) {
+            (
+                None,
+                FollowFlags {
+                    from: Some(url),
+                    cache: Some(cache),
+                    cache_size,
+                    trusted_key,
+                    poll_ms,
+                },
+            ) if publish.publish.is_none() && metrics.is_none() => daemon::mount_from(daemon::FollowArgs {
+                mountpoint,
+                url,
+                cache,
+                cache_size,
+                trusted_key,
+                poll_ms,
+                allow_other,
+            }),
+            (Some(source), FollowFlags { from: None, .. }) => daemon::mount(MountArgs {
+                mountpoint,
+                replicate: ReplicateArgs {
+                    publish: publish_args(publish),
+                    ..replicate_args(source)
+                },
+                allow_other,
+                metrics,
+            }),
+            _ => Err(daemon::DaemonError::Usage(
+                "mount needs either a source (--state DIR and its flags) or --from URL --cache DIR \
+                 (--publish and --metrics only with a source)"
+                    .into(),
+            )),
+        },
         Command::Status {
             mountpoint,
             state,
@@ -55,7 +85,11 @@ fn main() -> ExitCode {
             command,
         } => Err(stagefs::run::run(&mountpoint, &at, &command)),
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
-        Command::Replicate { source } => daemon::replicate(replicate_args(source)),
+        Command::Replicate { source, publish } => daemon::replicate(ReplicateArgs {
+            publish: publish_args(publish),
+            ..replicate_args(source)
+        }),
+        Command::Keygen { file } => daemon::keygen(&file),
         Command::Bootstrap { source } => daemon::bootstrap(replicate_args(source)),
         Command::Check {
             mountpoint,
@@ -161,7 +195,15 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
         checkpoint_events: s.checkpoint_events,
         checkpoint_seconds: s.checkpoint_interval,
         checkpoint_rate_mib: s.checkpoint_rate,
+        publish: None,
     }
+}
+
+fn publish_args(p: PublishFlags) -> Option<PublishArgs> {
+    p.publish.map(|url| PublishArgs {
+        url,
+        signing_key: p.signing_key,
+    })
 }
 
 /// mimalloc: the pipeline allocates in one thread and frees in another

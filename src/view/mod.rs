@@ -100,6 +100,10 @@ pub struct ViewConfig {
     pub mount_time: SystemTime,
 }
 
+/// How long a request of a job whose state is newer than the visible one
+/// waits for it (a reader host a poll behind the job's).
+const JOB_STATE_WAIT: Duration = Duration::from_secs(3);
+
 /// Why an operation failed; [`ViewError::errno`] is the answer to the kernel.
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
@@ -107,6 +111,8 @@ pub enum ViewError {
     NotFound,
     #[error("inode {0} is not known (already forgotten)")]
     StaleInode(u64),
+    #[error("state {0}, named by the process's STAGEFS_STATE_ID, is not served here")]
+    JobStateGone(StateId),
     #[error("file handle {0} is not open")]
     BadHandle(u64),
     #[error(
@@ -143,7 +149,9 @@ impl ViewError {
     pub fn errno(&self) -> i32 {
         match self {
             ViewError::NotFound => libc::ENOENT,
-            ViewError::StaleInode(_) | ViewError::Released(_) => libc::ESTALE,
+            ViewError::StaleInode(_) | ViewError::Released(_) | ViewError::JobStateGone(_) => {
+                libc::ESTALE
+            }
             ViewError::BadHandle(_) => libc::EBADF,
             ViewError::NotDir => libc::ENOTDIR,
             ViewError::IsDir => libc::EISDIR,
@@ -363,11 +371,28 @@ impl View {
         self.readers.identify(caller.pid)
     }
 
-    /// The catalog as `reader` sees it now.
-    fn shown(&self, reader: Reader) -> Shown {
-        let snap = self.catalog.snapshot();
+    /// The catalog as `reader` sees it now: a job's state (rule 10:
+    /// `STAGEFS_STATE_ID`, `ESTALE` when this mount does not serve it;
+    /// a state newer than the visible one is waited for a little, as a
+    /// host a poll behind catches up), else its session's or view's.
+    fn shown(&self, reader: Reader) -> Result<Shown> {
+        let mut snap = self.catalog.snapshot();
+        if let Some(job) = self.readers.job_state(reader, &snap) {
+            let deadline = std::time::Instant::now() + JOB_STATE_WAIT;
+            loop {
+                if let Some(tree) = snap.versions.get(&job) {
+                    let base = Arc::clone(tree);
+                    return Ok(Shown { snap, base });
+                }
+                if job <= snap.visible.state_id || std::time::Instant::now() >= deadline {
+                    return Err(ViewError::JobStateGone(job));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                snap = self.catalog.snapshot();
+            }
+        }
         let base = self.readers.tree_for(reader, &snap);
-        Shown { snap, base }
+        Ok(Shown { snap, base })
     }
 
     /// Directories readers hold open, whose files must stay readable even
@@ -661,7 +686,7 @@ impl View {
                 if name == STAGEFS_NAME {
                     return Ok(self.fixed_entry(STAGEFS_DIR, &snap));
                 }
-                let shown = self.shown(self.reader(caller));
+                let shown = self.shown(self.reader(caller))?;
                 if !live_db_exists(&shown, name) {
                     return Err(ViewError::NotFound);
                 }
@@ -673,7 +698,7 @@ impl View {
                 })
             }
             Resolved::LiveDb(db) => {
-                let shown = self.shown(self.reader(caller));
+                let shown = self.shown(self.reader(caller))?;
                 let tree = shown.table_tree(&db, name);
                 let table = tree.table(&db, name).ok_or(ViewError::NotFound)?;
                 let node = Node::Dir(Arc::clone(table));
@@ -815,7 +840,7 @@ impl View {
         let snap = self.catalog.snapshot();
         Ok(match self.resolve(ino)? {
             Resolved::Root => {
-                let shown = self.shown(self.reader(caller));
+                let shown = self.shown(self.reader(caller))?;
                 (self.root_attr(&shown), SHORT_TTL)
             }
             Resolved::StatusFile(Some(bytes)) => (self.rendered_attr(ino, &bytes), LONG_TTL),
@@ -824,7 +849,7 @@ impl View {
                 (e.attr, e.attr_ttl)
             }
             Resolved::LiveDb(db) => {
-                let shown = self.shown(self.reader(caller));
+                let shown = self.shown(self.reader(caller))?;
                 (self.live_db_attr(ino, &shown, &db), SHORT_TTL)
             }
             Resolved::SnapshotRoot(_, tree) => (self.snapshot_root_attr(ino, &tree), LONG_TTL),
@@ -951,7 +976,7 @@ impl View {
         let listing = match self.resolve(ino)? {
             Resolved::Root => {
                 let mut entries = dots(ino, ROOT);
-                for (name, _) in root_listing(&self.shown(self.reader(caller))) {
+                for (name, _) in root_listing(&self.shown(self.reader(caller))?) {
                     let child = self.synthetic.ino(&SynthKey::LiveDb(Name::clone(&name)));
                     push(&mut entries, child, FileKind::Directory, name);
                 }
@@ -988,7 +1013,7 @@ impl View {
             }
             Resolved::LiveDb(db) => {
                 let mut entries = dots(ino, ROOT);
-                for (name, table) in live_db_tables(&self.shown(self.reader(caller)), &db) {
+                for (name, table) in live_db_tables(&self.shown(self.reader(caller))?, &db) {
                     push(&mut entries, table.meta.id.0, FileKind::Directory, name);
                 }
                 Listing::Fixed(entries)

@@ -250,6 +250,25 @@ fn read_stat(pid: u32) -> Option<Stat> {
     parse_stat(&text)
 }
 
+/// The environment variable that names a job's state (rule 10).
+pub const STATE_ID_VAR: &[u8] = b"STAGEFS_STATE_ID";
+
+/// `STAGEFS_STATE_ID` of process `pid` as its environment was at exec
+/// (`/proc/<pid>/environ`; unreadable for other users' processes).
+fn read_job_state(pid: u32) -> Option<StateId> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    job_state_in(&env)
+}
+
+/// `STAGEFS_STATE_ID=N` among NUL-separated `NAME=value` entries.
+fn job_state_in(environ: &[u8]) -> Option<StateId> {
+    environ.split(|b| *b == 0).find_map(|entry| {
+        let value = entry.strip_prefix(STATE_ID_VAR)?.strip_prefix(b"=")?;
+        let text = std::str::from_utf8(value).ok()?;
+        text.parse().ok().map(StateId)
+    })
+}
+
 /// Parses `/proc/<pid>/stat`; the command name (field 2) may hold spaces
 /// and parentheses, so fields are counted after its last `)`.
 fn parse_stat(text: &str) -> Option<Stat> {
@@ -464,6 +483,8 @@ pub struct Readers {
     /// Of those, the ones where its own wait for a CPU alone made it busy.
     starved_keeps: AtomicU64,
     invalidations: AtomicU64,
+    /// Each process's `STAGEFS_STATE_ID` (rule 10), read once.
+    jobs: Mutex<HashMap<ProcId, (Option<StateId>, Instant)>>,
 }
 
 /// The reader a request came from.
@@ -516,7 +537,34 @@ impl Readers {
             busy_keeps: AtomicU64::new(0),
             starved_keeps: AtomicU64::new(0),
             invalidations: AtomicU64::new(0),
+            jobs: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The state a job process asks for (SPEC §3 rule 10): the
+    /// `STAGEFS_STATE_ID` its environment was started with, unless it is a
+    /// member of a session (whose state `stagefs run` put there) or views
+    /// are off. Read once per process from `/proc/<pid>/environ`; nothing
+    /// else of the environment is kept.
+    pub fn job_state(&self, reader: Reader, snap: &Snapshot) -> Option<StateId> {
+        let Reader::Process(proc) = reader else {
+            return None;
+        };
+        if !self.enabled {
+            return None;
+        }
+        let now = Instant::now();
+        if self.session_of(proc, snap, now).is_some() {
+            return None;
+        }
+        let mut jobs = lock(&self.jobs);
+        if let Some((state, seen)) = jobs.get_mut(&proc) {
+            *seen = now;
+            return *state;
+        }
+        let state = read_job_state(proc.pid);
+        jobs.insert(proc, (state, now));
+        state
     }
 
     /// Readers as configured by the environment: views on unless
@@ -924,6 +972,7 @@ impl Readers {
         self.procs.forget_older(now);
         lock(&self.members).retain(|_, m| now.duration_since(m.seen) < FORGET_PROC);
         lock(&self.lineage).retain(|_, l| now.duration_since(l.seen) < FORGET_PROC);
+        lock(&self.jobs).retain(|_, (_, seen)| now.duration_since(*seen) < FORGET_PROC);
         snap.pins
             .sessions
             .iter()
@@ -1079,6 +1128,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use std::thread;
+
+    #[test]
+    fn a_job_state_is_read_from_its_variable_alone() {
+        let env = b"PATH=/bin\0STAGEFS_STATE_IDX=7\0STAGEFS_STATE_ID=42\0HOME=/root\0";
+        assert_eq!(job_state_in(env), Some(StateId(42)));
+        assert_eq!(job_state_in(b"STAGEFS_STATE_ID=x\0"), None);
+        assert_eq!(job_state_in(b"A=1\0"), None);
+        assert_eq!(job_state_in(b""), None);
+    }
 
     #[test]
     fn stat_fields_are_counted_after_the_command_name() {

@@ -49,7 +49,7 @@ impl View {
         let mut out = Vec::with_capacity(4);
         match &resolved {
             Resolved::Root => {
-                let shown = self.shown(reader);
+                let shown = self.shown(reader)?;
                 out.push((STATE_ID, shown.root_tree().state_id.to_string()));
                 out.push((VISIBLE, snap.visible.state_id.to_string()));
                 out.push((LATEST, self.status.latest().to_string()));
@@ -58,7 +58,7 @@ impl View {
                 out.push((STATE_ID, snap.visible.state_id.to_string()));
             }
             Resolved::LiveDb(db) => {
-                let shown = self.shown(reader);
+                let shown = self.shown(reader)?;
                 let id = super::live_db_node(&shown, db)
                     .map_or(shown.root_tree().state_id, |d| d.meta.state_id);
                 out.push((STATE_ID, id.to_string()));

@@ -1,0 +1,424 @@
+//! A reader host (`stagefs mount MNT --from URL --cache DIR`, SPEC §8):
+//! follows the states a publisher writes to shared storage and serves
+//! them through the same catalog and view as a replicating mount (views,
+//! pins, sessions, snapshots, xattrs), with file content fetched on
+//! demand into a bounded cache ([`cache`]).
+//!
+//! The follower thread polls HEAD every `--poll-ms`, verifies it (with
+//! `--trusted-key`, its signature), loads a newer state's catalog
+//! ([`crate::publish::load`]: only the directory objects it does not hold
+//! yet) and commits it to the catalog, whose durable commit record in the
+//! cache folder is the ratchet: the visible state never goes back, across
+//! restarts too, and a HEAD behind it is refused with a status reason. A
+//! state becomes visible only once its whole catalog is loaded; bytes come
+//! later, verified. Catalog objects and state records are kept in the
+//! cache folder, so a host restarted while the storage is unreachable
+//! serves the states it had.
+
+pub mod cache;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ed25519_dalek::VerifyingKey;
+use object_store::ObjectStore;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::catalog::{load_durable, Catalog, Tree};
+use crate::event::{BlobId, StateId};
+use crate::publish::layout;
+use crate::publish::load::{get_bounded, get_record, LoadError, Loader};
+use crate::publish::record::{self, Published, RecordKind};
+use crate::publish::store::{open_store, StoreUrlError};
+use crate::state_lock::{lock_state, StateLock};
+use crate::view::StatusSource;
+use cache::BlobCache;
+
+pub struct FollowConfig {
+    pub url: String,
+    pub cache_dir: PathBuf,
+    pub cache_size: u64,
+    pub trusted_key: Option<VerifyingKey>,
+    pub poll: Duration,
+    /// Published states kept browsable under snapshots.
+    pub retain: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error(transparent)]
+    Url(#[from] StoreUrlError),
+    #[error("the cache folder {0}: {1}")]
+    Cache(PathBuf, String),
+    #[error("the cached state {state} cannot be loaded: {source}")]
+    Cached { state: u64, source: LoadError },
+}
+
+/// What the follower knows of the publication (status).
+#[derive(Debug, Clone, Default)]
+struct HeadView {
+    head: Option<Published>,
+    /// When HEAD was last read successfully (ms since the epoch).
+    read_ms: Option<i64>,
+    /// Why the visible state is not the head's (null when it is).
+    reason: Option<(StateId, String)>,
+}
+
+pub struct Follower {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    catalog: Arc<Catalog>,
+    cache: Arc<BlobCache>,
+    head: Arc<Mutex<HeadView>>,
+    url: String,
+    _rt: Arc<tokio::runtime::Runtime>,
+    _lock: StateLock,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// What a follower shares with its thread.
+struct Shared {
+    store: Arc<dyn ObjectStore>,
+    cache_dir: PathBuf,
+    trusted: Option<VerifyingKey>,
+    catalog: Arc<Catalog>,
+    cache: Arc<BlobCache>,
+    head: Arc<Mutex<HeadView>>,
+    loader: Loader,
+}
+
+impl Follower {
+    /// Opens the cache folder (locked: one mount per cache), restores the
+    /// states it served, and starts following `cfg.url`.
+    pub fn start(cfg: FollowConfig) -> Result<Follower, FollowError> {
+        let cache_err = |e: String| FollowError::Cache(cfg.cache_dir.clone(), e);
+        let store = open_store(&cfg.url)?;
+        std::fs::create_dir_all(cfg.cache_dir.join("catalogs"))
+            .and_then(|_| std::fs::create_dir_all(cfg.cache_dir.join("states")))
+            .map_err(|e| cache_err(e.to_string()))?;
+        let state_lock = lock_state(&cfg.cache_dir).map_err(|e| cache_err(e.to_string()))?;
+        let rt = Arc::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("stagefs-follow-io")
+                .enable_all()
+                .build()
+                .map_err(|e| cache_err(e.to_string()))?,
+        );
+        let cache = Arc::new(
+            BlobCache::open(
+                &cfg.cache_dir,
+                Arc::clone(&store),
+                rt.handle().clone(),
+                cfg.cache_size,
+            )
+            .map_err(|e| cache_err(e.to_string()))?,
+        );
+        let (record, pins) = load_durable(&cfg.cache_dir).map_err(|e| cache_err(e.to_string()))?;
+        let mut loader = Loader::with_local_copies(&cfg.cache_dir.join("catalogs"));
+        // The states this cache served: the visible one must load (from
+        // the local copies, or the storage); the others are kept if they do.
+        let mut versions = BTreeMap::new();
+        let mut visible = Arc::new(Tree::empty());
+        let mut wanted: Vec<StateId> = record.retained.clone();
+        wanted.extend(pins.states());
+        wanted.push(record.visible);
+        wanted.sort();
+        wanted.dedup();
+        for id in wanted.into_iter().filter(|id| id.0 > 0) {
+            let loaded = rt.block_on(load_state(
+                &*store,
+                &cfg.cache_dir,
+                cfg.trusted_key.as_ref(),
+                &mut loader,
+                id,
+            ));
+            match loaded {
+                Ok(tree) => {
+                    let tree = Arc::new(tree);
+                    if id == record.visible {
+                        visible = Arc::clone(&tree);
+                    }
+                    versions.insert(id, tree);
+                }
+                Err(source) if id == record.visible => {
+                    return Err(FollowError::Cached {
+                        state: id.0,
+                        source,
+                    })
+                }
+                Err(e) => warn!("the cached state {id} is dropped: {e}"),
+            }
+        }
+        cache.add_piece_lists(loader.piece_lists());
+        info!(url = %cfg.url, visible = visible.state_id.0, "following");
+        let catalog = Arc::new(Catalog::new(
+            &cfg.cache_dir,
+            visible,
+            versions,
+            pins,
+            cfg.retain,
+        ));
+        let head = Arc::new(Mutex::new(HeadView::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut shared = Shared {
+            store,
+            cache_dir: cfg.cache_dir.clone(),
+            trusted: cfg.trusted_key,
+            catalog: Arc::clone(&catalog),
+            cache: Arc::clone(&cache),
+            head: Arc::clone(&head),
+            loader,
+        };
+        let thread = {
+            let stop = Arc::clone(&stop);
+            let rt = Arc::clone(&rt);
+            let poll = cfg.poll;
+            std::thread::Builder::new()
+                .name("stagefs-follow".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        rt.block_on(shared.poll_once());
+                        let end = std::time::Instant::now() + poll;
+                        while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < end {
+                            std::thread::sleep(Duration::from_millis(20).min(poll));
+                        }
+                    }
+                })
+                .map_err(|e| cache_err(e.to_string()))?
+        };
+        Ok(Follower {
+            stop,
+            thread: Some(thread),
+            catalog,
+            cache,
+            head,
+            url: cfg.url,
+            _rt: rt,
+            _lock: state_lock,
+        })
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The view's path of a blob: fetched into the cache first if needed.
+    pub fn blob_path(&self) -> Arc<dyn Fn(&BlobId) -> PathBuf + Send + Sync> {
+        let cache = Arc::clone(&self.cache);
+        Arc::new(move |b: &BlobId| cache.path_for(b))
+    }
+
+    /// The status JSON of the mount (SPEC §7 for a reader host).
+    pub fn status_source(&self) -> Arc<dyn StatusSource> {
+        Arc::new(FollowStatus {
+            catalog: Arc::clone(&self.catalog),
+            cache: Arc::clone(&self.cache),
+            head: Arc::clone(&self.head),
+            url: self.url.clone(),
+        })
+    }
+
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                warn!("the follower thread panicked");
+            }
+        }
+    }
+}
+
+/// Loads published state `id`: its record from the cache folder when
+/// there (verified again), else from the storage (then kept).
+async fn load_state(
+    store: &dyn ObjectStore,
+    cache_dir: &Path,
+    trusted: Option<&VerifyingKey>,
+    loader: &mut Loader,
+    id: StateId,
+) -> Result<Tree, LoadError> {
+    let local = cache_dir.join("states").join(format!("{:020}", id.0));
+    let path = layout::state(id);
+    let bytes = match std::fs::read(&local) {
+        Ok(b) => b,
+        Err(_) => {
+            let b = get_bounded(store, &path, record::MAX_RECORD_BYTES as u64)
+                .await?
+                .to_vec();
+            b
+        }
+    };
+    let decoded =
+        record::decode(RecordKind::State, &bytes, trusted).map_err(|e| LoadError::Corrupt {
+            object: path.to_string(),
+            detail: e.to_string(),
+        })?;
+    let p = decoded.published;
+    if p.state_id != id {
+        return Err(LoadError::Corrupt {
+            object: path.to_string(),
+            detail: format!("it names state {}", p.state_id),
+        });
+    }
+    let tree = loader.load(store, p.state_id, p.time_ms, p.root).await?;
+    if !local.exists() {
+        if let Err(e) = crate::durable::write_atomic(&local, &bytes) {
+            warn!("cannot keep a copy of {path}: {e}");
+        }
+    }
+    Ok(tree)
+}
+
+impl Shared {
+    fn stall(&self, state: StateId, reason: String) {
+        let mut h = lock(&self.head);
+        if h.reason.as_ref().map(|(_, r)| r) != Some(&reason) {
+            warn!("{reason}");
+        }
+        h.reason = Some((state, reason));
+    }
+
+    /// Reads HEAD once and moves the visible state to it when newer.
+    async fn poll_once(&mut self) {
+        let visible = self.catalog.snapshot().visible.state_id;
+        let head = match get_record(
+            &*self.store,
+            &layout::head(),
+            RecordKind::Head,
+            self.trusted.as_ref(),
+        )
+        .await
+        {
+            Ok(d) => d.published,
+            Err(e) => {
+                self.stall(
+                    visible,
+                    format!("HEAD cannot be used: {e}; serving state {visible}"),
+                );
+                return;
+            }
+        };
+        {
+            let mut h = lock(&self.head);
+            h.head = Some(head.clone());
+            h.read_ms = Some(now_ms());
+        }
+        if head.state_id < visible {
+            self.stall(
+                visible,
+                format!(
+                    "HEAD went back from {visible} to {} (refused: the visible state never goes back)",
+                    head.state_id
+                ),
+            );
+            return;
+        }
+        if head.state_id == visible {
+            lock(&self.head).reason = None;
+            return;
+        }
+        let loaded = load_state(
+            &*self.store,
+            &self.cache_dir,
+            self.trusted.as_ref(),
+            &mut self.loader,
+            head.state_id,
+        )
+        .await;
+        let tree = match loaded {
+            Ok(t) => t,
+            Err(e) => {
+                self.stall(
+                    visible,
+                    format!("state {} cannot be loaded: {e}", head.state_id),
+                );
+                return;
+            }
+        };
+        self.cache.add_piece_lists(self.loader.piece_lists());
+        match self.catalog.commit(Arc::new(tree)) {
+            Ok(_) => {
+                lock(&self.head).reason = None;
+                info!(state = head.state_id.0, "following: visible");
+            }
+            Err(e) => self.stall(visible, format!("committing state {}: {e}", head.state_id)),
+        }
+    }
+}
+
+struct FollowStatus {
+    catalog: Arc<Catalog>,
+    cache: Arc<BlobCache>,
+    head: Arc<Mutex<HeadView>>,
+    url: String,
+}
+
+impl StatusSource for FollowStatus {
+    fn status_json(&self) -> String {
+        let snap = self.catalog.snapshot();
+        let h = lock(&self.head).clone();
+        let visible = snap.visible.state_id.0;
+        let latest = h
+            .head
+            .as_ref()
+            .map_or(visible, |p| p.state_id.0.max(visible));
+        let now = now_ms();
+        let c = self.cache.report();
+        let lag_seconds = h
+            .head
+            .as_ref()
+            .filter(|p| p.time_ms != i64::MIN && snap.visible.time_ms != i64::MIN)
+            .map(|p| (p.time_ms - snap.visible.time_ms).max(0) as f64 / 1000.0);
+        json!({
+            "role": "reader",
+            "from": self.url,
+            "visible": visible,
+            "latest": latest,
+            "lag_events": latest - visible,
+            "lag_seconds": lag_seconds,
+            "head": h.head.as_ref().map(|p| json!({
+                "state_id": p.state_id.0,
+                "published_ms": p.published_ms,
+                "age_ms": (now - p.published_ms).max(0),
+                "publisher": p.publisher.to_hex(),
+            })),
+            "head_read_ms_ago": h.read_ms.map(|t| (now - t).max(0)),
+            "pins": snap.pins.labelled().into_iter().map(|(k, v)| (k, v.0)).collect::<BTreeMap<_, _>>(),
+            "retained": snap.versions.keys().map(|s| s.0).collect::<Vec<_>>(),
+            "stalled": h.reason.as_ref().map(|(s, r)| json!({"state_id": s.0, "reason": r})),
+            "cache": {
+                "bytes": c.bytes,
+                "limit": c.limit,
+                "fetched": c.fetched,
+                "fetched_bytes": c.fetched_bytes,
+                "failures": c.failures,
+                "evicted": c.evicted,
+                "last_error": c.last_error,
+            },
+        })
+        .to_string()
+    }
+
+    fn latest(&self) -> StateId {
+        let visible = self.catalog.snapshot().visible.state_id;
+        lock(&self.head)
+            .head
+            .as_ref()
+            .map_or(visible, |p| p.state_id.max(visible))
+    }
+}

@@ -1,0 +1,335 @@
+//! Loading a published state from storage into a catalog [`Tree`]: the
+//! reader's way in, and the publisher's after a restart (to learn what the
+//! storage already holds).
+//!
+//! Every object is verified by its name (sha256) before it is decoded,
+//! and the tree's shape is checked as it is built (databases under the
+//! root, tables under databases, partitions at their depth), so hostile
+//! storage yields an error, never a tree the view cannot serve. Directory
+//! objects already loaded for another state are not fetched again: the
+//! same object is the same node (the same inode), as on the publisher.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use imbl::OrdMap;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use super::catalog_object::{CatalogObjectError, DirObject, Entry, MAX_CATALOG_BYTES};
+use super::layout;
+use super::pieces::{PieceList, PiecesError};
+use super::record::{self, Decoded, RecordError, RecordKind};
+use crate::catalog::{DirKind, DirNode, FileNode, Meta, Node, Tree};
+use crate::event::{BlobId, StateId};
+
+/// Deeper trees are refused (64 partition levels and subdirectories).
+pub const MAX_DEPTH: usize = 160;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("reading {object}: {source}")]
+    Store {
+        object: String,
+        source: object_store::Error,
+    },
+    #[error("{object} is missing")]
+    Missing { object: String },
+    #[error("{object} is corrupt: {detail}")]
+    Corrupt { object: String, detail: String },
+}
+
+impl LoadError {
+    fn corrupt(object: &object_store::path::Path, detail: impl ToString) -> LoadError {
+        LoadError::Corrupt {
+            object: object.to_string(),
+            detail: detail.to_string(),
+        }
+    }
+}
+
+/// Reads `path` whole, refusing one larger than `max` bytes before its
+/// body is read.
+pub async fn get_bounded(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    max: u64,
+) -> Result<bytes::Bytes, LoadError> {
+    let got = match store.get(path).await {
+        Ok(g) => g,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(LoadError::Missing {
+                object: path.to_string(),
+            })
+        }
+        Err(source) => {
+            return Err(LoadError::Store {
+                object: path.to_string(),
+                source,
+            })
+        }
+    };
+    if got.meta.size > max {
+        return Err(LoadError::corrupt(
+            path,
+            format!("{} bytes, more than the {max} allowed", got.meta.size),
+        ));
+    }
+    got.bytes().await.map_err(|source| LoadError::Store {
+        object: path.to_string(),
+        source,
+    })
+}
+
+/// Reads and verifies an immutable object named by its content id.
+pub async fn get_verified(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    id: &BlobId,
+    max: u64,
+) -> Result<Vec<u8>, LoadError> {
+    let bytes = get_bounded(store, path, max).await?;
+    if layout::content_id(&bytes) != *id {
+        return Err(LoadError::corrupt(
+            path,
+            "its content does not match its name",
+        ));
+    }
+    Ok(bytes.to_vec())
+}
+
+/// Reads a head or state record.
+pub async fn get_record(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    kind: RecordKind,
+    trusted: Option<&ed25519_dalek::VerifyingKey>,
+) -> Result<Decoded, LoadError> {
+    let bytes = get_bounded(store, path, record::MAX_RECORD_BYTES as u64).await?;
+    record::decode(kind, &bytes, trusted).map_err(|e: RecordError| LoadError::corrupt(path, e))
+}
+
+/// Reads and checks the piece list `id`.
+pub async fn get_pieces(store: &dyn ObjectStore, id: &BlobId) -> Result<PieceList, LoadError> {
+    let path = layout::pieces(id);
+    let max = 24 + 32 * u64::from(super::pieces::MAX_PIECES);
+    let bytes = get_verified(store, &path, id, max).await?;
+    PieceList::decode(&bytes).map_err(|e: PiecesError| LoadError::corrupt(&path, e))
+}
+
+/// Builds trees from published catalogs, sharing the nodes of directory
+/// objects it loaded before (while some tree still holds them).
+#[derive(Default)]
+pub struct Loader {
+    dirs: HashMap<BlobId, Weak<DirNode>>,
+    /// The piece list of every large file seen, by the file's sha256.
+    pieces: HashMap<BlobId, BlobId>,
+    /// A folder of local copies of catalog objects (a reader's cache):
+    /// read first, verified like the storage's, and filled from it.
+    local: Option<std::path::PathBuf>,
+}
+
+/// What a directory object may be, from where it is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Root,
+    InRoot,
+    InDatabase,
+    /// Below a table with this many partition keys, at this partition depth.
+    Below {
+        keys: u16,
+        depth: u16,
+    },
+}
+
+impl Loader {
+    pub fn new() -> Loader {
+        Loader::default()
+    }
+
+    /// A loader that keeps a copy of every catalog object in `dir` and
+    /// reads it from there first (a reader host restarted while the
+    /// storage is unreachable still loads the states it had).
+    pub fn with_local_copies(dir: &std::path::Path) -> Loader {
+        Loader {
+            local: Some(dir.to_owned()),
+            ..Loader::default()
+        }
+    }
+
+    /// Every piece list seen: file sha256 → piece list.
+    pub fn piece_lists(&self) -> &HashMap<BlobId, BlobId> {
+        &self.pieces
+    }
+
+    /// The catalog object `id`, from the local copy when it verifies, else
+    /// from the storage (then copied locally).
+    async fn catalog_bytes(
+        &self,
+        store: &dyn ObjectStore,
+        id: &BlobId,
+    ) -> Result<Vec<u8>, LoadError> {
+        let path = layout::catalog(id);
+        let local = self.local.as_ref().map(|d| d.join(id.to_hex()));
+        if let Some(copy) = &local {
+            if let Ok(bytes) = std::fs::read(copy) {
+                if layout::content_id(&bytes) == *id {
+                    return Ok(bytes);
+                }
+            }
+        }
+        let bytes = get_verified(store, &path, id, MAX_CATALOG_BYTES).await?;
+        if let Some(copy) = &local {
+            if let Err(e) = crate::durable::write_atomic(copy, &bytes) {
+                tracing::warn!("cannot keep a local copy of {path}: {e}");
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// The piece list of the large file whose content is `sha256`.
+    pub fn pieces_of(&self, sha256: &BlobId) -> Option<BlobId> {
+        self.pieces.get(sha256).copied()
+    }
+
+    /// The catalog objects whose nodes some loaded tree still holds.
+    pub fn object_ids(&self) -> impl Iterator<Item = BlobId> + '_ {
+        self.dirs
+            .iter()
+            .filter(|(_, w)| w.strong_count() > 0)
+            .map(|(id, _)| *id)
+    }
+
+    /// Loads the tree of a published state (its root catalog `root`).
+    pub async fn load(
+        &mut self,
+        store: &dyn ObjectStore,
+        state_id: StateId,
+        time_ms: i64,
+        root: BlobId,
+    ) -> Result<Tree, LoadError> {
+        // Fetch every object not held yet, breadth first.
+        let mut objects: HashMap<BlobId, DirObject> = HashMap::new();
+        let mut level = vec![root];
+        for _ in 0..=MAX_DEPTH {
+            let mut next = Vec::new();
+            for id in level {
+                if objects.contains_key(&id) || self.held(&id).is_some() {
+                    continue;
+                }
+                let path = layout::catalog(&id);
+                let bytes = self.catalog_bytes(store, &id).await?;
+                let obj = DirObject::decode(&bytes)
+                    .map_err(|e: CatalogObjectError| LoadError::corrupt(&path, e))?;
+                for (_, e) in &obj.entries {
+                    if let Entry::Dir(child) = e {
+                        next.push(*child);
+                    }
+                }
+                objects.insert(id, obj);
+            }
+            if next.is_empty() {
+                let root_node = self.build(&objects, root, Place::Root, 0)?;
+                self.dirs.retain(|_, w| w.strong_count() > 0);
+                return Ok(Tree {
+                    state_id,
+                    time_ms,
+                    root: root_node,
+                });
+            }
+            level = next;
+        }
+        Err(LoadError::corrupt(
+            &layout::catalog(&root),
+            format!("the tree is deeper than {MAX_DEPTH} levels"),
+        ))
+    }
+
+    fn held(&self, id: &BlobId) -> Option<Arc<DirNode>> {
+        self.dirs.get(id).and_then(Weak::upgrade)
+    }
+
+    fn build(
+        &mut self,
+        objects: &HashMap<BlobId, DirObject>,
+        id: BlobId,
+        place: Place,
+        depth: usize,
+    ) -> Result<Arc<DirNode>, LoadError> {
+        let path = layout::catalog(&id);
+        if let Some(node) = self.held(&id) {
+            check_place(&node.kind, place).map_err(|d| LoadError::corrupt(&path, d))?;
+            return Ok(node);
+        }
+        if depth > MAX_DEPTH {
+            return Err(LoadError::corrupt(&path, "too deep"));
+        }
+        let obj = objects.get(&id).ok_or_else(|| LoadError::Missing {
+            object: path.to_string(),
+        })?;
+        check_place(&obj.kind, place).map_err(|d| LoadError::corrupt(&path, d))?;
+        let child_place = match (&obj.kind, place) {
+            (DirKind::Root, _) => Place::InRoot,
+            (DirKind::Database, _) => Place::InDatabase,
+            (DirKind::Table { partition_keys, .. }, _) => Place::Below {
+                keys: partition_keys.len() as u16,
+                depth: 0,
+            },
+            (DirKind::Partition { depth }, Place::Below { keys, .. }) => Place::Below {
+                keys,
+                depth: *depth,
+            },
+            (DirKind::Subdir, p) => p,
+            (DirKind::Partition { .. }, _) => {
+                return Err(LoadError::corrupt(&path, "a partition outside a table"))
+            }
+        };
+        let mut children = OrdMap::new();
+        for (name, entry) in &obj.entries {
+            let node = match entry {
+                Entry::Dir(child) => {
+                    Node::Dir(self.build(objects, *child, child_place, depth + 1)?)
+                }
+                Entry::File(f) => {
+                    if let Some(p) = f.pieces {
+                        self.pieces.insert(f.sha256, p);
+                    }
+                    Node::File(Arc::new(FileNode::restored(
+                        Meta::restored(f.state_id, f.time_ms),
+                        f.sha256,
+                        f.size,
+                        f.key,
+                        f.source.clone(),
+                        f.verified,
+                    )))
+                }
+            };
+            children.insert(name.clone(), node);
+        }
+        let node = Arc::new(DirNode {
+            meta: Meta::restored(obj.state_id, obj.time_ms),
+            kind: obj.kind.clone(),
+            children,
+        });
+        self.dirs.insert(id, Arc::downgrade(&node));
+        Ok(node)
+    }
+}
+
+/// Whether a directory of `kind` may stand at `place`.
+fn check_place(kind: &DirKind, place: Place) -> Result<(), String> {
+    let ok = match (kind, place) {
+        (DirKind::Root, Place::Root) => true,
+        (DirKind::Database, Place::InRoot) => true,
+        (DirKind::Table { .. }, Place::InDatabase) => true,
+        (DirKind::Partition { depth }, Place::Below { keys, depth: above }) => {
+            *depth == above + 1 && *depth <= keys
+        }
+        (DirKind::Subdir, Place::Below { .. }) => true,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("a {kind:?} directory cannot stand at {place:?}"))
+    }
+}
