@@ -1,10 +1,10 @@
 //! Opening the storage a publication lives in, from its URL: one
 //! `Arc<dyn ObjectStore>` for publisher and readers alike.
 //!
-//! - `s3://bucket/prefix`: object_store's S3 client, configured from the
-//!   environment (`AmazonS3Builder::from_env`: credentials, region,
-//!   `AWS_ENDPOINT_URL`), path-style requests, plain HTTP allowed when the
-//!   endpoint is `http://`. Conditional writes are S3's `If-None-Match`
+//! - `s3://bucket/prefix`: the S3 client the source files are read
+//!   through ([`S3Access`]: the AWS environment and profile,
+//!   `AWS_ENDPOINT_URL`, path-style requests and plain HTTP for a custom
+//!   endpoint, bounded and retried requests). Conditional writes are S3's `If-None-Match`
 //!   and `If-Match`.
 //! - `file:///dir`: a folder every host shares ([`SharedFolder`]).
 //!   object_store's `LocalFileSystem` (0.14) refuses `PutMode::Update`
@@ -23,9 +23,9 @@ use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::source_file::s3::S3Access;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
@@ -53,18 +53,12 @@ pub fn open_store(url: &str) -> Result<Arc<dyn ObjectStore>, StoreUrlError> {
         if bucket.is_empty() {
             return Err(open_err("no bucket".into()));
         }
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
-            .with_virtual_hosted_style_request(false);
-        if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
-            builder = builder
-                .with_allow_http(endpoint.starts_with("http://"))
-                .with_endpoint(endpoint);
-        }
-        let s3 = builder.build().map_err(|e| open_err(e.to_string()))?;
+        let s3: Arc<dyn ObjectStore> = S3Access::from_process_environment()
+            .client(bucket)
+            .map_err(open_err)?;
         let prefix = prefix.trim_matches('/');
         return Ok(if prefix.is_empty() {
-            Arc::new(s3)
+            s3
         } else {
             Arc::new(PrefixStore::new(s3, prefix))
         });
