@@ -32,12 +32,13 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::daemon::ReplicateArgs;
+use crate::daemon::{PublishArgs, ReplicateArgs};
 use crate::source::hive::map::SourceMap;
 use crate::source::hive::metastore::{Endpoint, MetastoreSource, Session, Timeouts, PASSWORD_ENV};
 use crate::source::hive::model::{RowSource, RowSourceError};
 use crate::source::hive::HiveRows;
 use crate::source_file::hdfs::HdfsUri;
+use crate::source_file::s3::{S3Access, S3Settings, S3Uri};
 
 /// Free space below which the state folder fails the check: staged copies
 /// of the source's files live there.
@@ -117,6 +118,9 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Vec<Finding> {
     report(check_events(&args.replicate, &mut hdfs_roots));
     for f in check_sources(&args.replicate, &hdfs_roots) {
         report(f);
+    }
+    if let Some(publish) = &args.replicate.publish {
+        report(check_publish(publish));
     }
     let failed = findings.iter().filter(|f| !f.passed()).count();
     let _ = writeln!(
@@ -526,7 +530,7 @@ fn database_locations(session: &mut Session) -> Vec<String> {
     let mut roots: Vec<String> = rows
         .into_iter()
         .filter_map(|row| row.into_iter().next().flatten())
-        .filter(|uri| HdfsUri::is_hdfs(uri))
+        .filter(|uri| HdfsUri::is_hdfs(uri) || S3Uri::is_s3(uri))
         .collect();
     roots.sort();
     roots.dedup();
@@ -600,9 +604,33 @@ fn check_sources(args: &ReplicateArgs, hdfs_roots: &[String]) -> Vec<Finding> {
             }),
         );
     }
-    // Databases on HDFS that no map covers are read where they are.
+    // Databases on HDFS or S3 that no map covers are read where they are.
+    let s3 = S3Access::new(S3Settings::from_environment(
+        args.s3_endpoint.as_deref(),
+        REMOTE_TIMEOUT,
+    ));
     for root in hdfs_roots {
         if map.resolve(root).is_ok() {
+            continue;
+        }
+        if S3Uri::is_s3(root) {
+            findings.push(match crate::source_file::s3::probe(&s3, root) {
+                Ok(n) => Finding::ok(
+                    NAME,
+                    format!(
+                        "{root}: lists ({n} entries on its first page) at {}",
+                        s3.settings().server()
+                    ),
+                ),
+                Err(e) => Finding::fail(
+                    NAME,
+                    e,
+                    "check the endpoint (--s3-endpoint, AWS_ENDPOINT_URL), the region \
+                 (AWS_REGION) and the credentials (AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY, or the AWS_PROFILE profile); or map the prefix \
+                 to a local copy with --source-map PREFIX=DIR",
+                ),
+            });
             continue;
         }
         findings.push(
@@ -621,10 +649,46 @@ fn check_sources(args: &ReplicateArgs, hdfs_roots: &[String]) -> Vec<Finding> {
     if findings.is_empty() {
         findings.push(Finding::ok(
             NAME,
-            "no --source-map and no HDFS database location to look at",
+            "no --source-map and no HDFS or S3 database location to look at",
         ));
     }
     findings
+}
+
+/// `--publish URL`: the storage opens, its HEAD reads (or there is none
+/// yet), and a HEAD there was written by this state folder's publisher;
+/// the signing key loads. Nothing is written.
+fn check_publish(p: &PublishArgs) -> Finding {
+    const NAME: &str = "publish";
+    if let Some(key) = &p.signing_key {
+        if let Err(e) = crate::publish::keys::load_signing(key) {
+            return Finding::fail(
+                NAME,
+                format!("--signing-key {}: {e}", key.display()),
+                "make a key pair with `stagefs keygen FILE` and give FILE (the secret half)",
+            );
+        }
+    }
+    let fix = "check the URL (s3://bucket/prefix or file:///dir), and for S3 the endpoint \
+               (AWS_ENDPOINT_URL), region and credentials; for a folder, that it is mounted \
+               and readable here";
+    match crate::publish::read_head(&p.url, REMOTE_TIMEOUT) {
+        Ok(None) => Finding::ok(
+            NAME,
+            format!(
+                "{}: reachable, no HEAD yet (the first publish starts it)",
+                p.url
+            ),
+        ),
+        Ok(Some(head)) => Finding::ok(
+            NAME,
+            format!(
+                "{}: HEAD at state {} by publisher {}",
+                p.url, head.state_id.0, head.publisher
+            ),
+        ),
+        Err(e) => Finding::fail(NAME, format!("{}: {e}", p.url), fix),
+    }
 }
 
 #[cfg(test)]

@@ -234,6 +234,8 @@ pub enum Command {
         /// As for `mount`: check that this HOST:PORT can be bound.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        #[command(flatten)]
+        publish: PublishFlags,
     },
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish,
     /// powershell) on stdout.

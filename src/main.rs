@@ -96,12 +96,16 @@ fn main() -> ExitCode {
             source,
             allow_other,
             metrics,
+            publish,
         } => {
             let args = stagefs::check::CheckArgs {
                 mountpoint,
                 allow_other,
                 metrics,
-                replicate: replicate_args(source),
+                replicate: ReplicateArgs {
+                    publish: publish_args(publish),
+                    ..replicate_args(source)
+                },
             };
             let findings = stagefs::check::run(&args, &mut std::io::stdout());
             return if findings.iter().all(|f| f.passed()) {

@@ -315,3 +315,60 @@ fn check_names_a_native_events_folder_that_is_missing() {
     assert!(lines(&text, "ok", "fuse").is_empty(), "{text}");
     assert!(lines(&text, "ok", "state").len() == 1, "{text}");
 }
+
+#[test]
+fn check_reads_the_publish_url_and_names_a_corrupt_head() {
+    let server = metastore();
+    let setup = Setup::new();
+    let url = format!("file://{}", setup.path("published").display());
+    let mut args = setup.args(&server.url("metastore"));
+    args.extend(["--publish".into(), url.clone().into()]);
+    // A URL nobody published to yet: reachable, no HEAD, nothing written.
+    let out = run(&args);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    let ok = lines(&text, "ok", "publish");
+    assert!(ok.len() == 1 && ok[0].contains("no HEAD yet"), "{text}");
+    assert!(
+        !setup.path("published/HEAD").exists(),
+        "check wrote a HEAD:\n{text}"
+    );
+    // A HEAD that is not one: named, with a fix.
+    std::fs::create_dir_all(setup.path("published")).unwrap();
+    std::fs::write(setup.path("published/HEAD"), b"not a head\n").unwrap();
+    let text = assert_only_failure(&run(&args), "publish");
+    assert!(text.contains("HEAD"), "{text}");
+    // A signing key that is not one.
+    std::fs::remove_file(setup.path("published/HEAD")).unwrap();
+    std::fs::write(setup.path("key"), b"garbage").unwrap();
+    args.extend(["--signing-key".into(), setup.path("key").into()]);
+    let text = assert_only_failure(&run(&args), "publish");
+    assert!(text.contains("--signing-key"), "{text}");
+}
+
+#[test]
+fn check_names_an_unreachable_s3_location() {
+    let server = metastore();
+    let mut admin = server.admin("metastore");
+    admin.execute(
+        r#"CREATE TABLE "DBS" ("DB_ID" BIGINT PRIMARY KEY, "DB_LOCATION_URI" VARCHAR(4000) NOT NULL, "NAME" VARCHAR(128))"#,
+    );
+    admin.execute(r#"INSERT INTO "DBS" VALUES (1, 's3a://wh/warehouse/sales.db', 'sales')"#);
+    let setup = Setup::new();
+    let mut args = setup.args(&server.url("metastore"));
+    // Port 1 on loopback refuses at once.
+    args.extend(["--s3-endpoint".into(), "http://127.0.0.1:1".into()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_stagefs"))
+        .args(&args)
+        .env("STAGEFS_METASTORE_PASSWORD", PASSWORD)
+        .env("AWS_ACCESS_KEY_ID", "check-key")
+        .env("AWS_SECRET_ACCESS_KEY", "check-secret-never-shown")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .expect("run stagefs check");
+    let text = assert_only_failure(&out, "sources");
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+    assert!(!text.contains("check-secret-never-shown"), "{text}");
+    // The mapped folder itself is still checked ok.
+    assert_eq!(lines(&text, "ok", "sources").len(), 1, "{text}");
+}

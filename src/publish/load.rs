@@ -18,7 +18,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use super::catalog_object::{CatalogObjectError, DirObject, Entry, MAX_CATALOG_BYTES};
 use super::layout;
 use super::pieces::{PieceList, PiecesError};
-use super::record::{self, Decoded, RecordError, RecordKind};
+use super::record::{self, Decoded, Published, RecordError, RecordKind};
 use crate::catalog::{DirKind, DirNode, FileNode, Meta, Node, Tree};
 use crate::event::{BlobId, StateId};
 
@@ -331,5 +331,29 @@ fn check_place(kind: &DirKind, place: Place) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("a {kind:?} directory cannot stand at {place:?}"))
+    }
+}
+
+/// The HEAD published at `url`, read once within `timeout` (None: the URL
+/// holds no HEAD yet). For `stagefs check`: it opens the storage and
+/// reads, and writes nothing.
+pub fn read_head(url: &str, timeout: std::time::Duration) -> Result<Option<Published>, String> {
+    let store = super::open_store(url).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let read = rt.block_on(async {
+        tokio::time::timeout(
+            timeout,
+            get_record(&*store, &layout::head(), RecordKind::Head, None),
+        )
+        .await
+    });
+    match read {
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+        Ok(Err(LoadError::Missing { .. })) => Ok(None),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(decoded)) => Ok(Some(decoded.published)),
     }
 }

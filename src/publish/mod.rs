@@ -21,6 +21,7 @@ pub mod publisher;
 pub mod record;
 pub mod store;
 
+pub use load::read_head;
 pub use object_store::ObjectStore;
 pub use publisher::{PublishConfig, PublishError, PublishReport, Publisher};
 pub use store::open_store;

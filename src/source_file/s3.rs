@@ -663,6 +663,25 @@ pub fn list(access: &S3Access, uri: &str) -> Result<Vec<(String, Identity)>, Str
     Ok(out)
 }
 
+/// The entries of the first page of the "directory" `uri`'s listing
+/// (one ListObjectsV2 request with `/` as delimiter): that the server
+/// answers, the bucket exists and the credentials may list it. For
+/// `stagefs check`.
+pub fn probe(access: &S3Access, uri: &str) -> Result<usize, String> {
+    let parsed = S3Uri::parse(uri.trim_end_matches('/'))?;
+    let server = access.settings().server();
+    let store = access.client(&parsed.bucket)?;
+    let dir = ObjectPath::parse(&parsed.key).map_err(|e| format!("`{uri}`: {e}"))?;
+    let level = wait(access.settings().request_timeout, async {
+        store
+            .list_with_delimiter(Some(&dir))
+            .await
+            .map_err(RequestError::Store)
+    })
+    .map_err(|e| e.into_io(&server, &format!("listing {uri}")).to_string())?;
+    Ok(level.common_prefixes.len() + level.objects.len())
+}
+
 impl S3File {
     /// Opens `uri` with `access`: one GET that brings the object's
     /// identity and, for an object of at most [`PART_BYTES`], all of it;
