@@ -55,7 +55,26 @@ pub struct CheckArgs {
     pub mountpoint: Option<PathBuf>,
     pub allow_other: bool,
     pub metrics: Option<String>,
-    pub replicate: ReplicateArgs,
+    /// What the mount serves: a source it replicates, or the states a
+    /// publisher writes (a reader host, `--from`).
+    pub serves: Serves,
+}
+
+/// The two kinds of setup `check` looks at.
+#[derive(Debug, Clone)]
+pub enum Serves {
+    Source(Box<ReplicateArgs>),
+    /// A reader host: `--from URL --cache DIR`.
+    Published(FollowCheck),
+}
+
+/// A reader host's options, as `mount --from` takes them.
+#[derive(Debug, Clone)]
+pub struct FollowCheck {
+    pub url: String,
+    pub cache: PathBuf,
+    pub cache_size: u64,
+    pub trusted_key: Option<PathBuf>,
 }
 
 /// One check's result.
@@ -110,18 +129,31 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Vec<Finding> {
         report(check_fuse(args.allow_other));
         report(check_mountpoint(mountpoint));
     }
-    report(check_state(&args.replicate.state));
+    let replicate = match &args.serves {
+        Serves::Source(replicate) => replicate,
+        Serves::Published(follow) => {
+            report(check_cache(follow));
+            report(check_from(follow));
+            return summarize(findings, out);
+        }
+    };
+    report(check_state(&replicate.state));
     if let Some(addr) = &args.metrics {
         report(check_metrics(addr));
     }
     let mut hdfs_roots = Vec::new();
-    report(check_events(&args.replicate, &mut hdfs_roots));
-    for f in check_sources(&args.replicate, &hdfs_roots) {
+    report(check_events(replicate, &mut hdfs_roots));
+    for f in check_sources(replicate, &hdfs_roots) {
         report(f);
     }
-    if let Some(publish) = &args.replicate.publish {
+    if let Some(publish) = &replicate.publish {
         report(check_publish(publish));
     }
+    summarize(findings, out)
+}
+
+/// The last line (how many passed), and the findings.
+fn summarize(findings: Vec<Finding>, out: &mut dyn Write) -> Vec<Finding> {
     let failed = findings.iter().filter(|f| !f.passed()).count();
     let _ = writeln!(
         out,
@@ -672,7 +704,7 @@ fn check_publish(p: &PublishArgs) -> Finding {
     let fix = "check the URL (s3://bucket/prefix or file:///dir), and for S3 the endpoint \
                (AWS_ENDPOINT_URL), region and credentials; for a folder, that it is mounted \
                and readable here";
-    match crate::publish::read_head(&p.url, REMOTE_TIMEOUT) {
+    match crate::publish::read_head(&p.url, REMOTE_TIMEOUT, None) {
         Ok(None) => Finding::ok(
             NAME,
             format!(
@@ -688,6 +720,121 @@ fn check_publish(p: &PublishArgs) -> Finding {
             ),
         ),
         Err(e) => Finding::fail(NAME, format!("{}: {e}", p.url), fix),
+    }
+}
+
+/// A reader host's cache folder: a directory (or a path where one can be
+/// made) that is writable, on a file system with room for `--cache-size`.
+fn check_cache(f: &FollowCheck) -> Finding {
+    const NAME: &str = "cache";
+    let shown = f.cache.display();
+    let existing = match std::fs::metadata(&f.cache) {
+        Ok(m) if m.is_dir() => f.cache.clone(),
+        Ok(_) => {
+            return Finding::fail(
+                NAME,
+                format!("--cache {shown} is not a directory"),
+                "give a directory (or a path where one can be made)",
+            )
+        }
+        Err(_) => match f.cache.ancestors().skip(1).find(|a| a.is_dir()) {
+            Some(parent) => parent.to_owned(),
+            None => {
+                return Finding::fail(
+                    NAME,
+                    format!("--cache {shown}: no existing parent folder"),
+                    "give an absolute path",
+                )
+            }
+        },
+    };
+    if !writable(&existing) {
+        return Finding::fail(
+            NAME,
+            format!("--cache {shown}: {} is not writable", existing.display()),
+            "run as a user who may write there, or choose another folder",
+        );
+    }
+    let held = std::fs::read_dir(&f.cache)
+        .map(|d| d.flatten().count() > 0)
+        .unwrap_or(false);
+    match free_bytes(&existing) {
+        // What the cache holds already counts towards its size.
+        Ok(free) if free < f.cache_size && !held => Finding::fail(
+            NAME,
+            format!(
+                "--cache {shown}: {} GiB free, less than --cache-size {} GiB",
+                free >> 30,
+                f.cache_size >> 30
+            ),
+            "free space there, or give a smaller --cache-size",
+        ),
+        Ok(free) => Finding::ok(
+            NAME,
+            format!(
+                "{shown}: writable, {} GiB free for a {} GiB cache",
+                free >> 30,
+                f.cache_size >> 30
+            ),
+        ),
+        Err(e) => Finding::fail(
+            NAME,
+            format!("--cache {shown}: {e}"),
+            "give a folder on a mounted file system",
+        ),
+    }
+}
+
+/// A reader host's `--from URL`: the storage opens and its HEAD reads,
+/// decodes and, with `--trusted-key`, verifies.
+fn check_from(f: &FollowCheck) -> Finding {
+    const NAME: &str = "from";
+    let trusted = match f
+        .trusted_key
+        .as_deref()
+        .map(crate::publish::keys::load_trusted)
+    {
+        None => None,
+        Some(Ok(key)) => Some(key),
+        Some(Err(e)) => {
+            return Finding::fail(
+                NAME,
+                format!(
+                    "--trusted-key {}: {e}",
+                    f.trusted_key.as_ref().unwrap().display()
+                ),
+                "give the publisher's public key (the FILE.pub `stagefs keygen` wrote)",
+            )
+        }
+    };
+    match crate::publish::read_head(&f.url, REMOTE_TIMEOUT, trusted.as_ref()) {
+        Ok(None) => Finding::ok(
+            NAME,
+            format!(
+                "{}: reachable, no HEAD yet (the mount waits for the first)",
+                f.url
+            ),
+        ),
+        Ok(Some(head)) => Finding::ok(
+            NAME,
+            format!(
+                "{}: HEAD at state {} by publisher {}{}",
+                f.url,
+                head.state_id.0,
+                head.publisher,
+                if trusted.is_some() {
+                    ", signed by the trusted key"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        Err(e) => Finding::fail(
+            NAME,
+            format!("{}: {e}", f.url),
+            "check the URL the publisher writes (--publish), the S3 endpoint, region and \
+             credentials, and that --trusted-key is the publisher's public key",
+        ),
     }
 }
 

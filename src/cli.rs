@@ -227,7 +227,9 @@ pub enum Command {
         /// The mountpoint `mount` would use (without it: a `replicate` setup).
         mountpoint: Option<PathBuf>,
         #[command(flatten)]
-        source: SourceArgs,
+        source: Option<SourceArgs>,
+        #[command(flatten)]
+        follow: FollowFlags,
         /// As for `mount`: check that other users may be let in.
         #[arg(long)]
         allow_other: bool,

@@ -94,18 +94,48 @@ fn main() -> ExitCode {
         Command::Check {
             mountpoint,
             source,
+            follow,
             allow_other,
             metrics,
             publish,
         } => {
+            let serves = match (source, follow) {
+                (
+                    None,
+                    FollowFlags {
+                        from: Some(url),
+                        cache: Some(cache),
+                        cache_size,
+                        trusted_key,
+                        ..
+                    },
+                ) if publish.publish.is_none() && metrics.is_none() => {
+                    stagefs::check::Serves::Published(stagefs::check::FollowCheck {
+                        url,
+                        cache,
+                        cache_size,
+                        trusted_key,
+                    })
+                }
+                (Some(source), FollowFlags { from: None, .. }) => {
+                    stagefs::check::Serves::Source(Box::new(ReplicateArgs {
+                        publish: publish_args(publish),
+                        ..replicate_args(source)
+                    }))
+                }
+                _ => {
+                    eprintln!(
+                        "stagefs check: give a source (--state DIR and its flags) or --from URL \
+                         --cache DIR, as for mount (--publish and --metrics only with a source)"
+                    );
+                    return ExitCode::from(2);
+                }
+            };
             let args = stagefs::check::CheckArgs {
                 mountpoint,
                 allow_other,
                 metrics,
-                replicate: ReplicateArgs {
-                    publish: publish_args(publish),
-                    ..replicate_args(source)
-                },
+                serves,
             };
             let findings = stagefs::check::run(&args, &mut std::io::stdout());
             return if findings.iter().all(|f| f.passed()) {

@@ -372,3 +372,43 @@ fn check_names_an_unreachable_s3_location() {
     // The mapped folder itself is still checked ok.
     assert_eq!(lines(&text, "ok", "sources").len(), 1, "{text}");
 }
+
+#[test]
+fn check_of_a_reader_host_reads_the_from_url_and_names_a_wrong_key() {
+    let setup = Setup::new();
+    let url = format!("file://{}", setup.path("published").display());
+    let mut args: Vec<OsString> = vec![
+        "check".into(),
+        setup.path("mnt").into(),
+        "--from".into(),
+        url.into(),
+        "--cache".into(),
+        setup.path("cache").into(),
+    ];
+    let out = run(&args);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    for name in ["fuse", "mountpoint", "cache", "from"] {
+        assert_eq!(lines(&text, "ok", name).len(), 1, "{name}:\n{text}");
+    }
+    assert!(text.contains("no HEAD yet"), "{text}");
+    assert!(
+        !setup.path("cache").exists(),
+        "check made the cache:\n{text}"
+    );
+    assert!(
+        !setup.path("published").exists(),
+        "check made the URL:\n{text}"
+    );
+    // A trusted key that is not one.
+    std::fs::write(setup.path("k.pub"), b"not a key\n").unwrap();
+    args.extend(["--trusted-key".into(), setup.path("k.pub").into()]);
+    let text = assert_only_failure(&run(&args), "from");
+    assert!(text.contains("--trusted-key"), "{text}");
+    // A cache path under a file.
+    std::fs::write(setup.path("file"), b"").unwrap();
+    args.truncate(6);
+    args[5] = setup.path("file").into();
+    let text = assert_only_failure(&run(&args), "cache");
+    assert!(text.contains("not a directory"), "{text}");
+}

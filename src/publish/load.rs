@@ -334,10 +334,14 @@ fn check_place(kind: &DirKind, place: Place) -> Result<(), String> {
     }
 }
 
-/// The HEAD published at `url`, read once within `timeout` (None: the URL
-/// holds no HEAD yet). For `stagefs check`: it opens the storage and
-/// reads, and writes nothing.
-pub fn read_head(url: &str, timeout: std::time::Duration) -> Result<Option<Published>, String> {
+/// The HEAD published at `url`, read once within `timeout` and, with
+/// `trusted`, its signature verified (None: the URL holds no HEAD yet).
+/// For `stagefs check`: it opens the storage and reads, and writes nothing.
+pub fn read_head(
+    url: &str,
+    timeout: std::time::Duration,
+    trusted: Option<&ed25519_dalek::VerifyingKey>,
+) -> Result<Option<Published>, String> {
     let store = super::open_store(url).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -346,7 +350,7 @@ pub fn read_head(url: &str, timeout: std::time::Duration) -> Result<Option<Publi
     let read = rt.block_on(async {
         tokio::time::timeout(
             timeout,
-            get_record(&*store, &layout::head(), RecordKind::Head, None),
+            get_record(&*store, &layout::head(), RecordKind::Head, trusted),
         )
         .await
     });
