@@ -226,10 +226,15 @@ for i in range(150):
     if i % 10 == 9:
         time.sleep(0.3)
 "#;
+    // Each reader is started from a shell that waits for it, as a user's
+    // would: its parent is idle. (This test process, whose writer thread
+    // computes throughout, would be a parent that computes, and a
+    // parent's computing keeps a process's view for up to 10 s: the rule
+    // of docs/SEMANTICS.md "Readers" for a JVM driven through py4j.)
     let children: Vec<_> = (0..procs)
         .map(|_| {
-            Command::new("python3")
-                .args(["-c", script])
+            Command::new("sh")
+                .args(["-c", "python3 -c \"$0\" \"$1\"; exit $?", script])
                 .arg(d.mnt())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
