@@ -69,7 +69,7 @@ pub struct SourceArgs {
     /// dashes, and `mountpoint`); flags given here override it.
     #[arg(long = "config", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Change-management root: copies named <file name>_<sha256>.
+    /// Change-management root: copies named `<file name>_<sha256>`.
     #[arg(long = "cm-root", value_name = "DIR")]
     pub cm_root: Option<PathBuf>,
     /// Build the first state from the metastore's tables (databases, tables,

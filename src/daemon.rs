@@ -566,7 +566,7 @@ fn show_bootstrap(replica: &Replica, state: &Path) {
 /// `stagefs bootstrap`: the bootstrap alone, without replicating after it.
 /// On a folder that already replicates and stalled at an id gap, the
 /// re-bootstrap of a `--bootstrap` daemon, run to its commit
-/// ([`rebootstrap_stalled`]).
+/// (`rebootstrap_stalled`).
 pub fn bootstrap(args: ReplicateArgs) -> Result<(), DaemonError> {
     let mut cfg = args.config()?;
     install_signal_handlers();

@@ -8,7 +8,7 @@
 //!
 //! Staging copies each file into the content-addressed blob store
 //! (`stage::BlobStore`: temp file, sha256 while copying) and publishes the
-//! copies in groups of [`PUBLISH_GROUP`]. On a store whose filesystem
+//! copies in groups of `PUBLISH_GROUP`. On a store whose filesystem
 //! writes to a device itself (`stage::GroupSync::Filesystem`: ext4, XFS,
 //! btrfs) a group is made durable by one `syncfs` before its renames and
 //! one after; elsewhere each copy is fdatasynced on a sync thread as soon
@@ -48,7 +48,7 @@
 //! whose server clock runs behind by more is trusted as if settled).
 //!
 //! Called by the bootstrap driver; the copies run on a few threads (the
-//! driver's `copy_threads`), the syncs on [`SYNC_THREADS`] more.
+//! driver's `copy_threads`), the syncs on `SYNC_THREADS` more.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};

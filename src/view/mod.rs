@@ -19,7 +19,7 @@
 //!   name moved on (a working directory) is moved by the adapter to its
 //!   snapshot path ([`View::dentry_plan`]), so `getcwd()` keeps answering a
 //!   real path; such directories are GC roots ([`View::held_dirs`]).
-//! - Handles own what they were opened on (see [`handles`]).
+//! - Handles own what they were opened on (see `handles`).
 //! - Nothing here writes except pins, which go through `Catalog::set_pin`.
 
 mod handles;
@@ -208,7 +208,7 @@ pub struct Attr {
     pub gid: u32,
     pub mtime: SystemTime,
     /// `st_blksize`: for a directory, sized to its listing (see
-    /// [`listing_blksize`]), so one `getdents` buffer, and with it one
+    /// `listing_blksize`), so one `getdents` buffer, and with it one
     /// READDIRPLUS request, takes the whole directory; 4096 otherwise.
     pub blksize: u32,
 }
@@ -289,7 +289,7 @@ pub struct View {
     /// Live table name → the inode its last lookup answered: the one the
     /// kernel's dentry at that name now points to.
     live_names: Mutex<HashMap<(Name, Name), u64>>,
-    /// Directory handles released by [`View::enforce_holds`] so far.
+    /// Directory handles released by `View::enforce_holds` so far.
     released_holds: AtomicU64,
 }
 
@@ -407,7 +407,7 @@ impl View {
     ///
     /// Handles of users other than the mounting user and root hold at most
     /// [`HOLD_LIMIT`] old versions per user: holds past it are released
-    /// here, oldest first, and are no roots (see [`View::enforce_holds`]).
+    /// here, oldest first, and are no roots (see `View::enforce_holds`).
     pub fn held_dirs(&self) -> Vec<Arc<DirNode>> {
         let snap = self.catalog.snapshot();
         self.enforce_holds(&snap);

@@ -3,11 +3,11 @@
 //!
 //! A *reader* is a process, or every process of a `stagefs run` session.
 //! The fuse adapter passes the request's pid, which is the calling
-//! *thread*; [`ProcTable`] maps it to its process (`Tgid:` in
+//! *thread*; `ProcTable` maps it to its process (`Tgid:` in
 //! `/proc/<tid>/status`) and names the process by (pid, start time) —
 //! `/proc/<pid>/stat` field 22 — so a reused pid is a different reader.
 //! The mapping is cached and re-checked (one `stat` read) once per
-//! [`RECHECK`].
+//! `RECHECK`.
 //!
 //! A process's *view* is one state: the tree every root- and
 //! database-level name resolves in (below a table everything is an

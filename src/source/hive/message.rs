@@ -86,7 +86,7 @@ pub const MESSAGE_EVENT_TYPES: [&str; 11] = [
 ///
 /// The message's top-level fields are read without building a JSON tree
 /// (values stay raw text until a field is asked for; a table object seen
-/// on this thread just before is not parsed again, see [`LAST_TABLE`]).
+/// on this thread just before is not parsed again, see `LAST_TABLE`).
 /// Any failure there decodes the message again through a
 /// `serde_json::Value`, whose error is the one reported: the two readings
 /// differ in cost, never in what they report.

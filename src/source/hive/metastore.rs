@@ -35,7 +35,7 @@
 //!
 //! Called by the Hive adapter's polling thread through [`connect`]; tests
 //! use [`MetastoreSource::open`] to choose short timeouts. The bootstrap's
-//! snapshot transaction runs its own statements on a [`Session`], opened,
+//! snapshot transaction runs its own statements on a `Session`, opened,
 //! quoted and classified the same way.
 
 use std::fmt;
@@ -78,7 +78,7 @@ pub fn connect(url: &str, password: Option<String>) -> Result<Box<dyn RowSource>
 
 /// Where a metastore is and how to log in: the URL parsed and its
 /// password read (a `?password_file=` wins over the password given). Used
-/// by [`MetastoreSource`] and by [`Session`]. The password is never in
+/// by [`MetastoreSource`] and by `Session`. The password is never in
 /// `Debug`, nor in an error that went through [`Endpoint::scrub`].
 pub(crate) struct Endpoint {
     target: Target,
