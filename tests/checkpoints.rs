@@ -15,10 +15,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "common/metadata_log.rs"]
-mod metadata_log;
-#[path = "common/oracle.rs"]
-mod oracle;
+use stagefs::testkit::metadata_log;
+use stagefs::testkit::oracle;
 
 use metadata_log::{write_metadata_log, Oracle};
 use oracle::{check_tree, crash_config};

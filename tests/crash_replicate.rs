@@ -16,8 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "common/oracle.rs"]
-mod oracle;
+use stagefs::testkit::oracle;
 
 use oracle::{check_tree, crash_config as config};
 use stagefs::event::StateId;

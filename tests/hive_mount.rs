@@ -4,8 +4,7 @@
 //! the consistency checker with concurrent readers over a Hive-fed mount,
 //! and kill -9 / restart.
 
-#[path = "common/source_files.rs"]
-mod source_files;
+use stagefs::testkit::source_files;
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;

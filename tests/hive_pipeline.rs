@@ -4,8 +4,7 @@
 //! checked against native replication of the same warehouse and against the
 //! workload's oracle.
 
-#[path = "common/source_files.rs"]
-mod source_files;
+use stagefs::testkit::source_files;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -25,8 +25,7 @@
 
 #[path = "common/fuse_attr.rs"]
 mod fuse_attr;
-#[path = "common/oracle.rs"]
-mod oracle;
+use stagefs::testkit::oracle;
 #[path = "common/powerfs.rs"]
 mod powerfs;
 

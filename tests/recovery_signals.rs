@@ -11,8 +11,7 @@
 //! mount against the oracle.
 
 mod common;
-#[path = "common/metadata_log.rs"]
-mod metadata_log;
+use stagefs::testkit::metadata_log;
 
 use std::collections::BTreeMap;
 use std::fs;

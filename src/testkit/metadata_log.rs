@@ -2,14 +2,13 @@
 //! added and dropped, no-ops) and its oracle: each table's partition
 //! directories. For tests that need many events quickly (checkpoints,
 //! recovery); no file content, so nothing is fetched.
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use stagefs::workload::Rng;
+use crate::workload::Rng;
 
 /// Each table's partitions (`p=...` directory names).
 pub type Oracle = BTreeMap<String, BTreeSet<String>>;

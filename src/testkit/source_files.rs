@@ -1,11 +1,10 @@
 //! Source files and event lines written by hand in Hive-fed tests: a file
 //! under `root/source` with the `FileRef` a native event would name.
-#![allow(dead_code)]
 
 use std::path::Path;
 
+use crate::event::{BlobId, Event, FileRef};
 use sha2::{Digest, Sha256};
-use stagefs::event::{BlobId, Event, FileRef};
 
 /// Writes `content` to `root/source/rel` and returns its `FileRef`.
 pub fn put_file(root: &Path, rel: &str, content: &[u8]) -> FileRef {

@@ -1,16 +1,15 @@
-//! What the crash tests (crash_replicate.rs, power_loss.rs) share: the
-//! replication config they restart with, and the check of a recovered
-//! state against the workload's oracle. Included with `#[path]`, so test
-//! binaries that do not need it do not build it.
+//! What the crash tests (crash_replicate.rs, power_loss.rs,
+//! checkpoints.rs) share: the replication config they restart with, and
+//! the check of a recovered state against the workload's oracle.
 
 use std::path::Path;
 use std::time::Duration;
 
+use crate::catalog::Tree;
+use crate::replicate::ReplicaConfig;
+use crate::stage::BlobStore;
+use crate::workload::Workload;
 use sha2::{Digest, Sha256};
-use stagefs::catalog::Tree;
-use stagefs::replicate::ReplicaConfig;
-use stagefs::stage::BlobStore;
-use stagefs::workload::Workload;
 
 /// Replication of the workload under `src` into `state`: change management
 /// on, GC every 50 ms, 3 versions retained (so GC has work).
