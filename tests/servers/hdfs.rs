@@ -4,19 +4,19 @@
 //! The launcher prints one JSON ready line and then answers one JSON line
 //! per command on stdin (put, get, checksum, mkdir, rm, ls, stop-datanode,
 //! restart-datanode, quit). It exits when its stdin closes, so a test
-//! process that dies takes the cluster with it; `Drop` sends `quit`, waits,
-//! kills it if it does not end, and removes the cluster's directory.
+//! process that dies takes the cluster with it; dropped, the value sends
+//! `quit`, waits, kills it if it does not end ([`Launcher`]), and removes
+//! the cluster's directory.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{log_tail, repo_root};
+use super::launcher::{java, Launcher};
+use super::repo_root;
 
 /// How long the cluster may take to come up (JVM start, format, DataNodes).
 const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -59,27 +59,16 @@ pub struct HdfsChecksumReply {
 }
 
 pub struct MiniHdfs {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
+    /// Dropped first: the cluster stops before its directory goes.
+    launcher: Launcher,
     ready: Value,
     namenode: String,
     conf_dir: PathBuf,
-    log: PathBuf,
     /// Holds the cluster's base dir and the launcher's log; removed last.
     dir: tempfile::TempDir,
 }
 
 static UPLOADS: AtomicU64 = AtomicU64::new(0);
-
-fn java() -> PathBuf {
-    match std::env::var_os("JAVA_HOME") {
-        Some(home) if Path::new(&home).join("bin/java").exists() => {
-            Path::new(&home).join("bin/java")
-        }
-        _ => PathBuf::from("java"),
-    }
-}
 
 /// The launcher's class path, or why it cannot run.
 fn launcher_classpath() -> Result<String, String> {
@@ -111,8 +100,6 @@ impl MiniHdfs {
             .map_err(|e| format!("creating the cluster's temp dir: {e}"))?;
         let base = dir.path().join("cluster");
         let log = dir.path().join("launcher.log");
-        let log_file =
-            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
         let mut cmd = Command::new(java());
         cmd.args([
             "-Xmx768m",
@@ -140,106 +127,21 @@ impl MiniHdfs {
         // settings must not leak into the cluster.
         cmd.env_remove("HADOOP_CONF_DIR")
             .env_remove("HADOOP_USER_NAME");
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file))
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "starting {}: {e} (is Java 17 installed? scripts/setup-servers.sh)",
-                    java().display()
-                )
-            })?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut hdfs = MiniHdfs {
-            child,
-            stdin,
-            lines,
-            ready: Value::Null,
-            namenode: String::new(),
-            conf_dir: PathBuf::new(),
-            log,
+        let (launcher, ready) =
+            Launcher::start(cmd, log, "the HDFS launcher", 4000, START_TIMEOUT)?;
+        Ok(MiniHdfs {
+            launcher,
+            namenode: ready["namenode"].as_str().unwrap_or_default().to_string(),
+            conf_dir: PathBuf::from(ready["conf_dir"].as_str().unwrap_or_default()),
+            ready,
             dir,
-        };
-        let ready = hdfs.next_reply(START_TIMEOUT, "the cluster's ready line")?;
-        if ready["ready"] != Value::Bool(true) {
-            return Err(format!(
-                "the HDFS launcher did not start: {ready}\n{}",
-                hdfs.log_tail()
-            ));
-        }
-        hdfs.namenode = ready["namenode"].as_str().unwrap_or_default().to_string();
-        hdfs.conf_dir = PathBuf::from(ready["conf_dir"].as_str().unwrap_or_default());
-        hdfs.ready = ready;
-        Ok(hdfs)
-    }
-
-    fn log_tail(&self) -> String {
-        format!(
-            "launcher log ({}):\n{}",
-            self.log.display(),
-            log_tail(&self.log, 4000)
-        )
-    }
-
-    fn next_reply(&mut self, timeout: Duration, what: &str) -> Result<Value, String> {
-        match self.lines.recv_timeout(timeout) {
-            Ok(line) => {
-                serde_json::from_str(&line).map_err(|e| format!("{what}: not JSON ({e}): {line:?}"))
-            }
-            Err(RecvTimeoutError::Timeout) => Err(format!(
-                "{what}: no answer in {timeout:?}\n{}",
-                self.log_tail()
-            )),
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
-                Err(format!(
-                    "{what}: the launcher exited ({status})\n{}",
-                    self.log_tail()
-                ))
-            }
-        }
+        })
     }
 
     /// Sends one command (words without spaces) and returns its reply, or
     /// the launcher's error.
     pub fn call(&mut self, words: &[&str]) -> Result<Value, String> {
-        if let Some(w) = words
-            .iter()
-            .find(|w| w.is_empty() || w.contains([' ', '\n', '\r']))
-        {
-            return Err(format!(
-                "launcher arguments hold no spaces or newlines: {w:?}"
-            ));
-        }
-        let line = words.join(" ");
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or("the launcher's stdin is closed")?;
-        writeln!(stdin, "{line}")
-            .and_then(|_| stdin.flush())
-            .map_err(|e| format!("sending {line:?}: {e}\n{}", self.log_tail()))?;
-        let reply = self.next_reply(COMMAND_TIMEOUT, &line)?;
-        if reply["ok"] == Value::Bool(true) {
-            Ok(reply)
-        } else {
-            Err(format!(
-                "{line}: {}",
-                reply["error"].as_str().unwrap_or("no error text")
-            ))
-        }
+        self.launcher.call(words, COMMAND_TIMEOUT)
     }
 
     /// `hdfs://127.0.0.1:PORT`.
@@ -358,29 +260,5 @@ impl MiniHdfs {
     pub fn restart_datanode(&mut self, index: usize) -> Result<(), String> {
         self.call(&["restart-datanode", &index.to_string()])
             .map(|_| ())
-    }
-}
-
-impl Drop for MiniHdfs {
-    fn drop(&mut self) {
-        if let Some(mut stdin) = self.stdin.take() {
-            let _ = writeln!(stdin, "quit");
-            // Dropping stdin closes it: the launcher exits on EOF too.
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
-        }
-        // `dir` (cluster data, log) is removed when the TempDir drops.
     }
 }

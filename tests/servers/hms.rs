@@ -11,18 +11,18 @@
 //! add-partition, insert, drop-partition, rename, truncate, drop-table,
 //! state). Each answer carries the metastore's current event id and the
 //! source's content as the metastore API and an HDFS listing show it: the
-//! oracle. It exits when its stdin closes; `Drop` sends `quit`, waits, kills
-//! it if it does not end, and removes its directory.
+//! oracle. It exits when its stdin closes; dropped, the value sends `quit`,
+//! waits, kills it if it does not end ([`Launcher`]), and removes its
+//! directory.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{log_tail, repo_root};
+use super::launcher::{java, Launcher};
+use super::repo_root;
 
 /// schematool + DataNucleus + Thrift server start.
 const START_TIMEOUT: Duration = Duration::from_secs(240);
@@ -49,21 +49,10 @@ pub struct MetastoreDb {
 }
 
 pub struct RealMetastore {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
+    /// Dropped first: the metastore stops before its directory goes.
+    launcher: Launcher,
     ready: Value,
-    log: PathBuf,
     dir: tempfile::TempDir,
-}
-
-fn java() -> PathBuf {
-    match std::env::var_os("JAVA_HOME") {
-        Some(home) if Path::new(&home).join("bin/java").exists() => {
-            Path::new(&home).join("bin/java")
-        }
-        _ => PathBuf::from("java"),
-    }
 }
 
 fn launcher_dir() -> PathBuf {
@@ -100,8 +89,6 @@ impl RealMetastore {
             .tempdir()
             .map_err(|e| format!("creating the metastore's temp dir: {e}"))?;
         let log = dir.path().join("launcher.log");
-        let log_file =
-            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
         let mut cmd = Command::new(java());
         cmd.args([
             "-Xmx768m",
@@ -131,45 +118,13 @@ impl RealMetastore {
         cmd.env_remove("HADOOP_CONF_DIR")
             .env_remove("HADOOP_USER_NAME")
             .env_remove("HIVE_CONF_DIR");
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file))
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "starting {}: {e} (is Java 17 installed? scripts/setup-servers.sh)",
-                    java().display()
-                )
-            })?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut hms = RealMetastore {
-            child,
-            stdin,
-            lines,
-            ready: Value::Null,
-            log,
+        let (launcher, ready) =
+            Launcher::start(cmd, log, "the metastore launcher", 6000, START_TIMEOUT)?;
+        Ok(RealMetastore {
+            launcher,
+            ready,
             dir,
-        };
-        let ready = hms.next_reply(START_TIMEOUT, "the metastore's ready line")?;
-        if ready["ready"] != Value::Bool(true) {
-            return Err(format!(
-                "the metastore launcher did not start: {ready}\n{}",
-                hms.log_tail()
-            ));
-        }
-        hms.ready = ready;
-        Ok(hms)
+        })
     }
 
     /// The ready line: `thrift_uri`, `hdfs`, `warehouse`, `cmroot`,
@@ -183,87 +138,20 @@ impl RealMetastore {
     }
 
     pub fn log_tail(&self) -> String {
-        format!(
-            "metastore log ({}):\n{}",
-            self.log.display(),
-            log_tail(&self.log, 6000)
-        )
-    }
-
-    fn next_reply(&mut self, timeout: Duration, what: &str) -> Result<Value, String> {
-        match self.lines.recv_timeout(timeout) {
-            Ok(line) => {
-                serde_json::from_str(&line).map_err(|e| format!("{what}: not JSON ({e}): {line:?}"))
-            }
-            Err(RecvTimeoutError::Timeout) => Err(format!(
-                "{what}: no answer in {timeout:?}\n{}",
-                self.log_tail()
-            )),
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
-                Err(format!(
-                    "{what}: the launcher exited ({status})\n{}",
-                    self.log_tail()
-                ))
-            }
-        }
+        self.launcher.log_tail()
     }
 
     /// Sends one driver command (words without spaces) and returns its
-    /// reply (`event_id`, `source`), or the launcher's error.
+    /// reply (`event_id`, `source`), or the launcher's error with the end
+    /// of its log.
     pub fn call(&mut self, words: &[&str]) -> Result<Value, String> {
-        if let Some(w) = words
-            .iter()
-            .find(|w| w.is_empty() || w.contains([' ', '\n', '\r']))
-        {
-            return Err(format!(
-                "launcher arguments hold no spaces or newlines: {w:?}"
-            ));
-        }
-        let line = words.join(" ");
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or("the launcher's stdin is closed")?;
-        writeln!(stdin, "{line}")
-            .and_then(|_| stdin.flush())
-            .map_err(|e| format!("sending {line:?}: {e}\n{}", self.log_tail()))?;
-        let reply = self.next_reply(COMMAND_TIMEOUT, &line)?;
-        if reply["ok"] == Value::Bool(true) {
-            Ok(reply)
-        } else {
-            Err(format!(
-                "{line}: {}\n{}",
-                reply["error"].as_str().unwrap_or("no error text"),
-                self.log_tail()
-            ))
-        }
+        self.launcher
+            .call(words, COMMAND_TIMEOUT)
+            .map_err(|e| format!("{e}\n{}", self.log_tail()))
     }
 
     /// A scratch directory of this metastore's (for files to insert).
     pub fn scratch(&self) -> PathBuf {
         self.dir.path().to_owned()
-    }
-}
-
-impl Drop for RealMetastore {
-    fn drop(&mut self) {
-        if let Some(mut stdin) = self.stdin.take() {
-            let _ = writeln!(stdin, "quit");
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
-        }
     }
 }

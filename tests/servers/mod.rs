@@ -4,6 +4,7 @@
 //!
 //! - [`MiniHdfs`]: Hadoop's MiniDFSCluster through the launcher in
 //!   `tests/java/hdfs-launcher` (built by `scripts/setup-servers.sh`).
+//! - [`launcher::Launcher`]: the line protocol both JVM launchers speak.
 //! - [`S3Server`]: SeaweedFS's S3 gateway (`weed mini`, installed by
 //!   `scripts/setup-servers.sh`), with credentials, signed bucket calls
 //!   (create, versioning, list versions).
@@ -16,6 +17,7 @@
 
 pub mod hdfs;
 pub mod hms;
+pub mod launcher;
 pub mod proxy;
 pub mod s3;
 
