@@ -4,19 +4,18 @@
 //! checked against native replication of the same warehouse and against the
 //! workload's oracle.
 
+use stagefs::testkit::hive_pipeline::{content, hive_rows_config, native_trees};
 use stagefs::testkit::source_files;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use source_files::{event, put_file};
-use stagefs::catalog::{Node, Tree};
+use stagefs::catalog::Node;
 use stagefs::event::{BlobId, Change, Event, FileRef, Op, StateId};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::map::SourceMap;
-use stagefs::source::hive::{HiveConfig, HiveRows};
 use stagefs::workload::hive_export::{hdfs_checksum, HiveWriter, LogConverter, TxnFiles};
 use stagefs::workload::{write_seed_example, Workload, WorkloadConfig};
 
@@ -53,47 +52,8 @@ impl HiveFixture {
     }
 
     fn config(&self, state: &Path) -> ReplicaConfig {
-        let mut cfg = ReplicaConfig::new(state, Path::new(""), Path::new(""));
-        let mut hive = HiveConfig::new(
-            HiveRows::Files(self.rows.clone()),
-            SourceMap::parse(&self.map).unwrap(),
-        );
-        hive.poll_interval = Duration::from_millis(20);
-        cfg.hive = Some(hive);
-        cfg.gc_interval = Duration::from_millis(100);
-        cfg.retain = 10_000;
-        cfg
+        hive_rows_config(state, &self.rows, SourceMap::parse(&self.map).unwrap())
     }
-}
-
-/// The native trees at every id of the log under `root/events`.
-fn native_trees(root: &Path) -> BTreeMap<StateId, Arc<Tree>> {
-    let mut names: Vec<_> = std::fs::read_dir(root.join("events"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    names.sort();
-    let mut tree = Arc::new(Tree::empty());
-    let mut out = BTreeMap::new();
-    for p in names {
-        for line in std::fs::read_to_string(p).unwrap().lines() {
-            let e = Event::parse_line(line.as_bytes()).unwrap();
-            tree = Arc::new(tree.apply(&e).unwrap().0);
-            out.insert(e.id, Arc::clone(&tree));
-        }
-    }
-    out
-}
-
-/// `db.table` → (path, sha256) of every file, for comparing states.
-fn content(tree: &Tree) -> BTreeMap<String, Vec<(String, BlobId)>> {
-    let mut out = BTreeMap::new();
-    for (db, d) in tree.root.children.iter() {
-        for (t, table) in d.as_dir().unwrap().children.iter() {
-            out.insert(format!("{db}.{t}"), table.as_dir().unwrap().files_below());
-        }
-    }
-    out
 }
 
 #[test]

@@ -10,20 +10,19 @@
 
 mod servers;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use servers::{free_port, MiniHdfs, MiniHdfsOptions};
 use sha2::{Digest, Sha256};
-use stagefs::catalog::Tree;
-use stagefs::event::{BlobId, Event, FileRef, StateId, Verify};
+use stagefs::event::{BlobId, FileRef, StateId, Verify};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::map::SourceMap;
-use stagefs::source::hive::{HdfsChecks, HiveConfig, HiveRows};
+use stagefs::source::hive::HdfsChecks;
 use stagefs::source_file::Location;
 use stagefs::stage::{BlobStore, FetchOutcome};
+use stagefs::testkit::hive_pipeline::{content, hive_rows_config, native_trees};
 use stagefs::workload::hive_export::{HiveWriter, LogConverter, CM_URI, WAREHOUSE_URI};
 use stagefs::workload::write_seed_example;
 
@@ -94,44 +93,8 @@ fn uri_path(uri: &str) -> &str {
 }
 
 fn replica_config(state: &Path, rows: &Path) -> ReplicaConfig {
-    let mut cfg = ReplicaConfig::new(state, Path::new(""), Path::new(""));
     // No --source-map: every URI is read on HDFS.
-    let mut hive = HiveConfig::new(HiveRows::Files(rows.to_owned()), SourceMap::default());
-    hive.poll_interval = Duration::from_millis(20);
-    cfg.hive = Some(hive);
-    cfg.gc_interval = Duration::from_millis(100);
-    cfg.retain = 10_000;
-    cfg
-}
-
-/// The native trees at every id of the log under `root/events`.
-fn native_trees(root: &Path) -> BTreeMap<StateId, Arc<Tree>> {
-    let mut names: Vec<_> = std::fs::read_dir(root.join("events"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    names.sort();
-    let mut tree = Arc::new(Tree::empty());
-    let mut out = BTreeMap::new();
-    for p in names {
-        for line in std::fs::read_to_string(p).unwrap().lines() {
-            let e = Event::parse_line(line.as_bytes()).unwrap();
-            tree = Arc::new(tree.apply(&e).unwrap().0);
-            out.insert(e.id, Arc::clone(&tree));
-        }
-    }
-    out
-}
-
-/// `db.table` → (path, sha256) of every file, for comparing states.
-fn content(tree: &Tree) -> BTreeMap<String, Vec<(String, BlobId)>> {
-    let mut out = BTreeMap::new();
-    for (db, d) in tree.root.children.iter() {
-        for (t, table) in d.as_dir().unwrap().children.iter() {
-            out.insert(format!("{db}.{t}"), table.as_dir().unwrap().files_below());
-        }
-    }
-    out
+    hive_rows_config(state, rows, SourceMap::default())
 }
 
 #[test]

@@ -20,12 +20,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use md5::Md5;
 use servers::{FaultMode, FaultProxy, S3Server};
 use sha2::{Digest, Sha256};
-use stagefs::catalog::Tree;
-use stagefs::event::{BlobId, Event, FileRef, StateId, Verify};
+use stagefs::event::{BlobId, FileRef, StateId, Verify};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::map::SourceMap;
 use stagefs::source::hive::uri::cm_file_name;
-use stagefs::source::hive::{HdfsChecks, HiveConfig, HiveRows};
+use stagefs::source::hive::HdfsChecks;
 use stagefs::source_file::s3::{Credentials, S3Access, S3Settings, Secret, PART_BYTES};
 use stagefs::source_file::{Location, Remotes};
 use stagefs::stage::{BlobStore, FetchOutcome};
@@ -33,6 +32,7 @@ use stagefs::testkit::checker::{
     check_stagefs_table, mount_status, run_readers, visible, CheckConfig, DaemonProcess, Oracle,
     Target,
 };
+use stagefs::testkit::hive_pipeline::{content, hive_rows_config, native_trees};
 use stagefs::workload::hive_export::{HiveWriter, LogConverter, CM_URI, WAREHOUSE_URI};
 use stagefs::workload::{write_seed_example, Workload, WorkloadConfig};
 
@@ -259,45 +259,10 @@ fn seed_rows_in_bucket(s3: &S3Server, src: &Path, bucket: &str) -> PathBuf {
 }
 
 fn replica_config(state: &Path, rows: &Path, access: Arc<S3Access>) -> ReplicaConfig {
-    let mut cfg = ReplicaConfig::new(state, Path::new(""), Path::new(""));
     // No --source-map: every URI is read on S3.
-    let mut hive = HiveConfig::new(HiveRows::Files(rows.to_owned()), SourceMap::default());
-    hive.poll_interval = Duration::from_millis(20);
-    cfg.hive = Some(hive);
+    let mut cfg = hive_rows_config(state, rows, SourceMap::default());
     cfg.remotes = Remotes::with_s3(access);
-    cfg.gc_interval = Duration::from_millis(100);
-    cfg.retain = 10_000;
     cfg
-}
-
-/// The native trees at every id of the log under `root/events`.
-fn native_trees(root: &Path) -> BTreeMap<StateId, Arc<Tree>> {
-    let mut names: Vec<_> = std::fs::read_dir(root.join("events"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    names.sort();
-    let mut tree = Arc::new(Tree::empty());
-    let mut out = BTreeMap::new();
-    for p in names {
-        for line in std::fs::read_to_string(p).unwrap().lines() {
-            let e = Event::parse_line(line.as_bytes()).unwrap();
-            tree = Arc::new(tree.apply(&e).unwrap().0);
-            out.insert(e.id, Arc::clone(&tree));
-        }
-    }
-    out
-}
-
-/// `db.table` → (path, sha256) of every file, for comparing states.
-fn content(tree: &Tree) -> BTreeMap<String, Vec<(String, BlobId)>> {
-    let mut out = BTreeMap::new();
-    for (db, d) in tree.root.children.iter() {
-        for (t, table) in d.as_dir().unwrap().children.iter() {
-            out.insert(format!("{db}.{t}"), table.as_dir().unwrap().files_below());
-        }
-    }
-    out
 }
 
 /// Every state the replica kept equals the source's at its id.

@@ -6,6 +6,8 @@
 //! - [`checker`]: the consistency checker — reader threads that compare what
 //!   a stagefs mount (or a naive state-transfer copy) shows with the
 //!   workload's oracle, and a `stagefs mount` child process for them.
+//! - [`hive_pipeline`]: the Hive pipeline tests' config and the native
+//!   states they compare with.
 //! - [`oracle`]: the crash tests' replication config and the check of a
 //!   recovered state against the workload's oracle.
 //! - [`metadata_log`]: a metadata-only native log and its oracle (many
@@ -16,6 +18,7 @@
 //! stays in the library because `stagefs demo` runs it too.
 
 pub mod checker;
+pub mod hive_pipeline;
 pub mod metadata_log;
 pub mod oracle;
 pub mod source_files;
