@@ -37,8 +37,8 @@ use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::workload::Rng;
 
 use super::{
-    add_files, build_tree, file_ref, grouped, note, row, rss_bytes, thread_times, wait_visible,
-    write_metadata_log, Opts, Res, Timings,
+    add_files, build_tree, file_ref, grouped, load1, note, row, rss_bytes, thread_times,
+    wait_visible, write_metadata_log, Opts, Res, Timings,
 };
 
 /// A config whose checkpoint thread never writes (restart still loads any
@@ -47,13 +47,6 @@ fn no_checkpoints(mut cfg: ReplicaConfig) -> ReplicaConfig {
     cfg.checkpoint_events = 0;
     cfg.checkpoint_interval = Duration::from_secs(u64::MAX / 4);
     cfg
-}
-
-fn load1() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
 }
 
 fn mib(b: u64) -> String {

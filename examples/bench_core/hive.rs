@@ -38,8 +38,8 @@ use stagefs::source::{Source, Validator, Verdict};
 use stagefs::workload::hive_export::HiveWriter;
 
 use super::{
-    cpu_seconds, grouped, measure, median, note, row, sh, thread_times, wait_visible,
-    write_random_files, Opts, Res,
+    cpu_seconds, grouped, load1, measure, median, note, row, sh, thread_times, wait_visible,
+    write_random_files, Opts, Res, SourceFile,
 };
 
 /// Median and range of `v`, formatted `median (min–max)` with `digits`.
@@ -64,6 +64,26 @@ fn write_rows(writer: &mut HiveWriter, lines: impl Iterator<Item = String>) -> R
     }
     writer.sync()?;
     Ok(())
+}
+
+/// The rows of table `bench.t` with file `i` of `files` added to its
+/// partition `p=i` (where write_random_files puts it), event ids 1..=n+2.
+pub fn write_partition_rows(writer: &mut HiveWriter, files: &[SourceFile]) -> Res<()> {
+    let setup = [
+        r#"{"id":1,"op":"create_database","db":"bench"}"#.to_string(),
+        r#"{"id":2,"op":"create_table","db":"bench","table":"t","partition_keys":["p"]}"#
+            .to_string(),
+    ];
+    let lines = files.iter().enumerate().map(|(i, f)| {
+        format!(
+            r#"{{"id":{},"op":"add_files","db":"bench","table":"t","partition":{{"p":"{i}"}},"files":[{{"path":"{}","size":{},"sha256":"{}"}}]}}"#,
+            i + 3,
+            f.rel,
+            f.size,
+            f.sha
+        )
+    });
+    write_rows(writer, setup.into_iter().chain(lines))
 }
 
 fn hive_config(rows: &Path, writer: &HiveWriter) -> Res<HiveConfig> {
@@ -507,13 +527,6 @@ fn breakdown(rows: &Path, writer: &HiveWriter, root: &Path, last: StateId) -> Re
     Ok(())
 }
 
-fn load1() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
-}
-
 // ---------------------------------------------------------------------------
 // hive-stage
 
@@ -582,22 +595,7 @@ fn stage_set(o: &Opts, label: &str, count: u64, size: u64, reps: u64) -> Res<()>
     let files = write_random_files(&src, count, size)?;
     let rows = root.join("rows.jsonl");
     let mut writer = HiveWriter::new(&rows, &src, None, &root.join("hive-cm"), true)?;
-    let setup = [
-        r#"{"id":1,"op":"create_database","db":"bench"}"#.to_string(),
-        r#"{"id":2,"op":"create_table","db":"bench","table":"t","partition_keys":["p"]}"#
-            .to_string(),
-    ];
-    // write_random_files puts file i in partition p=i of warehouse/bench/t.
-    let lines = files.iter().enumerate().map(|(i, f)| {
-        format!(
-            r#"{{"id":{},"op":"add_files","db":"bench","table":"t","partition":{{"p":"{i}"}},"files":[{{"path":"{}","size":{},"sha256":"{}"}}]}}"#,
-            i + 3,
-            f.rel,
-            f.size,
-            f.sha
-        )
-    });
-    write_rows(&mut writer, setup.into_iter().chain(lines))?;
+    write_partition_rows(&mut writer, &files)?;
     let last = StateId(count + 2);
     let total_mib = (count * size) as f64 / f64::from(1u32 << 20);
     sh("sync", &[])?;

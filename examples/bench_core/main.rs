@@ -661,6 +661,14 @@ fn bench_commit(o: &Opts) -> Res<()> {
     Ok(())
 }
 
+/// The 1-minute load average as /proc/loadavg prints it ("?" unread).
+fn load1() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
 // ---------------------------------------------------------------------------
 // 3. resident memory per file entry
 

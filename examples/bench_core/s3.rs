@@ -32,8 +32,12 @@ use stagefs::source_file::s3::{Credentials, S3Access, S3Settings, Secret};
 use stagefs::source_file::Remotes;
 use stagefs::workload::hive_export::{HiveWriter, WAREHOUSE_URI};
 
+use super::hive::write_partition_rows;
 use super::servers::S3Server;
-use super::{grouped, measure, median, note, row, sh, wait_visible, write_random_files, Opts, Res};
+use super::{
+    grouped, load1, measure, median, note, row, rss_bytes, sh, wait_visible, write_random_files,
+    Opts, Res,
+};
 
 const BUCKET: &str = "bench";
 
@@ -63,27 +67,8 @@ pub fn bench_stage(o: &Opts) -> Res<()> {
     Ok(())
 }
 
-fn load1() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
-}
-
 fn hex(data: &[u8]) -> String {
     data.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn rss_bytes() -> u64 {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
 }
 
 fn stage_set(
@@ -139,23 +124,7 @@ fn stage_set(
     // ETag checksum S3A records (hex of the quoted ETag).
     let rows = root.join("rows.jsonl");
     let mut writer = HiveWriter::new(&rows, &src, None, &root.join("hive-cm"), false)?;
-    let setup = [
-        r#"{"id":1,"op":"create_database","db":"bench"}"#.to_string(),
-        r#"{"id":2,"op":"create_table","db":"bench","table":"t","partition_keys":["p"]}"#
-            .to_string(),
-    ];
-    let lines = files.iter().enumerate().map(|(i, f)| {
-        format!(
-            r#"{{"id":{},"op":"add_files","db":"bench","table":"t","partition":{{"p":"{i}"}},"files":[{{"path":"{}","size":{},"sha256":"{}"}}]}}"#,
-            i + 3,
-            f.rel,
-            f.size,
-            f.sha
-        )
-    });
-    for line in setup.into_iter().chain(lines) {
-        writer.write_event(&stagefs::event::Event::parse_line(line.as_bytes())?)?;
-    }
+    write_partition_rows(&mut writer, &files)?;
     drop(writer);
     let text = fs::read_to_string(&rows)?;
     let mut moved = String::with_capacity(text.len());
