@@ -262,7 +262,8 @@ struct Handling<'a> {
 }
 
 /// Tells the readers, once a request was answered (dropped after the
-/// reply), that its process's gap starts now (see `Readers::served`).
+/// reply), that its process's gap starts now and the request is no longer
+/// in flight (see `Readers::begin` and `Readers::served`).
 struct Served<'a> {
     readers: &'a readers::Readers,
     pid: u32,
@@ -280,6 +281,7 @@ impl StagefsFs {
     }
 
     fn request(&self, op: FuseOp, ino: u64, req: &Request) -> Handling<'_> {
+        self.view.readers().begin(req.pid());
         Handling {
             _timer: self.timer(op),
             _span: span(op.label(), ino, req),

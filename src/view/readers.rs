@@ -15,9 +15,10 @@
 //! when a view moves to the newest visible state ([`ViewRule`],
 //! [`decide`], documented in docs/SEMANTICS.md "Readers") looks at the
 //! *gap* before a request — from the reply to the process's previous
-//! request of any kind ([`Readers::served`]) — and, only when the gap is
-//! long enough for a move to be considered, at what the process did in
-//! it: how long its threads (and its parent's) ran on a CPU or waited in
+//! request of any kind ([`Readers::served`]); there is no gap while another
+//! request of the process is in flight ([`Readers::begin`]) — and, only
+//! when the gap is long enough for a move to be considered, at what the
+//! process did in it: how long its threads (and its parent's) ran on a CPU or waited in
 //! the run queue (`/proc/<pid>/task/*/schedstat` fields 1 and 2). A gap
 //! in which they were busy for at least a quarter of the time is
 //! *computing* (a query engine planning between its listing and its
@@ -430,6 +431,11 @@ struct ReaderView {
     /// it, not in the burst before it.
     mark: Option<Busy>,
     mark_at: Instant,
+    /// The process's requests begun ([`Readers::begin`]) and not yet
+    /// answered ([`Readers::served`]), counted while it has a view. While
+    /// one is in flight the process is waiting for this daemon: whatever
+    /// the clock says, it is not pausing between queries.
+    in_flight: u32,
 }
 
 impl ReaderView {
@@ -440,7 +446,25 @@ impl ReaderView {
             last: now,
             mark,
             mark_at: now,
+            in_flight: 0,
         }
+    }
+
+    /// The view moved to `tree`: a fresh view that keeps the count of the
+    /// requests still in flight.
+    fn moved(&self, tree: Arc<Tree>, now: Instant, mark: Option<Busy>) -> ReaderView {
+        ReaderView {
+            in_flight: self.in_flight,
+            ..ReaderView::new(tree, now, mark)
+        }
+    }
+
+    /// Another request of the process than the one asking is in flight
+    /// (the asking one counts itself when it began under this view; when
+    /// it began before the view existed, one other is missed, which only
+    /// errs towards the wall-clock rule).
+    fn waiting_on_daemon(&self) -> bool {
+        self.in_flight > 1
     }
 }
 
@@ -611,7 +635,7 @@ impl Readers {
         {
             let mut views = lock(&self.views);
             if let Some(v) = views.get_mut(&proc) {
-                if self.wall_decision(v, now) == Decision::Keep {
+                if v.waiting_on_daemon() || self.wall_decision(v, now) == Decision::Keep {
                     v.last = now;
                     return Arc::clone(&v.tree);
                 }
@@ -627,7 +651,7 @@ impl Readers {
             views.insert(proc, ReaderView::new(Arc::clone(&tree), now, sample));
             return tree;
         };
-        if self.wall_decision(v, now) == Decision::Keep {
+        if v.waiting_on_daemon() || self.wall_decision(v, now) == Decision::Keep {
             // Another thread of the process made a request meanwhile.
             v.last = now;
             return Arc::clone(&v.tree);
@@ -678,7 +702,7 @@ impl Readers {
         }
         let mark = v.mark.take();
         let mark_at = v.mark_at;
-        *v = ReaderView::new(tree, now, mark);
+        *v = v.moved(tree, now, mark);
         v.mark_at = mark_at;
         Arc::clone(&v.tree)
     }
@@ -694,6 +718,21 @@ impl Readers {
         }
     }
 
+    /// A request from thread `pid` begins: until it is answered
+    /// ([`Readers::served`]) its process waits for this daemon, and no
+    /// other request of it sees a gap (a thread blocked on a slow read —
+    /// a disk under load, a fetch on a reader host — is inside a query,
+    /// not between two). One cached lookup and one map update; nothing
+    /// for a process without a view.
+    pub fn begin(&self, pid: u32) {
+        let Some(proc) = self.view_of_thread(pid) else {
+            return;
+        };
+        if let Some(v) = lock(&self.views).get_mut(&proc) {
+            v.in_flight += 1;
+        }
+    }
+
     /// A request from thread `pid` was answered: its process's current
     /// gap starts now. Called after every request, not only those that
     /// resolve a root- or database-level name, so the time a process
@@ -701,16 +740,22 @@ impl Readers {
     /// counted as a pause. One cached lookup and one map update; nothing
     /// for a process without a view.
     pub fn served(&self, pid: u32) {
-        if !self.enabled || pid == 0 {
-            return;
-        }
-        let now = Instant::now();
-        let Some(proc) = self.procs.identify(pid, now) else {
+        let Some(proc) = self.view_of_thread(pid) else {
             return;
         };
+        let now = Instant::now();
         if let Some(v) = lock(&self.views).get_mut(&proc) {
             v.last = v.last.max(now);
+            v.in_flight = v.in_flight.saturating_sub(1);
         }
+    }
+
+    /// The process of thread `pid`, when views are on and it is known.
+    fn view_of_thread(&self, pid: u32) -> Option<ProcId> {
+        if !self.enabled || pid == 0 {
+            return None;
+        }
+        self.procs.identify(pid, Instant::now())
     }
 
     /// Samples every process whose gap began at least
@@ -782,7 +827,11 @@ impl Readers {
         let old_mark = views.get_mut(&proc).and_then(|v| v.mark.take());
         let mark = fresh.or(old_mark);
         let new_id = tree.state_id;
-        let old = views.insert(proc, ReaderView::new(tree, now, mark));
+        let view = match views.get(&proc) {
+            Some(v) => v.moved(tree, now, mark),
+            None => ReaderView::new(tree, now, mark),
+        };
+        let old = views.insert(proc, view);
         if old.is_some_and(|v| v.tree.state_id != new_id) {
             self.moves.fetch_add(1, Ordering::Relaxed);
         }
@@ -951,7 +1000,7 @@ impl Readers {
         let now = Instant::now();
         let idle: Vec<ProcId> = {
             let mut views = lock(&self.views);
-            views.retain(|_, v| now.duration_since(v.last) < self.rule.hard_age);
+            views.retain(|_, v| v.in_flight > 0 || now.duration_since(v.last) < self.rule.hard_age);
             views
                 .iter()
                 .filter(|(_, v)| now.duration_since(v.last) >= self.rule.quiet_gap)
@@ -1480,6 +1529,44 @@ mod tests {
         // Once it really pauses, it moves.
         thread::sleep(rule.quiet_gap + Duration::from_millis(20));
         assert_eq!(r.tree_for(me(), &snap_at(2)).state_id, StateId(2));
+    }
+
+    /// One thread of a query blocked on a slow read (a disk under load, a
+    /// fetch on a reader host) while another thread of it resolves a
+    /// table name: the process is waiting for this daemon, not pausing,
+    /// however long the read takes and however old the view; once the
+    /// read is answered and the process really pauses, the view moves.
+    #[test]
+    fn a_request_in_flight_is_no_pause() {
+        let (r, _delay) = simulated(quick_rule());
+        let pid = std::process::id();
+        r.begin(pid); // the table lookup that makes the view
+        assert_eq!(r.tree_for(me(), &snap_at(1)).state_id, StateId(1));
+        r.served(pid);
+        r.begin(pid); // the slow read
+        thread::sleep(quick_rule().hard_age + ms(100));
+        r.maintain(&snap_at(2));
+        assert_eq!(r.summary().views, 1, "maintenance forgot a waiting view");
+        r.begin(pid); // another thread's lookup
+        assert_eq!(
+            r.tree_for(me(), &snap_at(2)).state_id,
+            StateId(1),
+            "a lookup beside a read in flight moved the view"
+        );
+        r.served(pid);
+        r.served(pid); // the read is answered
+        thread::sleep(quick_rule().quiet_gap + ms(20));
+        r.begin(pid);
+        assert_eq!(r.tree_for(me(), &snap_at(2)).state_id, StateId(2));
+        r.served(pid);
+        // A move keeps the count: with one request in flight across it,
+        // a later lookup beside it keeps the new view.
+        r.begin(pid);
+        thread::sleep(quick_rule().quiet_gap + ms(20));
+        r.begin(pid);
+        assert_eq!(r.tree_for(me(), &snap_at(3)).state_id, StateId(2));
+        r.served(pid);
+        r.served(pid);
     }
 
     /// CPU waits of a burst are not taken off the quiet gap after it: the
