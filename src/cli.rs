@@ -188,6 +188,11 @@ pub enum Command {
         /// The state to see: a retained state-id, or `visible` (the newest).
         #[arg(long, value_name = "STATE|visible", default_value = "visible")]
         at: String,
+        /// Run COMMAND in its own mount namespace in which MOUNTPOINT shows
+        /// the session's snapshot, so the kernel caches every name and file
+        /// it resolves (root or CAP_SYS_ADMIN; docs/SEMANTICS.md, Sessions).
+        #[arg(long)]
+        private_mount: bool,
         /// The command and its arguments (after `--`).
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<std::ffi::OsString>,

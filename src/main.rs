@@ -82,8 +82,9 @@ fn main() -> ExitCode {
         Command::Run {
             mountpoint,
             at,
+            private_mount,
             command,
-        } => Err(stagefs::run::run(&mountpoint, &at, &command)),
+        } => Err(stagefs::run::run(&mountpoint, &at, private_mount, &command)),
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source, publish } => daemon::replicate(ReplicateArgs {
             publish: publish_args(publish),

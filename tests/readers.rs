@@ -287,6 +287,18 @@ fn eight_concurrent_reader_processes_each_see_one_state_per_join() {
 
 #[test]
 fn stagefs_run_children_share_one_state_and_it_is_released_after() {
+    session_children_share_one_state(false);
+}
+
+/// The same with `--private-mount` (root only: the mount namespace), where
+/// the mountpoint shows the session's snapshot; `getcwd()` inside a table
+/// answers the mount's own path.
+#[test]
+fn stagefs_run_private_mount_children_share_one_state_and_it_is_released_after() {
+    session_children_share_one_state(true);
+}
+
+fn session_children_share_one_state(private_mount: bool) {
     let dir = tempfile::tempdir().unwrap();
     let args = DaemonArgs::under(dir.path()).retain(2);
     let mut t = TwoTables::new(&args);
@@ -305,11 +317,15 @@ fn stagefs_run_children_share_one_state_and_it_is_released_after() {
     };
     assert_eq!(rc, 0, "mkfifo");
     let script = format!(
-        r#"echo "id=$STAGEFS_STATE_ID"; ({READ_BOTH}) > a.out & ({READ_BOTH}) > b.out & wait; read x < "{fifo}"; ({READ_BOTH}) > c.out; sh -c 'getfattr --only-values -n user.stagefs.state_id "$M"' > d.out; exit 7"#,
+        r#"echo "id=$STAGEFS_STATE_ID"; ({READ_BOTH}) > a.out & ({READ_BOTH}) > b.out & wait; read x < "{fifo}"; ({READ_BOTH}) > c.out; sh -c 'getfattr --only-values -n user.stagefs.state_id "$M"' > d.out; (cd "$M/db/left" && /bin/pwd) > e.out; exit 7"#,
         fifo = fifo.display()
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_stagefs"))
-        .arg("run")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stagefs"));
+    cmd.arg("run");
+    if private_mount {
+        cmd.arg("--private-mount");
+    }
+    let child = cmd
         .arg(d.mnt())
         .arg("--")
         .args(["sh", "-c", &script])
@@ -352,6 +368,8 @@ fn stagefs_run_children_share_one_state_and_it_is_released_after() {
     );
     let root_id = fs::read_to_string(dir.path().join("d.out")).unwrap_or_default();
     assert_eq!(root_id.trim(), session_state.to_string());
+    let cwd = fs::read_to_string(dir.path().join("e.out")).unwrap_or_default();
+    assert_eq!(Path::new(cwd.trim()), d.mnt().join("db/left"));
     // After exit: the session ends and its state goes at the next commit.
     d.wait_status("the session ended", |s| {
         s["sessions"].as_array().is_some_and(|a| a.is_empty())
