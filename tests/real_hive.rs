@@ -658,7 +658,7 @@ fn check_walk(oracles: &[(u64, Tables)], w: &Walk) -> Vec<String> {
     bad
 }
 
-fn stagefs_follows_the_real_metastore(kind: Kind, encoder: Encoder) {
+fn stagefs_follows_the_real_metastore(hive: Hive, kind: Kind, encoder: Encoder) {
     let rounds: usize = if std::env::var_os("STAGEFS_LONG_TESTS").is_some() {
         12
     } else {
@@ -667,8 +667,9 @@ fn stagefs_follows_the_real_metastore(kind: Kind, encoder: Encoder) {
     let server = DbServer::start(kind);
     server.create_database("hive");
     let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
-    let mut hms = RealMetastore::start(&metastore_db(kind, &server), hdfs.uri(), encoder)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut hms =
+        RealMetastore::start_hive(hive, &metastore_db(kind, &server), hdfs.uri(), encoder)
+            .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("metastore ready: {}", hms.ready());
 
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -793,10 +794,10 @@ fn apply(hms: &mut RealMetastore, oracles: &mut Vec<(u64, Tables)>, op: &[String
     let reply = hms.call(&words).unwrap_or_else(|e| panic!("{e}"));
     let id = reply["event_id"].as_u64().expect("event_id");
     let (prev, tables) = oracles.last().expect("oracle");
-    if op[0] == "alter-db-not-repl-source" {
+    if op[0] == "alter-db-not-repl-source" && id == *prev {
         // Hive 4 writes no ALTER_DATABASE row for a change of the
-        // replication parameters alone (shouldSkipCapturing).
-        assert_eq!(id, *prev, "{op:?}");
+        // replication parameters alone (shouldSkipCapturing); Hive 3.1.3
+        // may write one (a row without data, checked as any other).
         assert_eq!(&oracle_tables(&reply["source"]), tables, "{op:?}");
         return;
     }
@@ -823,10 +824,16 @@ fn metastore_db(kind: Kind, server: &DbServer) -> MetastoreDb {
 
 #[test]
 fn stagefs_follows_the_real_metastore_on_postgres() {
-    stagefs_follows_the_real_metastore(Kind::Postgres, Encoder::Json);
+    stagefs_follows_the_real_metastore(Hive::V4, Kind::Postgres, Encoder::Json);
+}
+
+/// The daemon following Hive 3.1.3 with HCatalog's DbNotificationListener.
+#[test]
+fn stagefs_follows_the_hive3_metastore_on_postgres() {
+    stagefs_follows_the_real_metastore(Hive::V3, Kind::Postgres, Encoder::Json);
 }
 
 #[test]
 fn stagefs_follows_the_real_metastore_on_mariadb() {
-    stagefs_follows_the_real_metastore(Kind::MariaDb, Encoder::Gzip);
+    stagefs_follows_the_real_metastore(Hive::V4, Kind::MariaDb, Encoder::Gzip);
 }
