@@ -101,6 +101,35 @@ if ! hms_launcher_built; then
   hms_launcher_built || { echo "setup-servers: the metastore launcher did not build" >&2; exit 1; }
 fi
 
+# --- Hive 3.1.3 metastore launcher -------------------------------------------
+# tests/java/hms3-launcher: the same launcher source built against Hive
+# 3.1.3's standalone metastore, with HCatalog's own DbNotificationListener
+# 3.1.3 as the transactional listener. Same repository and offline-first rule.
+hms3_launcher=tests/java/hms3-launcher
+hms3_launcher_built() {
+  local cp=$hms3_launcher/target/classpath.txt
+  [ -f "$cp" ] && [ -f "$hms3_launcher/target/classes/stagefs/hms/Launcher.class" ] || return 1
+  [ -d "$hms3_launcher/target/metastore-home/apache-hive-metastore-3.1.3-bin/scripts/metastore/upgrade" ] || return 1
+  [ -z "$(find "$hms3_launcher/pom.xml" "$hms_launcher/src" -newer "$cp" -print -quit)" ] || return 1
+  local jar
+  while IFS= read -r jar; do
+    [ -f "$jar" ] || return 1
+  done < <(tr ':' '\n' <"$cp")
+}
+
+if ! hms3_launcher_built; then
+  mkdir -p "$maven_repo"
+  mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$hms3_launcher/pom.xml" package)
+  if mvn -o "${mvn_args[@]}" >/dev/null 2>&1; then
+    echo "setup-servers: built the Hive 3.1.3 metastore launcher offline" >&2
+  else
+    echo "setup-servers: building the Hive 3.1.3 metastore launcher (downloads Hive 3.1.3 into $maven_repo)" >&2
+    mvn "${mvn_args[@]}"
+  fi
+  touch "$hms3_launcher/target/classpath.txt"
+  hms3_launcher_built || { echo "setup-servers: the Hive 3.1.3 metastore launcher did not build" >&2; exit 1; }
+fi
+
 # --- SeaweedFS ---------------------------------------------------------------
 weed_dir=$servers_dir/seaweedfs-$SEAWEEDFS_VERSION
 if ! "$weed_dir/bin/weed" version >/dev/null 2>&1; then

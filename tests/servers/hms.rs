@@ -1,5 +1,6 @@
-//! [`RealMetastore`]: Hive's own standalone metastore (4.0.1) run by the
-//! launcher in `tests/java/hms-launcher`, one JVM per value, on a database
+//! [`RealMetastore`]: Hive's own standalone metastore (4.0.1, or 3.1.3 with
+//! HCatalog's DbNotificationListener: [`Hive`]) run by the launcher in
+//! `tests/java/hms-launcher` (or `hms3-launcher`), one JVM per value, on a database
 //! of one of the tests' private servers (tests/common/dbserver.rs) and with
 //! its warehouse and cmroot on a private HDFS ([`MiniHdfs`]).
 //!
@@ -37,6 +38,41 @@ pub enum Encoder {
     Gzip,
 }
 
+/// Which Hive metastore the launcher runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hive {
+    /// Hive 4.0.1 (tests/java/hms-launcher) with our `NotificationLogListener`
+    /// (HCatalog's is not served for 4.0.x).
+    V4,
+    /// Hive 3.1.3 (tests/java/hms3-launcher, the same launcher source) with
+    /// HCatalog's own `DbNotificationListener` 3.1.3, transaction events
+    /// included. Its only message format is `json-0.2`.
+    V3,
+}
+
+impl Hive {
+    fn module(self) -> &'static str {
+        match self {
+            Hive::V4 => "hms-launcher",
+            Hive::V3 => "hms3-launcher",
+        }
+    }
+
+    fn bin_dir(self) -> &'static str {
+        match self {
+            Hive::V4 => "apache-hive-metastore-4.0.1-bin",
+            Hive::V3 => "apache-hive-metastore-3.1.3-bin",
+        }
+    }
+
+    fn listener(self) -> &'static str {
+        match self {
+            Hive::V4 => "stagefs.hms.NotificationLogListener",
+            Hive::V3 => "org.apache.hive.hcatalog.listener.DbNotificationListener",
+        }
+    }
+}
+
 /// The metastore's database.
 #[derive(Debug, Clone)]
 pub struct MetastoreDb {
@@ -55,15 +91,18 @@ pub struct RealMetastore {
     dir: tempfile::TempDir,
 }
 
-fn launcher_dir() -> PathBuf {
-    repo_root().join("tests/java/hms-launcher/target")
+fn launcher_dir(hive: Hive) -> PathBuf {
+    repo_root()
+        .join("tests/java")
+        .join(hive.module())
+        .join("target")
 }
 
 /// The launcher's class path and schematool's script dir, or why it cannot run.
-fn launcher_paths() -> Result<(String, PathBuf), String> {
-    let target = launcher_dir();
+fn launcher_paths(hive: Hive) -> Result<(String, PathBuf), String> {
+    let target = launcher_dir(hive);
     let classes = target.join("classes");
-    let scripts = target.join("metastore-home/apache-hive-metastore-4.0.1-bin");
+    let scripts = target.join("metastore-home").join(hive.bin_dir());
     let deps = std::fs::read_to_string(target.join("classpath.txt"));
     match deps {
         Ok(deps)
@@ -83,7 +122,17 @@ impl RealMetastore {
     /// Runs schematool on `db` and starts the metastore with its warehouse
     /// and cmroot on `hdfs_uri` (`hdfs://127.0.0.1:PORT`).
     pub fn start(db: &MetastoreDb, hdfs_uri: &str, encoder: Encoder) -> Result<Self, String> {
-        let (classpath, scripts) = launcher_paths()?;
+        Self::start_hive(Hive::V4, db, hdfs_uri, encoder)
+    }
+
+    /// [`RealMetastore::start`] with the metastore of `hive`.
+    pub fn start_hive(
+        hive: Hive,
+        db: &MetastoreDb,
+        hdfs_uri: &str,
+        encoder: Encoder,
+    ) -> Result<Self, String> {
+        let (classpath, scripts) = launcher_paths(hive)?;
         let dir = tempfile::Builder::new()
             .prefix("stagefs-hms-")
             .tempdir()
@@ -108,6 +157,7 @@ impl RealMetastore {
         .args(["--db-password", &db.password])
         .arg("--scripts")
         .arg(&scripts)
+        .args(["--listener", hive.listener()])
         .args([
             "--encoder",
             match encoder {

@@ -39,7 +39,6 @@ import org.apache.hadoop.hive.metastore.api.StorageDescriptor;
 import org.apache.hadoop.hive.metastore.api.Table;
 import org.apache.hadoop.hive.metastore.conf.MetastoreConf;
 import org.apache.hadoop.hive.metastore.security.HadoopThriftAuthBridge;
-import org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool;
 
 /**
  * A real Hive metastore for stagefs's tests, driven over stdin/stdout.
@@ -125,9 +124,12 @@ public final class Launcher {
     String dbType = opts.get("db-type");
     String encoder = opts.getOrDefault("encoder", "json");
     String encoderClass;
-    if (encoder.equals("json")) {
+    if (encoder.equals("json") && isHive3()) {
+      // Hive 3.x: a message factory, not an encoder; no gzip one.
+      encoderClass = "org.apache.hadoop.hive.metastore.messaging.json.JSONMessageFactory";
+    } else if (encoder.equals("json")) {
       encoderClass = "org.apache.hadoop.hive.metastore.messaging.json.JSONMessageEncoder";
-    } else if (encoder.equals("gzip")) {
+    } else if (encoder.equals("gzip") && !isHive3()) {
       encoderClass = "org.apache.hadoop.hive.metastore.messaging.json.gzip.GzipJSONMessageEncoder";
     } else {
       fail(out, "--encoder must be json or gzip, not " + encoder);
@@ -146,25 +148,44 @@ public final class Launcher {
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.CONNECTION_USER_NAME, opts.get("db-user"));
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.PWD, opts.get("db-password"));
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.WAREHOUSE, warehouse);
-    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.WAREHOUSE_EXTERNAL, hdfs + "/external");
-    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.TRANSACTIONAL_EVENT_LISTENERS,
-        NotificationLogListener.class.getName());
+    conf.set("metastore.warehouse.external.dir", hdfs + "/external");
+    // Hive 4.0.1: our listener (HCatalog's is not served for it); Hive 3.1.3:
+    // HCatalog's own DbNotificationListener (see the two poms).
+    String listener = opts.getOrDefault("listener", "stagefs.hms.NotificationLogListener");
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.TRANSACTIONAL_EVENT_LISTENERS, listener);
     // HiveConf.FIRE_EVENTS_FOR_DML: HiveServer2 fires INSERT events only with it on.
     conf.setBoolean("hive.metastore.dml.events", true);
     MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.REPLCMENABLED, true);
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.REPLCMDIR, cmroot);
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.EVENT_MESSAGE_FACTORY, encoderClass);
-    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.EVENT_DB_NOTIFICATION_API_AUTH, false);
+    conf.setBoolean("metastore.metastore.event.db.notification.api.auth", false);
+    conf.setBoolean("hive.metastore.event.db.notification.api.auth", false);
     MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.SCHEMA_VERIFICATION, true);
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.THRIFT_URIS, "thrift://127.0.0.1:" + port);
     MetastoreConf.setLongVar(conf, MetastoreConf.ConfVars.THRIFT_CONNECTION_RETRIES, 3);
-    MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.HIVE_TXN_STATS_ENABLED, false);
+    conf.setBoolean("hive.txn.stats.enabled", false);
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.HIVE_TXN_MANAGER,
         "org.apache.hadoop.hive.ql.lockmgr.DbTxnManager");
     MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.HIVE_SUPPORT_CONCURRENCY, true);
     // No background compactor/housekeeping threads in a test.
     MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.COMPACTOR_INITIATOR_ON, false);
     MetastoreConf.setBoolVar(conf, MetastoreConf.ConfVars.METRICS_ENABLED, false);
+    if (isHive3()) {
+      // Hive 3.1.3's defaults name hive-exec classes the standalone
+      // metastore does not have: the partition expression proxy, and the
+      // repl dump directory cleaner among the always-on tasks.
+      conf.set("metastore.expression.proxy",
+          "org.apache.hadoop.hive.metastore.DefaultPartitionExpressionProxy");
+      List<String> tasks = new ArrayList<>();
+      for (String task : MetastoreConf.getVar(conf, MetastoreConf.ConfVars.TASK_THREADS_ALWAYS)
+          .split(",")) {
+        if (!task.trim().isEmpty() && !task.contains("DumpDirCleanerTask")) {
+          tasks.add(task.trim());
+        }
+      }
+      MetastoreConf.setVar(conf, MetastoreConf.ConfVars.TASK_THREADS_ALWAYS,
+          String.join(",", tasks));
+    }
     // A metastore-site.xml for clients (and for the record).
     File site = new File(confDir, "metastore-site.xml");
     try (OutputStream o = Files.newOutputStream(site.toPath())) {
@@ -185,7 +206,7 @@ public final class Launcher {
     };
     int rc;
     try {
-      rc = new MetastoreSchemaTool().run(opts.get("scripts"), toolArgs, null, conf);
+      rc = schemaTool(opts.get("scripts"), toolArgs, conf);
     } catch (Throwable t) {
       t.printStackTrace();
       fail(out, "schematool threw " + t);
@@ -232,7 +253,8 @@ public final class Launcher {
     ready.put("cmroot", cmroot);
     ready.put("conf_dir", confDir.getAbsolutePath());
     ready.put("encoder", encoderClass);
-    ready.put("hive_version", org.apache.hive.common.util.HiveVersionInfo.getVersion());
+    ready.put("hive_version", hiveVersion());
+    ready.put("listener", listener);
     ready.put("event_id", client.getCurrentNotificationEventId().getEventId());
     out.println(JSON.writeValueAsString(ready));
 
@@ -530,6 +552,41 @@ public final class Launcher {
     if (w.size() < n) {
       throw new IllegalArgumentException(w.get(0) + " needs " + (n - 1) + " arguments");
     }
+  }
+
+  /** Hive 3.x's standalone metastore: its schematool is in metastore.tools. */
+  private static boolean isHive3() {
+    return hiveVersion().startsWith("3.");
+  }
+
+  /** The metastore's version, from the jar both 3.x and 4.x ship it in. */
+  private static String hiveVersion() {
+    try {
+      return (String) Class.forName("org.apache.hadoop.hive.metastore.utils.MetastoreVersionInfo")
+          .getMethod("getVersion").invoke(null);
+    } catch (ReflectiveOperationException e) {
+      throw new IllegalStateException("no MetastoreVersionInfo: " + e);
+    }
+  }
+
+  /**
+   * Runs MetastoreSchemaTool (4.x: metastore.tools.schematool, run(home, args, options, conf);
+   * 3.x: metastore.tools, static run(args)), so one launcher source builds against either.
+   */
+  private static int schemaTool(String home, String[] args, Configuration conf) throws Exception {
+    String name = isHive3()
+        ? "org.apache.hadoop.hive.metastore.tools.MetastoreSchemaTool"
+        : "org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool";
+    Class<?> tool = Class.forName(name);
+    if (isHive3()) {
+      // 3.x: a static run(args), the scripts' home in a static field.
+      tool.getField("homeDir").set(null, home);
+      return (Integer) tool.getMethod("run", String[].class).invoke(null, (Object) args);
+    }
+    Class<?> group = Class.forName("org.apache.commons.cli.OptionGroup");
+    Object result = tool.getMethod("run", String.class, String[].class, group, Configuration.class)
+        .invoke(tool.getDeclaredConstructor().newInstance(), home, args, null, conf);
+    return (Integer) result;
   }
 
   private static int freePort() throws Exception {
