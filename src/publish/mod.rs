@@ -13,8 +13,10 @@
 //! host loads through [`load`].
 
 pub mod catalog_object;
+pub mod gc;
 pub mod keys;
 pub mod layout;
+pub mod lease;
 pub mod load;
 pub mod pieces;
 pub mod publisher;
