@@ -42,6 +42,7 @@ struct Publisher {
 
 impl Publisher {
     fn start(root: &Path, w: &Workload, url: &str) -> Publisher {
+        std::fs::create_dir_all(root).unwrap();
         let log = root.join("publisher.log");
         let child = Command::new(BIN)
             .arg("replicate")
@@ -177,11 +178,12 @@ fn reader_host(root: &Path, url: &str, extra: &[&str]) -> DaemonProcess {
         "100".as_ref(),
     ];
     args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
-    DaemonProcess::start(
+    DaemonProcess::start_with_log_filter(
         Path::new(BIN),
         &mnt,
         &args,
         &root.join("reader.log"),
+        "info",
         Duration::from_secs(20),
     )
     .expect("the reader host mounts")
@@ -300,6 +302,11 @@ fn a_leased_state_outlives_retention_and_is_collected_once_released() {
             .join("mnt/.stagefs/snapshots")
             .join(leased.0.to_string()),
         leased,
+    );
+    assert!(
+        late_reader.log().contains("loaded on demand"),
+        "{}",
+        late_reader.log()
     );
     drop(late_reader);
     let job = Command::new("sh")

@@ -343,6 +343,7 @@ impl LeaseKeeper {
                         ttl,
                         holder,
                         leases: BTreeMap::new(),
+                        refused: BTreeMap::new(),
                         renewed_ms: 0,
                         held,
                     };
@@ -380,9 +381,15 @@ struct Keeper {
     ttl: Duration,
     holder: String,
     leases: BTreeMap<StateId, LeaseId>,
+    /// States a lease could not be taken on, and when: tried again only
+    /// after [`RETRY_MS`] (a pin on a state collected at the URL stays a
+    /// local pin).
+    refused: BTreeMap<StateId, i64>,
     renewed_ms: i64,
     held: KeeperReport,
 }
+
+const RETRY_MS: i64 = 10_000;
 
 impl Keeper {
     async fn pass(&mut self, wanted: &[StateId]) {
@@ -402,19 +409,30 @@ impl Keeper {
                 }
             }
         }
+        let now = now_ms();
+        self.refused.retain(|s, _| wanted.contains(s));
         for &s in &wanted {
-            if self.leases.contains_key(&s) {
+            if self.leases.contains_key(&s)
+                || self.refused.get(&s).is_some_and(|t| now - t < RETRY_MS)
+            {
                 continue;
             }
             match acquire(&*self.store, s, self.ttl, &self.holder).await {
                 Ok(id) => {
                     info!(state = s.0, lease = %id, "lease taken");
+                    self.refused.remove(&s);
                     self.leases.insert(s, id);
                 }
-                Err(e) => warn!(state = s.0, "cannot lease state {s} at the URL: {e}"),
+                Err(e) => {
+                    if self.refused.insert(s, now).is_none() {
+                        warn!(
+                            state = s.0,
+                            "cannot lease state {s} at the URL (retrying every {RETRY_MS} ms): {e}"
+                        );
+                    }
+                }
             }
         }
-        let now = now_ms();
         if now - self.renewed_ms >= (self.ttl.as_millis() / 3) as i64 {
             self.renewed_ms = now;
             let expires_ms = now.saturating_add(self.ttl.as_millis() as i64);
