@@ -13,8 +13,9 @@
 //!   never misses an object of a state it loads (only whole states that
 //!   were condemned before it read them).
 //! - A pin on a reader host leases its state (kept while newer states are
-//!   collected); the host killed with SIGKILL, its lease expires and the
-//!   state is collected.
+//!   collected), and so does a `stagefs run` session while its command
+//!   runs (released when it exits); the host killed with SIGKILL, the
+//!   pin's lease expires and the state is collected.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -404,6 +405,41 @@ fn a_pin_on_a_reader_host_leases_its_state_until_the_host_dies() {
     wait_for("the reader host shows the head", &|| reader.log(), || {
         (visible(&mnt).ok() == Some(first)).then_some(())
     });
+    // `stagefs run` on the host leases its session's state while it runs.
+    let stop = host.join("stop");
+    let run = Command::new(BIN)
+        .arg("run")
+        .arg(&mnt)
+        .args(["--", "sh", "-c"])
+        .arg("while [ ! -e \"$1\" ]; do sleep 0.05; done; echo $STAGEFS_STATE_ID")
+        .arg("sh")
+        .arg(&stop)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let leased_states = || -> Vec<StateId> {
+        rt().block_on(lease::list(&*store))
+            .unwrap()
+            .iter()
+            .filter_map(|l| l.lease.as_ref().map(|l| l.state))
+            .collect()
+    };
+    let session = wait_for("the session is leased at the URL", &|| reader.log(), || {
+        leased_states().first().copied()
+    });
+    std::fs::write(&stop, b"").unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        session.0.to_string()
+    );
+    wait_for(
+        "the ended session's lease is released",
+        &|| reader.log(),
+        || (!leased_states().contains(&session)).then_some(()),
+    );
+
     let pin = Command::new("setfattr")
         .args(["-n", "user.stagefs.pin", "-v"])
         .arg(first.0.to_string())
