@@ -22,6 +22,8 @@ struct Source {
     dir: tempfile::TempDir,
     trees: Vec<Arc<Tree>>,
     visible: Arc<Mutex<Arc<Tree>>>,
+    /// What this host's pins and sessions hold (the publisher's `held`).
+    held: Arc<Mutex<Vec<Arc<Tree>>>>,
 }
 
 impl Source {
@@ -32,6 +34,7 @@ impl Source {
             dir,
             trees: vec![Arc::new(Tree::empty())],
             visible: Arc::new(Mutex::new(Arc::new(Tree::empty()))),
+            held: Arc::default(),
         }
     }
 
@@ -82,13 +85,14 @@ impl Source {
         std::fs::create_dir_all(state_dir).unwrap();
         let visible = Arc::clone(&self.visible);
         let blobs = self.blobs();
+        let held = Arc::clone(&self.held);
         Publisher::start(
             PublishConfig {
                 url: self.url(),
                 signing_key: None,
                 state_dir: state_dir.to_owned(),
                 gc,
-                held: None,
+                held: Some(Arc::new(move || held.lock().unwrap().clone())),
             },
             Arc::new(move || Arc::clone(&visible.lock().unwrap())),
             Arc::new(move |b: &BlobId| blobs.join(b.to_hex())),
@@ -443,5 +447,119 @@ fn collection_keeps_retained_and_leased_states_whole_and_sweeps_the_rest() {
     wait_published(&publisher, StateId(13));
     state_is_whole(&*store, StateId(13)).unwrap();
     assert!(has(&content(7)));
+    publisher.stop();
+}
+
+/// States `first..=last` of one table whose partition p=a is replaced
+/// each time.
+fn replace_each_time(src: &mut Source, publisher: &Publisher, first: u64, last: u64) {
+    for id in first..=last {
+        let f = src.file("d/t/p=a/f", format!("content {id}").as_bytes());
+        src.apply(&format!(
+            r#"{{"id": {id}, "op": "replace_files", "db": "d", "table": "t", "partition": {{"p": "a"}}, "files": [{f}]}}"#
+        ));
+        wait_published(publisher, StateId(id));
+    }
+}
+
+#[test]
+fn a_reader_that_read_a_state_record_loads_it_whole_while_collection_condemns_it() {
+    let mut src = Source::new();
+    let grace = Duration::from_secs(3);
+    let publisher = src
+        .start_with(
+            &src.dir.path().join("state"),
+            super::gc::GcConfig { retain: 1, grace },
+        )
+        .unwrap();
+    let store = open_store(&src.url()).unwrap();
+    src.apply(DB);
+    src.apply(TABLE);
+    replace_each_time(&mut src, &publisher, 3, 4);
+    // A reader reads HEAD's state record, then is slow...
+    let record = rt()
+        .block_on(get_record(
+            &*store,
+            &layout::state(StateId(4)),
+            RecordKind::State,
+            None,
+        ))
+        .unwrap()
+        .published;
+    let condemned_at = Instant::now();
+    // ...while newer states push it out and collection condemns it.
+    replace_each_time(&mut src, &publisher, 5, 6);
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    assert!(
+        rt().block_on(store.head(&layout::state(StateId(4))))
+            .is_err(),
+        "state 4 is condemned"
+    );
+    // Within the grace period its catalogs and content are all there.
+    if condemned_at.elapsed() < grace {
+        let tree = rt()
+            .block_on(Loader::new().load(&*store, record.state_id, record.time_ms, record.root))
+            .unwrap();
+        for (_, f) in tree.root.file_nodes_below() {
+            rt().block_on(store.head(&layout::blob(&f.blob()))).unwrap();
+        }
+    }
+    // After it, they go (state 6 stays whole).
+    std::thread::sleep(grace);
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    assert!(rt()
+        .block_on(store.head(&layout::catalog(&record.root)))
+        .is_err());
+    state_is_whole(&*store, StateId(6)).unwrap();
+    publisher.stop();
+}
+
+#[test]
+fn states_this_host_holds_are_published_and_kept_though_skipped_and_old() {
+    let mut src = Source::new();
+    src.apply(DB);
+    src.apply(TABLE);
+    let f = src.file("d/t/p=a/f", b"held content");
+    let held = src.apply(&format!(
+        r#"{{"id": 3, "op": "add_files", "db": "d", "table": "t", "partition": {{"p": "a"}}, "files": [{f}]}}"#
+    ));
+    let f = src.file("d/t/p=a/f", b"newer");
+    src.apply(&format!(
+        r#"{{"id": 4, "op": "replace_files", "db": "d", "table": "t", "partition": {{"p": "a"}}, "files": [{f}]}}"#
+    ));
+    // State 3 is held (a pin) but was never visible to the publisher.
+    src.held.lock().unwrap().push(Arc::clone(&held));
+    let publisher = src
+        .start_with(
+            &src.dir.path().join("state"),
+            super::gc::GcConfig {
+                retain: 1,
+                grace: Duration::ZERO,
+            },
+        )
+        .unwrap();
+    let store = open_store(&src.url()).unwrap();
+    wait_published(&publisher, StateId(4));
+    replace_each_time(&mut src, &publisher, 5, 8);
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    state_is_whole(&*store, StateId(3)).unwrap();
+    assert_eq!(
+        rt().block_on(get_record(&*store, &layout::head(), RecordKind::Head, None))
+            .unwrap()
+            .published
+            .state_id,
+        StateId(8),
+        "HEAD is the newest, not the held state"
+    );
+    // Unpinned: collected.
+    src.held.lock().unwrap().clear();
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    assert!(rt()
+        .block_on(store.head(&layout::state(StateId(3))))
+        .is_err());
     publisher.stop();
 }
