@@ -478,3 +478,70 @@ fn a_pin_on_a_reader_host_leases_its_state_until_the_host_dies() {
     assert_eq!(states(&*store).last(), Some(&newest));
     whole_state_blobs(&*store, newest);
 }
+
+#[test]
+fn stagefs_lease_on_a_publishing_mount_leases_the_newest_published_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().join("published").display());
+    let store = open_store(&url).unwrap();
+    let mut w = workload(&dir.path().join("src"));
+    let first = advance(&mut w, 20);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let state = dir.path().join("state");
+    let (src, events, cm) = (w.source_root(), w.events_dir(), w.cm_root());
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--state".as_ref(),
+        state.as_os_str(),
+        "--source-root".as_ref(),
+        src.as_os_str(),
+        "--events".as_ref(),
+        events.as_os_str(),
+        "--cm-root".as_ref(),
+        cm.as_os_str(),
+        "--retain".as_ref(),
+        "2".as_ref(),
+        "--publish".as_ref(),
+        url.as_ref(),
+        "--gc-grace".as_ref(),
+        "1s".as_ref(),
+    ];
+    let publisher = DaemonProcess::start_with_log_filter(
+        Path::new(BIN),
+        &mnt,
+        &args,
+        &dir.path().join("mount.log"),
+        "info",
+        Duration::from_secs(20),
+    )
+    .expect("the publishing mount mounts");
+    wait_for("HEAD reaches the source", &|| publisher.log(), || {
+        (head(&*store) == Some(first)).then_some(())
+    });
+    let mnt_s = mnt.to_str().unwrap();
+    let (leased, id) = lease_cmd(&[mnt_s, "--ttl", "5m"]);
+    assert_eq!(
+        leased, first,
+        "`visible` on a publisher is the newest published state"
+    );
+    let newest = advance(&mut w, 30);
+    wait_for("HEAD moves on", &|| publisher.log(), || {
+        (head(&*store) == Some(newest)).then_some(())
+    });
+    wait_for(
+        "retention keeps the leased state only",
+        &|| publisher.log(),
+        || {
+            let s = states(&*store);
+            (s.len() == 3 && s.contains(&leased)).then_some(())
+        },
+    );
+    whole_state_blobs(&*store, leased);
+    lease_cmd_release(mnt_s, &id);
+    wait_for(
+        "the released state is collected",
+        &|| publisher.log(),
+        || (!states(&*store).contains(&leased)).then_some(()),
+    );
+    drop(publisher);
+}
