@@ -16,6 +16,9 @@
 //!   collected), and so does a `stagefs run` session while its command
 //!   runs (released when it exits); the host killed with SIGKILL, the
 //!   pin's lease expires and the state is collected.
+//! - `stagefs lease` on a publishing mount (`visible` is HEAD there).
+//! - On S3 (the private server of tests/servers/): a leased state is kept
+//!   through retention and collected once released.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -33,6 +36,8 @@ use stagefs::publish::{open_store, ObjectStore};
 use stagefs::testkit::checker::{read_tree, visible, DaemonProcess};
 use stagefs::workload::{Workload, WorkloadConfig};
 
+mod servers;
+
 const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
 
 /// The publisher process: killed and reaped when dropped.
@@ -43,6 +48,10 @@ struct Publisher {
 
 impl Publisher {
     fn start(root: &Path, w: &Workload, url: &str) -> Publisher {
+        Publisher::start_with_env(root, w, url, &[])
+    }
+
+    fn start_with_env(root: &Path, w: &Workload, url: &str, env: &[(String, String)]) -> Publisher {
         std::fs::create_dir_all(root).unwrap();
         let log = root.join("publisher.log");
         let child = Command::new(BIN)
@@ -57,6 +66,7 @@ impl Publisher {
             .arg(w.cm_root())
             .args(["--retain", "2", "--publish", url, "--gc-grace", "1s"])
             .env("STAGEFS_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -544,4 +554,66 @@ fn stagefs_lease_on_a_publishing_mount_leases_the_newest_published_state() {
         || (!states(&*store).contains(&leased)).then_some(()),
     );
     drop(publisher);
+}
+
+#[test]
+fn on_s3_a_leased_state_is_kept_and_collected_once_released() {
+    let server = servers::S3Server::start().expect("start the S3 server");
+    server
+        .create_bucket("stagefs-leases", false)
+        .expect("create the bucket");
+    let env: Vec<(String, String)> = vec![
+        ("AWS_ENDPOINT_URL".into(), server.endpoint()),
+        ("AWS_ACCESS_KEY_ID".into(), server.access_key().into()),
+        ("AWS_SECRET_ACCESS_KEY".into(), server.secret_key().into()),
+        ("AWS_REGION".into(), server.region().into()),
+    ];
+    let url = "s3://stagefs-leases/published";
+    let s3 = server.store_builder("stagefs-leases").build().unwrap();
+    let store: std::sync::Arc<dyn ObjectStore> =
+        std::sync::Arc::new(object_store::prefix::PrefixStore::new(s3, "published"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = workload(&dir.path().join("src"));
+    let first = advance(&mut w, 20);
+    let publisher = Publisher::start_with_env(&dir.path().join("pub"), &w, url, &env);
+    let plog = || publisher.log();
+    wait_for("HEAD reaches the source", &plog, || {
+        (head(&*store) == Some(first)).then_some(())
+    });
+    let id = rt()
+        .block_on(lease::acquire(
+            &*store,
+            first,
+            Duration::from_secs(600),
+            "test",
+        ))
+        .unwrap();
+    let leased_blobs = whole_state_blobs(&*store, first);
+    let mut newest = first;
+    for _ in 0..3 {
+        newest = advance(&mut w, 15);
+        wait_for("HEAD moves on", &plog, || {
+            (head(&*store) == Some(newest)).then_some(())
+        });
+    }
+    wait_for("retention keeps the leased state only", &plog, || {
+        let s = states(&*store);
+        (s.len() == 3 && s.contains(&first) && s.last() == Some(&newest)).then_some(())
+    });
+    whole_state_blobs(&*store, first);
+    rt().block_on(lease::release(&*store, id)).unwrap();
+    wait_for("the released state is collected", &plog, || {
+        (!states(&*store).contains(&first)).then_some(())
+    });
+    let kept: HashSet<BlobId> = states(&*store)
+        .into_iter()
+        .flat_map(|s| whole_state_blobs(&*store, s))
+        .collect();
+    wait_for("its unshared blobs are swept", &plog, || {
+        leased_blobs
+            .iter()
+            .filter(|b| !kept.contains(b))
+            .all(|b| !has(&*store, &layout::blob(b)))
+            .then_some(())
+    });
 }
