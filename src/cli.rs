@@ -106,6 +106,11 @@ pub struct PublishFlags {
     /// Sign the published head with this ed25519 key (`stagefs keygen`).
     #[arg(long = "signing-key", value_name = "FILE", requires = "publish")]
     pub signing_key: Option<PathBuf>,
+    /// How long a state no longer retained or leased at the URL keeps its
+    /// objects (a reader loading it has this long), and how long past its
+    /// expiry a lease is still honoured (clock skew): 90s, 10m, 1h.
+    #[arg(long = "gc-grace", value_name = "DURATION", default_value = "10m", value_parser = parse_duration, requires = "publish")]
+    pub gc_grace: std::time::Duration,
 }
 
 /// A reader host: serve the states published at a URL (SPEC §8).
@@ -132,6 +137,29 @@ pub struct FollowFlags {
     /// How often to read the published head, in milliseconds.
     #[arg(long = "poll-ms", value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..), requires = "from")]
     pub poll_ms: u64,
+    /// Lifetime of the leases this host takes at the URL for its pins and
+    /// `stagefs run` sessions (renewed every third of it while it runs;
+    /// a dead host's leases end this long after its last renewal).
+    #[arg(long = "lease-ttl", value_name = "DURATION", default_value = "60s", value_parser = parse_duration, requires = "from")]
+    pub lease_ttl: std::time::Duration,
+}
+
+/// `90s`, `10m`, `2h`, `1d`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (digits, unit) = match s.as_bytes().last() {
+        Some(b's') => (&s[..s.len() - 1], 1),
+        Some(b'm') => (&s[..s.len() - 1], 60),
+        Some(b'h') => (&s[..s.len() - 1], 3600),
+        Some(b'd') => (&s[..s.len() - 1], 86400),
+        _ => (s, 1),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 90s, 10m, 2h, 1d)"))?;
+    n.checked_mul(unit)
+        .filter(|&secs| secs > 0)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("{s}: a duration must be positive and not too large"))
 }
 
 /// `10G`, `512M`, `4096`: bytes, with binary suffixes.
@@ -196,6 +224,26 @@ pub enum Command {
         /// The command and its arguments (after `--`).
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<std::ffi::OsString>,
+    },
+    /// Lease a state at the URL a mount publishes or follows, for a job
+    /// started elsewhere (Airflow, cron): prints `STAGEFS_STATE_ID=N` and
+    /// `STAGEFS_LEASE=ID` for a shell to eval. The lease ends at --ttl
+    /// unless renewed (--renew ID) or released (--release ID).
+    Lease {
+        /// A stagefs mountpoint that publishes (--publish) or follows (--from) a URL.
+        mountpoint: PathBuf,
+        /// The state to lease: a state-id published at the URL, or `visible`.
+        #[arg(long, value_name = "STATE|visible", default_value = "visible", conflicts_with_all = ["release", "renew"])]
+        at: String,
+        /// How long the lease lasts (from now; also for --renew).
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+        ttl: std::time::Duration,
+        /// End lease ID now.
+        #[arg(long, value_name = "ID", conflicts_with = "renew")]
+        release: Option<String>,
+        /// Extend lease ID to --ttl from now.
+        #[arg(long, value_name = "ID")]
+        renew: Option<String>,
     },
     /// Self-contained demo: a synthetic warehouse that keeps changing, mounted.
     Demo {

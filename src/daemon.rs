@@ -135,6 +135,8 @@ pub struct ReplicateArgs {
 pub struct PublishArgs {
     pub url: String,
     pub signing_key: Option<PathBuf>,
+    /// `--gc-grace`: see [`crate::publish::gc`].
+    pub gc_grace: Duration,
 }
 
 /// The Hive source's flags; `rows` is None for the native source.
@@ -449,6 +451,11 @@ fn publish_config(args: &ReplicateArgs) -> Result<Option<PublishConfig>, DaemonE
         url: p.url.clone(),
         signing_key,
         state_dir: args.state.clone(),
+        gc: crate::publish::gc::GcConfig {
+            retain: args.retain,
+            grace: p.gc_grace,
+        },
+        held: None,
     }))
 }
 
@@ -458,11 +465,22 @@ fn start_publisher(
     cfg: Option<PublishConfig>,
     replica: &Replica,
 ) -> Result<Option<Publisher>, DaemonError> {
-    let Some(cfg) = cfg else {
+    let Some(mut cfg) = cfg else {
         return Ok(None);
     };
     let url = cfg.url.clone();
     let catalog = Arc::clone(replica.catalog());
+    {
+        // This host's pins and sessions: published and kept at the URL.
+        let catalog = Arc::clone(&catalog);
+        cfg.held = Some(Arc::new(move || {
+            let snap = catalog.snapshot();
+            snap.pins
+                .states()
+                .filter_map(|s| snap.versions.get(&s).cloned())
+                .collect()
+        }));
+    }
     let blobs = Arc::clone(replica.blobs());
     let publisher = Publisher::start(
         cfg,
@@ -655,18 +673,24 @@ fn rebootstrap_stalled(
 }
 
 /// The status served as `.stagefs/status`; with `--allow-other` its host
-/// paths are redacted (other users read it).
-struct ReplicaStatus(Arc<Replica>, Option<Redactor>);
+/// paths are redacted (other users read it). The third field: the URL it
+/// publishes to, shown as `publish.url` (for `stagefs lease`).
+struct ReplicaStatus(Arc<Replica>, Option<Redactor>, Option<String>);
 
 impl StatusSource for ReplicaStatus {
     fn status_json(&self) -> String {
         let report = self.0.status();
-        let Some(redactor) = &self.1 else {
+        if self.1.is_none() && self.2.is_none() {
             return report.to_json();
-        };
+        }
         match serde_json::to_value(&report) {
             Ok(mut v) => {
-                redactor.redact_json(&mut v);
+                if let (Some(url), Some(o)) = (&self.2, v.as_object_mut()) {
+                    o.insert("publish".into(), serde_json::json!({ "url": url }));
+                }
+                if let Some(redactor) = &self.1 {
+                    redactor.redact_json(&mut v);
+                }
                 let mut s = serde_json::to_string_pretty(&v)
                     .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
                 s.push('\n');
@@ -845,6 +869,8 @@ pub struct FollowArgs {
     pub trusted_key: Option<PathBuf>,
     pub poll_ms: u64,
     pub allow_other: bool,
+    /// `--lease-ttl`: the leases of this host's pins and sessions.
+    pub lease_ttl: Duration,
 }
 
 /// Serves the states published at `args.url` until SIGINT/SIGTERM or an
@@ -883,6 +909,7 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
             mount_time: SystemTime::now(),
         },
     ));
+    view.set_state_source(follower.state_source());
     let opts = MountOptions {
         allow_other: args.allow_other,
         threads: 2,
@@ -899,6 +926,7 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
         }
     };
     drop(view);
+    let keeper = start_lease_keeper(&args, follower.catalog());
     info!(mountpoint = %args.mountpoint.display(), url = %args.url, "mounted (reader host)");
     notify_systemd(&format!(
         "READY=1\nSTATUS=mounted at {}",
@@ -915,9 +943,36 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
     let result = mounted
         .unmount()
         .map_err(|e| DaemonError::Mount(format!("unmounting: {e}")));
+    if let Some(k) = keeper {
+        k.stop();
+    }
     follower.stop();
     info!("stopped");
     result
+}
+
+/// A reader host's leases at the URL: one per state its pins and
+/// `stagefs run` sessions hold (SPEC §8). Without them it still serves.
+fn start_lease_keeper(
+    args: &FollowArgs,
+    catalog: &Arc<crate::catalog::Catalog>,
+) -> Option<crate::publish::lease::LeaseKeeper> {
+    use crate::publish::lease;
+    let store = crate::publish::open_store(&args.url).ok()?;
+    let catalog = Arc::clone(catalog);
+    let states: lease::HeldStatesFn = Arc::new(move || catalog.snapshot().pins.states().collect());
+    match lease::LeaseKeeper::start(
+        store,
+        states,
+        args.lease_ttl,
+        lease::holder("reader host pins and sessions"),
+    ) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            warn!("cannot start leasing at {}: {e}", args.url);
+            None
+        }
+    }
 }
 
 /// Mounts `replica` at `args.mountpoint` and serves until `should_stop()`
@@ -940,6 +995,7 @@ pub fn serve(
         Arc::new(ReplicaStatus(
             Arc::clone(replica),
             args.allow_other.then(|| args.replicate.redactor()),
+            args.replicate.publish.as_ref().map(|p| p.url.clone()),
         )),
         ViewConfig {
             uid,

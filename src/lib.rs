@@ -30,6 +30,7 @@ pub mod fuse;
 pub mod fusermount;
 pub mod journal;
 pub mod latency;
+pub mod lease_cmd;
 pub mod metrics;
 pub mod mount_helper;
 pub mod publish;

@@ -49,6 +49,7 @@ fn main() -> ExitCode {
                     cache_size,
                     trusted_key,
                     poll_ms,
+                    lease_ttl,
                 },
             ) if publish.publish.is_none() && metrics.is_none() => daemon::mount_from(daemon::FollowArgs {
                 mountpoint,
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
                 trusted_key,
                 poll_ms,
                 allow_other,
+                lease_ttl,
             }),
             (Some(source), FollowFlags { from: None, .. }) => daemon::mount(MountArgs {
                 mountpoint,
@@ -91,6 +93,13 @@ fn main() -> ExitCode {
             ..replicate_args(source)
         }),
         Command::Keygen { file } => daemon::keygen(&file),
+        Command::Lease {
+            mountpoint,
+            at,
+            ttl,
+            release,
+            renew,
+        } => stagefs::lease_cmd::lease(&mountpoint, &at, ttl, release, renew),
         Command::Bootstrap { source } => daemon::bootstrap(replicate_args(source)),
         Command::Check {
             mountpoint,
@@ -238,6 +247,7 @@ fn publish_args(p: PublishFlags) -> Option<PublishArgs> {
     p.publish.map(|url| PublishArgs {
         url,
         signing_key: p.signing_key,
+        gc_grace: p.gc_grace,
     })
 }
 

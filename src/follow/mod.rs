@@ -76,8 +76,71 @@ pub struct Follower {
     cache: Arc<BlobCache>,
     head: Arc<Mutex<HeadView>>,
     url: String,
+    on_demand: Arc<OnDemand>,
     _rt: Arc<tokio::runtime::Runtime>,
     _lock: StateLock,
+}
+
+/// States this host does not retain, loaded from the URL when a snapshot
+/// path or a job names one (SPEC §8: every state retained or leased at
+/// the URL), kept while in use and for the newest few.
+struct OnDemand {
+    store: Arc<dyn ObjectStore>,
+    cache_dir: PathBuf,
+    trusted: Option<VerifyingKey>,
+    cache: Arc<BlobCache>,
+    rt: tokio::runtime::Handle,
+    loader: Mutex<Loader>,
+    trees: Mutex<BTreeMap<StateId, Arc<Tree>>>,
+    /// States found missing, and when: not asked for again for a second.
+    misses: Mutex<std::collections::HashMap<StateId, std::time::Instant>>,
+}
+
+/// On-demand states kept loaded at most.
+const ON_DEMAND_KEPT: usize = 16;
+
+impl OnDemand {
+    fn get(&self, id: StateId) -> Option<Arc<Tree>> {
+        if let Some(t) = lock(&self.trees).get(&id) {
+            return Some(Arc::clone(t));
+        }
+        if lock(&self.misses)
+            .get(&id)
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return None;
+        }
+        let mut loader = lock(&self.loader);
+        // Another thread may have loaded it meanwhile.
+        if let Some(t) = lock(&self.trees).get(&id) {
+            return Some(Arc::clone(t));
+        }
+        let loaded = self.rt.block_on(load_state(
+            &*self.store,
+            &self.cache_dir,
+            self.trusted.as_ref(),
+            &mut loader,
+            id,
+        ));
+        match loaded {
+            Ok(tree) => {
+                self.cache.add_piece_lists(loader.piece_lists());
+                let tree = Arc::new(tree);
+                let mut trees = lock(&self.trees);
+                trees.insert(id, Arc::clone(&tree));
+                while trees.len() > ON_DEMAND_KEPT {
+                    trees.pop_first();
+                }
+                info!(state = id.0, "loaded on demand");
+                Some(tree)
+            }
+            Err(e) => {
+                info!(state = id.0, "state {id} is not available at the URL: {e}");
+                lock(&self.misses).insert(id, std::time::Instant::now());
+                None
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -175,6 +238,16 @@ impl Follower {
         ));
         let head = Arc::new(Mutex::new(HeadView::default()));
         let stop = Arc::new(AtomicBool::new(false));
+        let on_demand = Arc::new(OnDemand {
+            store: Arc::clone(&store),
+            cache_dir: cfg.cache_dir.clone(),
+            trusted: cfg.trusted_key,
+            cache: Arc::clone(&cache),
+            rt: rt.handle().clone(),
+            loader: Mutex::new(Loader::with_local_copies(&cfg.cache_dir.join("catalogs"))),
+            trees: Mutex::new(BTreeMap::new()),
+            misses: Mutex::new(std::collections::HashMap::new()),
+        });
         let mut shared = Shared {
             store,
             cache_dir: cfg.cache_dir.clone(),
@@ -208,6 +281,7 @@ impl Follower {
             cache,
             head,
             url: cfg.url,
+            on_demand,
             _rt: rt,
             _lock: state_lock,
         })
@@ -221,6 +295,12 @@ impl Follower {
     pub fn blob_path(&self) -> Arc<dyn Fn(&BlobId) -> PathBuf + Send + Sync> {
         let cache = Arc::clone(&self.cache);
         Arc::new(move |b: &BlobId| cache.path_for(b))
+    }
+
+    /// States this host does not retain, from the URL (for the view).
+    pub fn state_source(&self) -> crate::view::StateSourceFn {
+        let on_demand = Arc::clone(&self.on_demand);
+        Arc::new(move |id| on_demand.get(id))
     }
 
     /// The status JSON of the mount (SPEC §7 for a reader host).

@@ -8,11 +8,17 @@
 //! states/<state-id>   one published state: its root catalog (record)
 //! HEAD                the newest published state (record), replaced
 //!                     only by a conditional write
+//! leases/<id>         a lease on one state (lease::Lease), written by
+//!                     any host, overwritten to renew, deleted to release
+//! condemned/<state>   written by garbage collection before it deletes
+//!                     states/<state>; removed once the state's objects
+//!                     are swept (gc)
 //! ```
 //!
-//! Everything but HEAD is immutable and named by its content (or, for
-//! states, by an id whose content never changes once written), so a reader
-//! verifies an object by its name alone.
+//! Everything but HEAD and leases is immutable and named by its content
+//! (or, for states and condemnation marks, by an id whose content never
+//! changes once written), so a reader verifies an object by its name
+//! alone. Only the publisher deletes, and only what `gc` allows.
 
 use object_store::path::Path;
 
@@ -40,6 +46,29 @@ pub fn pieces(id: &BlobId) -> Path {
 
 pub fn catalog(id: &BlobId) -> Path {
     Path::from(format!("catalogs/{}", id.to_hex()))
+}
+
+/// Where leases live.
+pub const LEASES: &str = "leases/";
+/// Where condemnation marks live.
+pub const CONDEMNED: &str = "condemned/";
+
+pub fn lease(id: &super::lease::LeaseId) -> Path {
+    Path::from(format!("{LEASES}{id}"))
+}
+
+/// Zero-padded like states.
+pub fn condemned(id: StateId) -> Path {
+    Path::from(format!("{CONDEMNED}{:020}", id.0))
+}
+
+/// The state a `states/<id>` or `condemned/<id>` name gives (its last
+/// part: 20 decimal digits).
+pub fn state_of(path: &Path) -> Option<StateId> {
+    let name = path.filename()?;
+    (name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| name.parse().ok().map(StateId))
+        .flatten()
 }
 
 /// Zero-padded so that names sort by id.

@@ -4,7 +4,8 @@
 //! [`catalog_object`]: one directory of a state; [`pieces`]: a large
 //! file's piece list), the signing keys ([`keys`]), opening the storage
 //! from its URL ([`store`]), loading a published state into a catalog
-//! tree ([`load`]) and the publisher thread ([`publisher`]).
+//! tree ([`load`]), the publisher thread ([`publisher`]), leases at the
+//! URL ([`lease`]) and retention and garbage collection there ([`gc`]).
 //!
 //! Storage is not trusted: every decoder checks sizes, versions and
 //! names, every immutable object is verified by its content id before it
@@ -13,8 +14,10 @@
 //! host loads through [`load`].
 
 pub mod catalog_object;
+pub mod gc;
 pub mod keys;
 pub mod layout;
+pub mod lease;
 pub mod load;
 pub mod pieces;
 pub mod publisher;

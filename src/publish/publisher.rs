@@ -37,6 +37,7 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use super::catalog_object::{verified_label, DirObject, Entry, FileEntry};
+use super::gc::{Collector, GcConfig, GcReport};
 use super::layout::{self, PIECE_SIZE};
 use super::load::{get_record, LoadError, Loader};
 use super::pieces::PieceList;
@@ -52,12 +53,18 @@ pub const PUBLISHER_ID_FILE: &str = "publisher-id";
 pub type VisibleFn = Arc<dyn Fn() -> Arc<Tree> + Send + Sync>;
 /// The local path of a staged blob.
 pub type BlobPathFn = Arc<dyn Fn(&BlobId) -> PathBuf + Send + Sync>;
+/// The trees this host's pins and `stagefs run` sessions hold: published
+/// (without moving HEAD) and kept at the URL while held.
+pub type HeldFn = Arc<dyn Fn() -> Vec<Arc<Tree>> + Send + Sync>;
 
 pub struct PublishConfig {
     pub url: String,
     pub signing_key: Option<SigningKey>,
     /// The state folder: holds the publisher's identity.
     pub state_dir: PathBuf,
+    /// Retention and collection at the URL.
+    pub gc: GcConfig,
+    pub held: Option<HeldFn>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +133,7 @@ pub struct PublishReport {
     pub states: u64,
     pub objects_written: u64,
     pub bytes_written: u64,
+    pub gc: GcReport,
 }
 
 /// The running publisher thread.
@@ -170,6 +178,11 @@ impl Publisher {
             blob_path,
             report: Arc::clone(&report),
             since_prune: 0,
+            gc: cfg.gc,
+            collector: Collector::new(),
+            last_gc: None,
+            held: cfg.held,
+            held_published: HashSet::new(),
         };
         rt.block_on(session.resume())?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -258,6 +271,12 @@ struct Session {
     blob_path: BlobPathFn,
     report: Arc<Mutex<PublishReport>>,
     since_prune: u32,
+    gc: GcConfig,
+    collector: Collector,
+    last_gc: Option<std::time::Instant>,
+    held: Option<HeldFn>,
+    /// Held states written to `states/` (HEAD unmoved) since the start.
+    held_published: HashSet<StateId>,
 }
 
 fn put_opts(mode: PutMode) -> PutOptions {
@@ -356,19 +375,97 @@ impl Session {
                     }
                 }
             }
+            if let Err(e) = rt.block_on(self.publish_held(stop)) {
+                warn!(url = %self.url, "publishing a held state: {e}");
+            }
+            if self.published.is_some()
+                && self
+                    .last_gc
+                    .is_none_or(|t| t.elapsed() >= self.gc.interval())
+            {
+                self.last_gc = Some(std::time::Instant::now());
+                rt.block_on(self.collect_garbage());
+            }
             sleep_unless(stop, Duration::from_millis(50));
         }
     }
 
+    /// Writes every state this host's pins and sessions hold to
+    /// `states/<id>` (HEAD stays), so jobs on other hosts can read it and
+    /// collection keeps it.
+    async fn publish_held(&mut self, stop: &AtomicBool) -> Result<(), PublishError> {
+        let Some(held) = &self.held else {
+            return Ok(());
+        };
+        for tree in held() {
+            if tree.state_id.0 == 0 || self.held_published.contains(&tree.state_id) {
+                continue;
+            }
+            if self.publish_state(&tree, stop).await?.is_some() {
+                self.held_published.insert(tree.state_id);
+            }
+        }
+        Ok(())
+    }
+
+    /// One collection at the URL (see `gc`); afterwards the publisher
+    /// trusts only what the kept states reach to be there.
+    async fn collect_garbage(&mut self) {
+        let held: Vec<StateId> = self
+            .held
+            .as_ref()
+            .map(|h| h().iter().map(|t| t.state_id).collect())
+            .unwrap_or_default();
+        let mut report = lock(&self.report).gc.clone();
+        let result = self
+            .collector
+            .run(&*self.store, self.published, &held, &self.gc, &mut report)
+            .await;
+        match result {
+            Ok(kept) => {
+                self.uploaded.retain(|sha, list| match list {
+                    Some(l) => kept.pieces.contains(l),
+                    None => kept.blobs.contains(sha),
+                });
+                self.catalogs.retain(|id| kept.catalogs.contains(id));
+                self.dir_ids.retain(|_, (_, id)| kept.catalogs.contains(id));
+                self.held_published.retain(|s| held.contains(s));
+            }
+            Err(e) => {
+                warn!(url = %self.url, "garbage collection at the URL failed (nothing more deleted this run): {e}");
+                report.last_error = Some(e.to_string());
+            }
+        }
+        lock(&self.report).gc = report;
+    }
+
     /// Publishes `tree`: blobs, catalogs, state object, HEAD.
     async fn publish(&mut self, tree: &Tree, stop: &AtomicBool) -> Result<(), PublishError> {
+        let Some(published) = self.publish_state(tree, stop).await? else {
+            return Ok(());
+        };
+        self.put_head(&published).await?;
+        self.since_prune += 1;
+        if self.since_prune >= 64 {
+            self.since_prune = 0;
+            self.dir_ids.retain(|_, (w, _)| w.strong_count() > 0);
+        }
+        Ok(())
+    }
+
+    /// Writes `tree`'s blobs, catalogs and state object (None: stopped).
+    async fn publish_state(
+        &mut self,
+        tree: &Tree,
+        stop: &AtomicBool,
+    ) -> Result<Option<Published>, PublishError> {
         // New directories, children before parents.
         let mut order = Vec::new();
         let mut seen = HashSet::new();
         self.collect(&tree.root, &mut order, &mut seen);
         for dir in &order {
             if stop.load(Ordering::Relaxed) {
-                return Ok(());
+                return Ok(None);
             }
             let obj = self.dir_object(dir).await?;
             let bytes = obj.encode();
@@ -388,13 +485,7 @@ impl Session {
             published_ms: now_ms(),
         };
         self.put_state(&published).await?;
-        self.put_head(&published).await?;
-        self.since_prune += 1;
-        if self.since_prune >= 64 {
-            self.since_prune = 0;
-            self.dir_ids.retain(|_, (w, _)| w.strong_count() > 0);
-        }
-        Ok(())
+        Ok(Some(published))
     }
 
     fn collect(&self, dir: &Arc<DirNode>, out: &mut Vec<Arc<DirNode>>, seen: &mut HashSet<NodeId>) {

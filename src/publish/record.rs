@@ -193,13 +193,13 @@ pub fn decode(
 }
 
 /// Decimal without sign or leading zeros (one spelling per number).
-fn parse_u64(s: &str) -> Option<u64> {
+pub(crate) fn parse_u64(s: &str) -> Option<u64> {
     let canonical =
         !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
     canonical.then(|| s.parse().ok()).flatten()
 }
 
-fn parse_i64(s: &str) -> Option<i64> {
+pub(crate) fn parse_i64(s: &str) -> Option<i64> {
     match s.strip_prefix('-') {
         Some(rest) if rest != "0" => {
             let magnitude = parse_u64(rest)?;

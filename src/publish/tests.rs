@@ -22,6 +22,8 @@ struct Source {
     dir: tempfile::TempDir,
     trees: Vec<Arc<Tree>>,
     visible: Arc<Mutex<Arc<Tree>>>,
+    /// What this host's pins and sessions hold (the publisher's `held`).
+    held: Arc<Mutex<Vec<Arc<Tree>>>>,
 }
 
 impl Source {
@@ -32,6 +34,7 @@ impl Source {
             dir,
             trees: vec![Arc::new(Tree::empty())],
             visible: Arc::new(Mutex::new(Arc::new(Tree::empty()))),
+            held: Arc::default(),
         }
     }
 
@@ -65,14 +68,31 @@ impl Source {
     }
 
     fn start(&self, state_dir: &Path) -> Result<Publisher, PublishError> {
+        self.start_with(
+            state_dir,
+            super::gc::GcConfig {
+                retain: 16,
+                grace: super::gc::DEFAULT_GRACE,
+            },
+        )
+    }
+
+    fn start_with(
+        &self,
+        state_dir: &Path,
+        gc: super::gc::GcConfig,
+    ) -> Result<Publisher, PublishError> {
         std::fs::create_dir_all(state_dir).unwrap();
         let visible = Arc::clone(&self.visible);
         let blobs = self.blobs();
+        let held = Arc::clone(&self.held);
         Publisher::start(
             PublishConfig {
                 url: self.url(),
                 signing_key: None,
                 state_dir: state_dir.to_owned(),
+                gc,
+                held: Some(Arc::new(move || held.lock().unwrap().clone())),
             },
             Arc::new(move || Arc::clone(&visible.lock().unwrap())),
             Arc::new(move |b: &BlobId| blobs.join(b.to_hex())),
@@ -302,4 +322,244 @@ fn tampered_objects_are_detected_and_never_loaded() {
     let got = rt().block_on(get_verified(&*store, &layout::blob(&sha), &sha, 1 << 20));
     assert!(matches!(got, Err(LoadError::Corrupt { .. })));
     let _ = rt().block_on(store.head(&layout::head()));
+}
+
+/// Every object a published state reaches is at the URL.
+fn state_is_whole(store: &dyn ObjectStore, state: StateId) -> Result<(), String> {
+    rt().block_on(async {
+        let rec = get_record(store, &layout::state(state), RecordKind::State, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut c = super::gc::Collector::new();
+        let m = c
+            .mark(store, [rec.published.root])
+            .await
+            .map_err(|e| e.to_string())?;
+        for b in &m.blobs {
+            store
+                .head(&layout::blob(b))
+                .await
+                .map_err(|e| format!("blob {}: {e}", b.to_hex()))?;
+        }
+        Ok(())
+    })
+}
+
+fn wait_gc_runs(p: &Publisher, runs: u64) {
+    let start = Instant::now();
+    while p.report().gc.runs < runs {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no collection: {:?}",
+            p.report()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn collection_keeps_retained_and_leased_states_whole_and_sweeps_the_rest() {
+    use super::lease;
+    let mut src = Source::new();
+    let publisher = src
+        .start_with(
+            &src.dir.path().join("state"),
+            super::gc::GcConfig {
+                retain: 2,
+                grace: Duration::ZERO,
+            },
+        )
+        .unwrap();
+    let store = open_store(&src.url()).unwrap();
+    src.apply(DB);
+    src.apply(TABLE);
+    // State 3..=12: p=a is replaced every time (its old content becomes
+    // garbage), p=s stays (shared by every state).
+    let shared = src.file("d/t/p=s/keep", b"shared by all");
+    src.apply(&format!(
+        r#"{{"id": 3, "op": "add_files", "db": "d", "table": "t", "partition": {{"p": "s"}}, "files": [{shared}]}}"#
+    ));
+    let mut leased = None;
+    for id in 4..=12u64 {
+        let f = src.file("d/t/p=a/f", format!("content {id}").as_bytes());
+        src.apply(&format!(
+            r#"{{"id": {id}, "op": "replace_files", "db": "d", "table": "t", "partition": {{"p": "a"}}, "files": [{f}]}}"#
+        ));
+        wait_published(&publisher, StateId(id));
+        if id == 5 {
+            let l = rt()
+                .block_on(lease::acquire(
+                    &*store,
+                    StateId(5),
+                    Duration::from_secs(60),
+                    "test",
+                ))
+                .unwrap();
+            leased = Some(l);
+        }
+    }
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    let has = |p: &object_store::path::Path| rt().block_on(store.head(p)).is_ok();
+    for s in [5, 11, 12] {
+        state_is_whole(&*store, StateId(s)).unwrap_or_else(|e| panic!("state {s}: {e}"));
+    }
+    for s in [4, 6, 7, 8, 9, 10] {
+        assert!(
+            !has(&layout::state(StateId(s))),
+            "state {s} is still published"
+        );
+    }
+    let content = |id: u64| {
+        let bytes = format!("content {id}");
+        layout::blob(&BlobId(Sha256::digest(bytes.as_bytes()).into()))
+    };
+    assert!(!has(&content(7)), "the content only state 7 had is swept");
+    assert!(has(&content(5)), "the leased state's content is kept");
+    // A taker that comes after the collector condemned a state is refused.
+    let refused = rt().block_on(lease::acquire(
+        &*store,
+        StateId(8),
+        Duration::from_secs(60),
+        "late",
+    ));
+    assert!(
+        matches!(refused, Err(lease::LeaseError::NotRetained(_))),
+        "{refused:?}"
+    );
+
+    // Released: the state and what only it reached go; the rest stays.
+    rt().block_on(lease::release(&*store, leased.unwrap()))
+        .unwrap();
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    assert!(!has(&layout::state(StateId(5))));
+    assert!(!has(&content(5)));
+    for s in [11, 12] {
+        state_is_whole(&*store, StateId(s)).unwrap_or_else(|e| panic!("state {s}: {e}"));
+    }
+    // Publishing goes on after a sweep: content swept earlier comes back
+    // when a new state needs it again.
+    let f = src.file("d/t/p=a/f", b"content 7");
+    src.apply(&format!(
+        r#"{{"id": 13, "op": "replace_files", "db": "d", "table": "t", "partition": {{"p": "a"}}, "files": [{f}]}}"#
+    ));
+    wait_published(&publisher, StateId(13));
+    state_is_whole(&*store, StateId(13)).unwrap();
+    assert!(has(&content(7)));
+    publisher.stop();
+}
+
+/// States `first..=last` of one table whose partition p=a is replaced
+/// each time.
+fn replace_each_time(src: &mut Source, publisher: &Publisher, first: u64, last: u64) {
+    for id in first..=last {
+        let f = src.file("d/t/p=a/f", format!("content {id}").as_bytes());
+        src.apply(&format!(
+            r#"{{"id": {id}, "op": "replace_files", "db": "d", "table": "t", "partition": {{"p": "a"}}, "files": [{f}]}}"#
+        ));
+        wait_published(publisher, StateId(id));
+    }
+}
+
+#[test]
+fn a_reader_that_read_a_state_record_loads_it_whole_while_collection_condemns_it() {
+    let mut src = Source::new();
+    let grace = Duration::from_secs(3);
+    let publisher = src
+        .start_with(
+            &src.dir.path().join("state"),
+            super::gc::GcConfig { retain: 1, grace },
+        )
+        .unwrap();
+    let store = open_store(&src.url()).unwrap();
+    src.apply(DB);
+    src.apply(TABLE);
+    replace_each_time(&mut src, &publisher, 3, 4);
+    // A reader reads HEAD's state record, then is slow...
+    let record = rt()
+        .block_on(get_record(
+            &*store,
+            &layout::state(StateId(4)),
+            RecordKind::State,
+            None,
+        ))
+        .unwrap()
+        .published;
+    let condemned_at = Instant::now();
+    // ...while newer states push it out and collection condemns it.
+    replace_each_time(&mut src, &publisher, 5, 6);
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    assert!(
+        rt().block_on(store.head(&layout::state(StateId(4))))
+            .is_err(),
+        "state 4 is condemned"
+    );
+    // Within the grace period its catalogs and content are all there.
+    if condemned_at.elapsed() < grace {
+        let tree = rt()
+            .block_on(Loader::new().load(&*store, record.state_id, record.time_ms, record.root))
+            .unwrap();
+        for (_, f) in tree.root.file_nodes_below() {
+            rt().block_on(store.head(&layout::blob(&f.blob()))).unwrap();
+        }
+    }
+    // After it, they go (state 6 stays whole).
+    std::thread::sleep(grace);
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    assert!(rt()
+        .block_on(store.head(&layout::catalog(&record.root)))
+        .is_err());
+    state_is_whole(&*store, StateId(6)).unwrap();
+    publisher.stop();
+}
+
+#[test]
+fn states_this_host_holds_are_published_and_kept_though_skipped_and_old() {
+    let mut src = Source::new();
+    src.apply(DB);
+    src.apply(TABLE);
+    let f = src.file("d/t/p=a/f", b"held content");
+    let held = src.apply(&format!(
+        r#"{{"id": 3, "op": "add_files", "db": "d", "table": "t", "partition": {{"p": "a"}}, "files": [{f}]}}"#
+    ));
+    let f = src.file("d/t/p=a/f", b"newer");
+    src.apply(&format!(
+        r#"{{"id": 4, "op": "replace_files", "db": "d", "table": "t", "partition": {{"p": "a"}}, "files": [{f}]}}"#
+    ));
+    // State 3 is held (a pin) but was never visible to the publisher.
+    src.held.lock().unwrap().push(Arc::clone(&held));
+    let publisher = src
+        .start_with(
+            &src.dir.path().join("state"),
+            super::gc::GcConfig {
+                retain: 1,
+                grace: Duration::ZERO,
+            },
+        )
+        .unwrap();
+    let store = open_store(&src.url()).unwrap();
+    wait_published(&publisher, StateId(4));
+    replace_each_time(&mut src, &publisher, 5, 8);
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    state_is_whole(&*store, StateId(3)).unwrap();
+    assert_eq!(
+        rt().block_on(get_record(&*store, &layout::head(), RecordKind::Head, None))
+            .unwrap()
+            .published
+            .state_id,
+        StateId(8),
+        "HEAD is the newest, not the held state"
+    );
+    // Unpinned: collected.
+    src.held.lock().unwrap().clear();
+    let runs = publisher.report().gc.runs;
+    wait_gc_runs(&publisher, runs + 2);
+    assert!(rt()
+        .block_on(store.head(&layout::state(StateId(3))))
+        .is_err());
+    publisher.stop();
 }

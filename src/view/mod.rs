@@ -291,7 +291,13 @@ pub struct View {
     live_names: Mutex<HashMap<(Name, Name), u64>>,
     /// Directory handles released by `View::enforce_holds` so far.
     released_holds: AtomicU64,
+    /// A reader host's states not retained here, loaded on demand from
+    /// the URL (snapshot paths and jobs, SPEC §8).
+    state_source: std::sync::OnceLock<StateSourceFn>,
 }
+
+/// Loads a state this mount does not retain (None: not available).
+pub type StateSourceFn = Arc<dyn Fn(StateId) -> Option<Arc<Tree>> + Send + Sync>;
 
 /// The catalog as one reader sees it: the snapshot (pins, retained
 /// versions) and the tree its view shows where no pin applies.
@@ -341,7 +347,18 @@ impl View {
             readers: Readers::from_env(),
             live_names: Mutex::new(HashMap::new()),
             released_holds: AtomicU64::new(0),
+            state_source: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Where states this mount does not retain come from (a reader host:
+    /// the URL). Set once, before mounting.
+    pub fn set_state_source(&self, source: StateSourceFn) {
+        let _ = self.state_source.set(source);
+    }
+
+    fn fetch_state(&self, id: StateId) -> Option<Arc<Tree>> {
+        self.state_source.get().and_then(|f| f(id))
     }
 
     /// No-open mode: the kernel opens files without a request and reads
@@ -383,6 +400,11 @@ impl View {
                 if let Some(tree) = snap.versions.get(&job) {
                     let base = Arc::clone(tree);
                     return Ok(Shown { snap, base });
+                }
+                if job < snap.visible.state_id {
+                    if let Some(base) = self.fetch_state(job) {
+                        return Ok(Shown { snap, base });
+                    }
                 }
                 if job <= snap.visible.state_id || std::time::Instant::now() >= deadline {
                     return Err(ViewError::JobStateGone(job));
@@ -787,12 +809,14 @@ impl View {
                 }
             }
         });
-        found.or_else(|| {
-            self.readers
-                .held_trees()
-                .into_iter()
-                .find(|t| t.state_id == id)
-        })
+        found
+            .or_else(|| {
+                self.readers
+                    .held_trees()
+                    .into_iter()
+                    .find(|t| t.state_id == id)
+            })
+            .or_else(|| self.fetch_state(id))
     }
 
     /// A child of `dir`, which was reached in `state`.
