@@ -883,6 +883,7 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
             mount_time: SystemTime::now(),
         },
     ));
+    view.set_fetched(follower.fetched_blobs());
     let opts = MountOptions {
         allow_other: args.allow_other,
         threads: 2,
