@@ -84,6 +84,9 @@ fn main() -> ExitCode {
             at,
             command,
         } => Err(stagefs::run::run(&mountpoint, &at, &command)),
+        Command::Warm { mountpoint, paths } => {
+            stagefs::follow::warm::warm(&mountpoint, &paths).map(|_| ())
+        }
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source, publish } => daemon::replicate(ReplicateArgs {
             publish: publish_args(publish),

@@ -16,6 +16,7 @@
 //! serves the states it had.
 
 pub mod cache;
+pub mod warm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -446,6 +447,9 @@ impl StatusSource for FollowStatus {
                 "evicted": c.evicted,
                 "last_error": c.last_error,
             },
+            // Bytes a reader asked for that cannot be fetched now (its
+            // read got EIO): the last fetch failed, and why.
+            "unreachable": c.unreachable.then(|| c.last_error.clone()).flatten(),
         })
         .to_string()
     }
