@@ -229,7 +229,7 @@ fn large_files_read_in_the_middle_warm_and_restart_without_refetching_and_a_smal
     assert!(total > limit, "the warehouse ({total} B) must not fit");
     for (p, _) in &all {
         check_file(
-            &p.strip_prefix(&host.join("mnt"))
+            &p.strip_prefix(host.join("mnt"))
                 .map(|r| mnt.join(r))
                 .unwrap(),
         );
