@@ -180,8 +180,8 @@ impl BlobCache {
             .join(format!("{}{ext}", id.to_hex()))
     }
 
+    /// Counts a fetch of `len` bytes (already reserved by `make_room`).
     fn fetched(&self, len: u64) {
-        self.bytes.fetch_add(len, Ordering::Relaxed);
         let mut r = lock(&self.report);
         r.fetched += 1;
         r.fetched_bytes += len;
@@ -275,10 +275,16 @@ impl BlobCache {
             ))?;
             let len = bytes.len() as u64;
             self.make_room(len, None)?;
-            let mut f = File::create(&temp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&temp, dest)?;
+            let placed = (|| {
+                let mut f = File::create(&temp)?;
+                f.write_all(&bytes)?;
+                f.sync_all()?;
+                std::fs::rename(&temp, dest)
+            })();
+            if let Err(e) = placed {
+                self.sub_bytes(len);
+                return Err(e.into());
+            }
             self.fetched(len);
             Ok(len)
         })();
@@ -289,12 +295,14 @@ impl BlobCache {
         result
     }
 
-    /// Evicts until `need` more bytes fit under the limit; the least
+    /// Evicts until `need` more bytes fit under the limit, and reserves
+    /// them (a caller that then fails to write gives them back); the least
     /// recently used files go first, never a large file being read (nor
     /// `keep`). Fails when they still do not fit.
     fn make_room(&self, need: u64, keep: Option<&BlobId>) -> Result<(), FetchError> {
         let _one = lock(&self.room);
         if self.bytes.load(Ordering::Relaxed) + need <= self.limit {
+            self.bytes.fetch_add(need, Ordering::Relaxed);
             return Ok(());
         }
         let live: Vec<BlobId> = lock(&self.partials)
@@ -353,6 +361,7 @@ impl BlobCache {
                 held: bytes,
             });
         }
+        self.bytes.fetch_add(need, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -375,6 +384,8 @@ pub struct Partial {
     have: Mutex<File>,
     pieces: Mutex<Vec<Piece>>,
     changed: Condvar,
+    /// The thread moving the filled file to `blobs/`.
+    placing: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Partial {
@@ -425,6 +436,7 @@ impl Partial {
             have: Mutex::new(have),
             pieces: Mutex::new(pieces),
             changed: Condvar::new(),
+            placing: Mutex::new(None),
         })
     }
 
@@ -433,8 +445,8 @@ impl Partial {
     }
 
     /// Up to `size` bytes at `offset` (short only at the end of the file),
-    /// fetching the pieces they lie in first; starts fetching the next
-    /// [`READ_AHEAD`] pieces in the background.
+    /// fetching the pieces they lie in first; then starts fetching the
+    /// next [`READ_AHEAD`] pieces in the background.
     pub fn read_at(
         self: &Arc<Self>,
         cache: &Arc<BlobCache>,
@@ -447,13 +459,15 @@ impl Partial {
         }
         let first = self.list.piece_at(offset);
         let last = self.list.piece_at(end - 1);
+        for i in first..=last {
+            self.ensure(cache, i)?;
+        }
+        // After the read's own pieces: read-ahead never takes the room
+        // the read needs.
         self.read_ahead(
             cache,
             last + 1..(last + 1 + READ_AHEAD).min(self.list.pieces.len()),
         );
-        for i in first..=last {
-            self.ensure(cache, i)?;
-        }
         let mut buf = vec![0u8; (end - offset) as usize];
         self.file.read_exact_at(&mut buf, offset)?;
         Ok(buf)
@@ -492,6 +506,10 @@ impl Partial {
             }
             result
         })?;
+        // Warmed means whole in `blobs/`.
+        if let Some(t) = lock(&self.placing).take() {
+            let _ = t.join();
+        }
         Ok(cache.report().fetched_bytes.saturating_sub(before))
     }
 
@@ -522,7 +540,7 @@ impl Partial {
 
     /// Blocks until piece `i` is present: fetches it, or waits for the
     /// fetch under way.
-    fn ensure(&self, cache: &BlobCache, i: usize) -> Result<(), FetchError> {
+    fn ensure(self: &Arc<Self>, cache: &BlobCache, i: usize) -> Result<(), FetchError> {
         let claimed = {
             let mut p = lock(&self.pieces);
             loop {
@@ -574,15 +592,21 @@ impl Partial {
             }));
         }
         cache.make_room(bytes.len() as u64, Some(&self.id))?;
-        self.file.write_all_at(&bytes, range.start)?;
-        lock(&self.have).write_all(&(i as u32).to_le_bytes())?;
+        let written = self
+            .file
+            .write_all_at(&bytes, range.start)
+            .and_then(|_| lock(&self.have).write_all(&(i as u32).to_le_bytes()));
+        if let Err(e) = written {
+            cache.sub_bytes(bytes.len() as u64);
+            return Err(e.into());
+        }
         cache.fetched(bytes.len() as u64);
         Ok(bytes.len() as u64)
     }
 
     /// Records the outcome of piece `i`'s fetch and wakes its waiters;
     /// with every piece present, moves the file to `blobs/`.
-    fn settle(&self, cache: &BlobCache, i: usize, r: Result<Option<u64>, FetchError>) {
+    fn settle(self: &Arc<Self>, cache: &BlobCache, i: usize, r: Result<Option<u64>, FetchError>) {
         let complete = {
             let mut p = lock(&self.pieces);
             p[i] = match &r {
@@ -596,22 +620,37 @@ impl Partial {
             cache.failed(&format!("piece {i} of {}", self.id.to_hex()), e);
         }
         if complete {
-            self.complete(cache);
+            // The flush of the whole file to disk must not hold up the
+            // read that fetched the last piece: a thread of its own (the
+            // file is served from `partial/` meanwhile).
+            let part = Arc::clone(self);
+            let (dest, src) = (cache.blob_path(&self.id), cache.partial_path(&self.id, ""));
+            let extras = [
+                cache.partial_path(&self.id, ".have"),
+                cache.partial_path(&self.id, ".list"),
+            ];
+            let spawned = std::thread::Builder::new()
+                .name("stagefs-place".into())
+                .spawn(move || part.complete(&src, &dest, &extras));
+            match spawned {
+                Ok(t) => *lock(&self.placing) = Some(t),
+                Err(e) => tracing::warn!("placing a filled file: {e}"),
+            }
         }
     }
 
-    /// Moves the whole file to `blobs/` (once; later opens read it there).
-    fn complete(&self, cache: &BlobCache) {
-        let dest = cache.blob_path(&self.id);
-        let src = cache.partial_path(&self.id, "");
-        let moved = self
+    /// Moves the whole file `src` to `dest` in `blobs/` once it is on
+    /// disk (later opens read it there), and drops its piece records.
+    fn complete(&self, src: &Path, dest: &Path, extras: &[PathBuf]) {
+        match self
             .file
             .sync_all()
-            .and_then(|_| std::fs::rename(&src, &dest));
-        match moved {
+            .and_then(|_| std::fs::rename(src, dest))
+        {
             Ok(()) => {
-                let _ = std::fs::remove_file(cache.partial_path(&self.id, ".have"));
-                let _ = std::fs::remove_file(cache.partial_path(&self.id, ".list"));
+                for e in extras {
+                    let _ = std::fs::remove_file(e);
+                }
             }
             // Already moved by another completion, or evicted: harmless.
             Err(e) => tracing::debug!(blob = %self.id.to_hex(), "placing a filled file: {e}"),
