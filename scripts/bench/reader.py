@@ -40,6 +40,7 @@ def read_all(path, bs=1 << 20):
 
 
 data_path = os.path.join(src, "big")
+publisher = None
 if not os.path.exists(data_path):
     h = hashlib.sha256()
     with open(data_path, "wb") as f, open("/dev/urandom", "rb") as r:
@@ -58,14 +59,14 @@ if not os.path.exists(data_path):
     ]
     with open(os.path.join(events, "log-1.jsonl"), "w") as f:
         f.write("".join(json.dumps(l) + "\n" for l in lines))
-    p = subprocess.Popen([BIN, "replicate", "--state", os.path.join(work, "state"),
+    publisher = subprocess.Popen([BIN, "replicate", "--state", os.path.join(work, "state"),
                           "--source-root", src, "--events", events,
                           "--publish", "file://" + pub], stderr=subprocess.DEVNULL)
     want = SIZE // (8 << 20)
     while len(os.listdir(os.path.join(pub, "blobs")) if os.path.isdir(os.path.join(pub, "blobs")) else []) < want:
         time.sleep(0.2)
-    # The publisher keeps running: the reader hosts wait for the file's
-    # state to be published.
+    # The publisher keeps running until the end: the reader hosts wait
+    # for the file's state to be published.
 
 pieces = sorted(os.path.join(pub, "blobs", n) for n in os.listdir(os.path.join(pub, "blobs")))
 
@@ -122,6 +123,10 @@ read_all(data_path)
 t = time.monotonic()
 read_all(data_path)
 native = time.monotonic() - t
+
+if publisher:
+    publisher.terminate()
+    publisher.wait()
 
 mib = SIZE / (1 << 20)
 print(f"load1 {os.getloadavg()[0]:.2f}  cpus {os.cpu_count()}  file {mib:.0f} MiB in {len(pieces)} pieces")
