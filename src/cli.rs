@@ -245,6 +245,15 @@ pub enum Command {
         #[arg(long, value_name = "ID")]
         renew: Option<String>,
     },
+    /// Fetch files ahead into a reader host's cache (a table, a partition, a
+    /// snapshot path; the whole visible state without PATH), with a
+    /// progress line on stderr.
+    Warm {
+        /// A stagefs mountpoint (a reader host: `mount --from`).
+        mountpoint: PathBuf,
+        /// Folders or files under the mount.
+        paths: Vec<PathBuf>,
+    },
     /// Self-contained demo: a synthetic warehouse that keeps changing, mounted.
     Demo {
         /// Where to mount (default: a new folder under /tmp).

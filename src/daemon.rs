@@ -910,6 +910,7 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
         },
     ));
     view.set_state_source(follower.state_source());
+    view.set_fetched(follower.fetched_blobs());
     let opts = MountOptions {
         allow_other: args.allow_other,
         threads: 2,

@@ -551,6 +551,12 @@ impl Filesystem for StagefsFs {
                 OpenContent::Generated => {
                     reply.opened(FileHandle(opened.fh), FopenFlags::FOPEN_DIRECT_IO)
                 }
+                // Immutable bytes, served as they arrive: the page cache
+                // keeps what was read.
+                OpenContent::Fetched => reply.opened(
+                    FileHandle(opened.fh),
+                    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                ),
             }
         });
     }
@@ -632,7 +638,12 @@ impl Filesystem for StagefsFs {
         reply: ReplyEmpty,
     ) {
         let _s = self.request(FuseOp::Setxattr, ino.0, req);
-        if let Err(e) = self.may_change_pins(req) {
+        // Warming only fetches what a read would: anyone who may read.
+        let may = match name == crate::view::WARM_XATTR {
+            true => Ok(()),
+            false => self.may_change_pins(req),
+        };
+        if let Err(e) = may {
             return reply.error(e);
         }
         let r = guarded("setxattr", || {

@@ -87,6 +87,9 @@ fn main() -> ExitCode {
             private_mount,
             command,
         } => Err(stagefs::run::run(&mountpoint, &at, private_mount, &command)),
+        Command::Warm { mountpoint, paths } => {
+            stagefs::follow::warm::warm(&mountpoint, &paths).map(|_| ())
+        }
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
         Command::Replicate { source, publish } => daemon::replicate(ReplicateArgs {
             publish: publish_args(publish),

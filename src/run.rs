@@ -162,7 +162,7 @@ fn cstr(bytes: &[u8]) -> io::Result<CString> {
     CString::new(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
-fn xattr_get(path: &Path, name: &str) -> io::Result<String> {
+pub(crate) fn xattr_get(path: &Path, name: &str) -> io::Result<String> {
     let (p, n) = (cstr(path.as_os_str().as_bytes())?, cstr(name.as_bytes())?);
     let mut buf = vec![0u8; 64];
     // SAFETY: NUL-terminated strings and a buffer of `len` writable bytes.
@@ -174,7 +174,7 @@ fn xattr_get(path: &Path, name: &str) -> io::Result<String> {
     String::from_utf8(buf).map_err(io::Error::other)
 }
 
-fn xattr_set(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+pub(crate) fn xattr_set(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let (p, n) = (cstr(path.as_os_str().as_bytes())?, cstr(name.as_bytes())?);
     // SAFETY: NUL-terminated strings and `value.len()` readable bytes.
     let rc = unsafe {

@@ -16,6 +16,7 @@
 //! serves the states it had.
 
 pub mod cache;
+pub mod warm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +37,7 @@ use crate::publish::load::{get_bounded, get_record, LoadError, Loader};
 use crate::publish::record::{self, Published, RecordKind};
 use crate::publish::store::{open_store, StoreUrlError};
 use crate::state_lock::{lock_state, StateLock};
-use crate::view::StatusSource;
+use crate::view::{FetchedBlobs, FetchedFile, StatusSource};
 use cache::BlobCache;
 
 pub struct FollowConfig {
@@ -303,6 +304,11 @@ impl Follower {
         Arc::new(move |id| on_demand.get(id))
     }
 
+    /// Large files read before they are whole, and `stagefs warm`.
+    pub fn fetched_blobs(&self) -> Arc<dyn FetchedBlobs> {
+        Arc::new(CacheBlobs(Arc::clone(&self.cache)))
+    }
+
     /// The status JSON of the mount (SPEC §7 for a reader host).
     pub fn status_source(&self) -> Arc<dyn StatusSource> {
         Arc::new(FollowStatus {
@@ -441,6 +447,37 @@ impl Shared {
     }
 }
 
+/// The cache as the view's source of fetched content.
+struct CacheBlobs(Arc<BlobCache>);
+
+impl FetchedBlobs for CacheBlobs {
+    fn open(&self, blob: &BlobId) -> std::io::Result<Option<Arc<dyn FetchedFile>>> {
+        let part = self.0.open_partial(blob)?;
+        Ok(part.map(|part| {
+            Arc::new(PartialFile {
+                cache: Arc::clone(&self.0),
+                part,
+            }) as Arc<dyn FetchedFile>
+        }))
+    }
+
+    fn warm(&self, blob: &BlobId) -> std::io::Result<u64> {
+        Ok(self.0.ensure_whole(blob)?)
+    }
+}
+
+/// One open handle's large file.
+struct PartialFile {
+    cache: Arc<BlobCache>,
+    part: Arc<cache::Partial>,
+}
+
+impl FetchedFile for PartialFile {
+    fn read_at(&self, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
+        Ok(self.part.read_at(&self.cache, offset, size)?)
+    }
+}
+
 struct FollowStatus {
     catalog: Arc<Catalog>,
     cache: Arc<BlobCache>,
@@ -490,6 +527,9 @@ impl StatusSource for FollowStatus {
                 "evicted": c.evicted,
                 "last_error": c.last_error,
             },
+            // Bytes a reader asked for that cannot be fetched now (its
+            // read got EIO): the last fetch failed, and why.
+            "unreachable": c.unreachable.then(|| c.last_error.clone()).flatten(),
         })
         .to_string()
     }

@@ -197,6 +197,8 @@ pub enum Handle {
     },
     /// Generated content (status), rendered once at open.
     Generated(Arc<[u8]>),
+    /// A reader host's file whose bytes are fetched as they are read.
+    Fetched(Arc<dyn super::FetchedFile>),
 }
 
 const SHARDS: usize = 8;

@@ -45,6 +45,7 @@ use handles::{DirHandle, Handle, Handles, Hold, Listing};
 use inodes::{Held, LiveName, NodeTable, SynthKey, Synthetic, FIRST_RENDERED};
 pub use inodes::{ROOT, SNAPSHOTS_DIR, STAGEFS_DIR, STATUS_FILE};
 use readers::{Reader, Readers};
+pub use xattr::WARM as WARM_XATTR;
 
 /// Who sent a request: the pid FUSE passes (a thread id; 0 when the
 /// kernel could not name the caller in the daemon's pid namespace) and the
@@ -236,6 +237,26 @@ pub enum OpenContent {
     Blob { file: Arc<File>, size: u64 },
     /// Generated per open (status): must bypass the page cache.
     Generated,
+    /// A reader host's large file, fetched piece by piece as it is read:
+    /// served in userspace (no backing file yet), page cache kept.
+    Fetched,
+}
+
+/// A file whose bytes arrive as they are read (a reader host's large
+/// file, SPEC §8).
+pub trait FetchedFile: Send + Sync {
+    /// Up to `size` bytes at `offset`, short only at the end of the file.
+    fn read_at(&self, offset: u64, size: u32) -> std::io::Result<Vec<u8>>;
+}
+
+/// A reader host's content fetched on demand (SPEC §8): large files open
+/// before they are whole, and `user.stagefs.warm` fetches ahead.
+pub trait FetchedBlobs: Send + Sync {
+    /// A reader for `blob` when it is not whole locally yet; `None`: open
+    /// the blob's path as usual.
+    fn open(&self, blob: &BlobId) -> std::io::Result<Option<Arc<dyn FetchedFile>>>;
+    /// Fetches all of `blob` into the cache: the bytes fetched.
+    fn warm(&self, blob: &BlobId) -> std::io::Result<u64>;
 }
 
 /// What an `opendir` produced.
@@ -294,6 +315,8 @@ pub struct View {
     /// A reader host's states not retained here, loaded on demand from
     /// the URL (snapshot paths and jobs, SPEC §8).
     state_source: std::sync::OnceLock<StateSourceFn>,
+    /// A reader host's fetched content (unset on a replicating mount).
+    fetched: std::sync::OnceLock<Arc<dyn FetchedBlobs>>,
 }
 
 /// Loads a state this mount does not retain (None: not available).
@@ -348,6 +371,24 @@ impl View {
             live_names: Mutex::new(HashMap::new()),
             released_holds: AtomicU64::new(0),
             state_source: std::sync::OnceLock::new(),
+            fetched: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A reader host's content: large files open before they are whole.
+    pub fn set_fetched(&self, fetched: Arc<dyn FetchedBlobs>) {
+        let _ = self.fetched.set(fetched);
+    }
+
+    /// `user.stagefs.warm` on a file: fetches it whole into the cache
+    /// (a no-op where content is local); the bytes fetched.
+    pub(crate) fn warm_file(&self, blob: &BlobId) -> Result<u64> {
+        match self.fetched.get() {
+            Some(f) => f.warm(blob).map_err(|source| ViewError::ReadBlob {
+                path: PathBuf::from(blob.to_hex()),
+                source,
+            }),
+            None => Ok(0),
         }
     }
 
@@ -1094,7 +1135,9 @@ impl View {
                 dir.read(offset, &mut add);
                 Ok(())
             }
-            Handle::Blob { .. } | Handle::Generated(_) => Err(ViewError::NotDir),
+            Handle::Blob { .. } | Handle::Generated(_) | Handle::Fetched(_) => {
+                Err(ViewError::NotDir)
+            }
         }
     }
 
@@ -1206,6 +1249,22 @@ impl View {
                 if writes {
                     return Err(ViewError::ReadOnly);
                 }
+                let fetched = match self.fetched.get() {
+                    Some(blobs) => blobs
+                        .open(&f.blob())
+                        .map_err(|source| ViewError::OpenBlob {
+                            path: PathBuf::from(f.blob().to_hex()),
+                            source,
+                        })?,
+                    None => None,
+                };
+                if let Some(file) = fetched {
+                    let fh = self.handles.insert(Handle::Fetched(file));
+                    return Ok(Opened {
+                        fh,
+                        content: OpenContent::Fetched,
+                    });
+                }
                 let path = (self.blob_path)(&f.blob());
                 let file = File::open(&path).map_err(|source| ViewError::OpenBlob {
                     path: path.clone(),
@@ -1238,6 +1297,7 @@ impl View {
                 size: *size,
             },
             Handle::Generated(_) | Handle::Dir(_) => OpenContent::Generated,
+            Handle::Fetched(_) => OpenContent::Fetched,
         };
         let fh = self.handles.insert(handle);
         Ok(Opened { fh, content })
@@ -1279,6 +1339,13 @@ impl View {
         match &*handle {
             Handle::Generated(bytes) => Ok(slice_at(bytes, offset, size)),
             Handle::Blob { ino, file, .. } => read_blob(file, *ino, offset, size),
+            Handle::Fetched(file) => {
+                file.read_at(offset, size)
+                    .map_err(|source| ViewError::ReadBlob {
+                        path: PathBuf::from(format!("<handle {fh}>")),
+                        source,
+                    })
+            }
             Handle::Dir(_) => Err(ViewError::IsDir),
         }
     }

@@ -38,6 +38,9 @@ pub const SHA256: &str = "user.stagefs.sha256";
 pub const SOURCE: &str = "user.stagefs.source";
 pub const VERIFIED: &str = "user.stagefs.verified";
 pub const PIN: &str = "user.stagefs.pin";
+/// Set on a file (any value): fetches it whole into a reader host's cache
+/// (`stagefs warm`); a no-op where content is local.
+pub const WARM: &str = "user.stagefs.warm";
 pub const SESSION: &str = "user.stagefs.session";
 pub const HOLD: &str = "user.stagefs.hold";
 
@@ -123,6 +126,15 @@ impl View {
     /// Only `user.stagefs.pin` on the root or a live table directory, and
     /// `user.stagefs.session` on the root.
     pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], caller: Caller) -> Result<()> {
+        if name == WARM {
+            return match self.resolve(ino)? {
+                Resolved::Node {
+                    node: Node::File(f),
+                    ..
+                } => self.warm_file(&f.blob()).map(|_| ()),
+                _ => Err(ViewError::XattrNotSupported(WARM.into())),
+            };
+        }
         let reader = self.reader(caller);
         if ino == super::ROOT && name == SESSION {
             let value = std::str::from_utf8(value).map_err(|_| PinError::BadValue)?;
