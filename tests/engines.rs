@@ -22,6 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::daemon::*;
+use common::require;
 use serde_json::{json, Value};
 
 /// One engine at a time: a JVM and a DuckDB run side by side on 2 cores
@@ -37,33 +38,6 @@ const VARIANTS: u64 = 60;
 
 fn long() -> bool {
     std::env::var("STAGEFS_LONG_TESTS").is_ok_and(|v| v == "1")
-}
-
-/// Fails the test, with what to run, when `python3 -c 'import M'` fails
-/// for one of `modules` (or, for Spark, when `java` is missing).
-fn require(modules: &[&str], java: bool) {
-    for m in modules {
-        let ok = Command::new("python3")
-            .args(["-c", &format!("import {m}")])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            ok,
-            "python3 -c 'import {m}' fails: run scripts/setup-readers.sh (installs pyspark, pyarrow, duckdb from PyPI)"
-        );
-    }
-    if java {
-        let ok = Command::new("java")
-            .arg("-version")
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            ok,
-            "java is missing: pyspark needs a Java 17 or 21 runtime on PATH (apt-get install openjdk-17-jre-headless)"
-        );
-    }
 }
 
 /// The Parquet variants, made by the helper with pyarrow.

@@ -27,7 +27,7 @@
 //! `STAGEFS_LONG_TESTS=1` runs 100 cuts instead of 20.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use stagefs::catalog::Tree;
@@ -39,86 +39,11 @@ use stagefs::publish::record::{Decoded, RecordKind};
 use stagefs::publish::{open_store, ObjectStore};
 use stagefs::workload::{Rng, Workload, WorkloadConfig};
 
+mod common;
 mod servers;
 
-const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
-
-/// A child process killed (SIGKILL) and reaped when dropped, so a failing
-/// test leaves nothing running.
-struct Proc {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn kill9(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        let _ = self.child.wait();
-    }
-
-    fn sigterm(&mut self) -> std::process::ExitStatus {
-        // SAFETY: as above.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().unwrap()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill9();
-        }
-    }
-}
-
-struct Host {
-    root: PathBuf,
-    runs: usize,
-    /// More environment (S3 credentials and endpoint).
-    env: Vec<(String, String)>,
-}
-
-impl Host {
-    fn new(root: &Path) -> Host {
-        std::fs::create_dir_all(root).unwrap();
-        Host {
-            root: root.to_owned(),
-            runs: 0,
-            env: Vec::new(),
-        }
-    }
-
-    /// `stagefs replicate` of the workload under `src`, publishing to `url`.
-    fn replicate(&mut self, src: &Workload, url: &str, extra: &[&str]) -> Proc {
-        self.runs += 1;
-        let log = self.root.join(format!("stderr-{}.log", self.runs));
-        let child = Command::new(BIN)
-            .arg("replicate")
-            .arg("--state")
-            .arg(self.root.join("state"))
-            .arg("--source-root")
-            .arg(src.source_root())
-            .arg("--events")
-            .arg(src.events_dir())
-            .arg("--cm-root")
-            .arg(src.cm_root())
-            .args(["--retain", "3", "--publish", url])
-            .args(extra)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("STAGEFS_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Proc { child, log }
-    }
-}
+use common::daemon::BIN;
+use common::hosts::{Host, NsHost, Proc};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -595,106 +520,14 @@ for db in sorted(os.listdir(mnt)):
 print(json.dumps({"state": state, "tables": out}))
 "#;
 
-/// A reader host in a mount namespace of its own (`unshare --mount`): the
-/// same mountpoint path on every host, each with its own cache, as on
-/// separate machines. The namespace, and so the mount, ends with the
-/// process (killed when dropped).
-struct NsHost {
-    proc: Proc,
-    mnt: PathBuf,
-}
-
-impl NsHost {
-    fn start(root: &Path, mnt: &Path, url: &str) -> NsHost {
-        std::fs::create_dir_all(root).unwrap();
-        let log = root.join("reader.log");
-        let child = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", BIN, "mount"])
-            .arg(mnt)
-            .args(["--from", url, "--cache"])
-            .arg(root.join("cache"))
-            .args(["--poll-ms", "100"])
-            .env("STAGEFS_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let host = NsHost {
-            proc: Proc { child, log },
-            mnt: mnt.to_owned(),
-        };
-        let start = Instant::now();
-        while host.status().is_none() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the reader host did not mount\n{}",
-                host.proc.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        host
+/// The job script on `h`, with `STAGEFS_STATE_ID=state` if given.
+fn run_job(h: &NsHost, state: Option<StateId>) -> std::process::Output {
+    let mut cmd = h.command("python3");
+    cmd.args(["-c", JOB]).arg(&h.mnt);
+    if let Some(s) = state {
+        cmd.env("STAGEFS_STATE_ID", s.to_string());
     }
-
-    /// `prog` run inside this host's mount namespace.
-    fn command(&self, prog: &str) -> Command {
-        let mut c = Command::new("nsenter");
-        c.arg(format!("--mount=/proc/{}/ns/mnt", self.proc.child.id()))
-            .arg("--")
-            .arg(prog);
-        c
-    }
-
-    fn status(&self) -> Option<serde_json::Value> {
-        let out = self
-            .command("cat")
-            .arg(self.mnt.join(".stagefs/status"))
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    fn wait_visible(&self, state: StateId) {
-        let start = Instant::now();
-        while self.status().and_then(|s| s["visible"].as_u64()) != Some(state.0) {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "did not reach {state}: {:?}\n{}",
-                self.status(),
-                self.proc.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The job script on this host, with `STAGEFS_STATE_ID=state` if given.
-    fn run_job(&self, state: Option<StateId>) -> std::process::Output {
-        let mut cmd = self.command("python3");
-        cmd.args(["-c", JOB]).arg(&self.mnt);
-        if let Some(s) = state {
-            cmd.env("STAGEFS_STATE_ID", s.to_string());
-        }
-        cmd.output().unwrap()
-    }
-
-    fn pin(&self, table: &str, state: StateId) {
-        let out = self
-            .command("python3")
-            .args([
-                "-c",
-                "import os, sys; os.setxattr(sys.argv[1], 'user.stagefs.pin', sys.argv[2].encode())",
-            ])
-            .arg(self.mnt.join(table))
-            .arg(state.to_string())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    cmd.output().unwrap()
 }
 
 #[test]
@@ -749,7 +582,7 @@ fn a_job_with_stagefs_state_id_reads_that_state_on_every_host() {
     let mut runs = 0;
     while start.elapsed() < Duration::from_secs(6) {
         for (i, h) in hosts.iter().enumerate() {
-            let out = h.run_job(Some(n));
+            let out = run_job(h, Some(n));
             assert!(
                 out.status.success(),
                 "host {i}: {}",
@@ -785,7 +618,7 @@ fn a_job_with_stagefs_state_id_reads_that_state_on_every_host() {
     for (i, h) in hosts.iter().enumerate() {
         h.wait_visible(w.latest());
         // A process without the variable sees the newest state.
-        let out = h.run_job(None);
+        let out = run_job(h, None);
         assert!(
             out.status.success(),
             "{}",
@@ -794,7 +627,7 @@ fn a_job_with_stagefs_state_id_reads_that_state_on_every_host() {
         let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(got["state"], w.latest().to_string(), "host {i}: {got}");
         // A state this host does not serve: ESTALE, never another state.
-        let out = h.run_job(Some(StateId(1)));
+        let out = run_job(h, Some(StateId(1)));
         assert!(!out.status.success(), "host {i}: state 1 was served");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("Stale file handle"), "host {i}: {err}");

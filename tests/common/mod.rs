@@ -373,6 +373,33 @@ pub fn names(path: &Path) -> Vec<String> {
     out
 }
 
+/// Fails the test, with what to run, when `python3 -c 'import M'` fails
+/// for one of `modules` (or, for Spark, when `java` is missing).
+pub fn require(modules: &[&str], java: bool) {
+    for m in modules {
+        let ok = std::process::Command::new("python3")
+            .args(["-c", &format!("import {m}")])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "python3 -c 'import {m}' fails: run scripts/setup-readers.sh (installs pyspark, pyarrow, duckdb from PyPI)"
+        );
+    }
+    if java {
+        let ok = std::process::Command::new("java")
+            .arg("-version")
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "java is missing: pyspark needs a Java 17 or 21 runtime on PATH (apt-get install openjdk-17-jre-headless)"
+        );
+    }
+}
+
 /// The errno of an I/O result.
 pub fn os_err<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     r.expect_err("expected an error")
@@ -380,3 +407,4 @@ pub fn os_err<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
         .unwrap_or(0)
 }
 pub mod daemon;
+pub mod hosts;
