@@ -293,6 +293,7 @@ fn mixed(bin: &Path, work: &Path, secs: Duration, procs: usize) {
         target_observations: u64::MAX,
         min_duration: secs,
         max_duration: secs,
+        min_distinct_ids: 0,
         seed: 5,
     };
     let never = AtomicBool::new(false);

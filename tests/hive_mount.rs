@@ -212,6 +212,7 @@ fn consistency_checker_over_a_hive_fed_mount_finds_no_anomalies() {
         target_observations: if long() { 1_000_000 } else { 5_000 },
         min_duration: Duration::from_secs(if long() { 300 } else { 4 }),
         max_duration: Duration::from_secs(if long() { 600 } else { 30 }),
+        min_distinct_ids: 0,
         seed: 9,
     };
     let never = AtomicBool::new(false);

@@ -429,6 +429,7 @@ fn reader_hosts_show_only_published_source_states_and_reach_the_newest() {
         target_observations: 3_000,
         min_duration: Duration::from_secs(5),
         max_duration: Duration::from_secs(60),
+        min_distinct_ids: 0,
         seed: 9,
     };
     let reports: Vec<Report> = std::thread::scope(|s| {

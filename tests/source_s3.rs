@@ -752,6 +752,7 @@ fn consistency_checker_over_a_mount_reading_s3_finds_no_anomalies() {
         target_observations: 4_000,
         min_duration: Duration::from_secs(4),
         max_duration: Duration::from_secs(40),
+        min_distinct_ids: 0,
         seed: 13,
     };
     let never = std::sync::atomic::AtomicBool::new(false);

@@ -438,6 +438,11 @@ pub struct CheckConfig {
     pub min_duration: Duration,
     /// ... or at the latest after this long.
     pub max_duration: Duration,
+    /// Before stopping at the target, also have seen this many distinct
+    /// state-ids (a loaded machine commits fewer states per second: the
+    /// run goes on, up to `max_duration`, until enough commits happened
+    /// under the readers for the check to mean something).
+    pub min_distinct_ids: usize,
     pub seed: u64,
 }
 
@@ -448,6 +453,7 @@ impl Default for CheckConfig {
             target_observations: 10_000,
             min_duration: Duration::from_secs(3),
             max_duration: Duration::from_secs(30),
+            min_distinct_ids: 0,
             seed: 7,
         }
     }
@@ -572,7 +578,9 @@ pub fn run_readers(
         std::thread::sleep(Duration::from_millis(20));
         let n = shared.observations.load(Ordering::Relaxed);
         let t = start.elapsed();
-        if (n >= cfg.target_observations && t >= cfg.min_duration)
+        let enough_ids =
+            || shared.ids.lock().unwrap_or_else(|p| p.into_inner()).len() >= cfg.min_distinct_ids;
+        if (n >= cfg.target_observations && t >= cfg.min_duration && enough_ids())
             || t >= cfg.max_duration
             || stop.load(Ordering::Relaxed)
         {
@@ -643,7 +651,14 @@ fn reader(target: &Target, oracle: &Oracle, shared: &Shared, seed: u64) -> Reade
         };
         let Some((id, v)) = seen else { continue };
         if let Some(id) = id {
-            ids.insert(id.0);
+            // Shared as soon as seen: the run's end may wait for enough.
+            if ids.insert(id.0) {
+                shared
+                    .ids
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id.0);
+            }
             stats.min_id = Some(stats.min_id.map_or(id, |m| m.min(id)));
             stats.max_id = Some(stats.max_id.map_or(id, |m| m.max(id)));
         }
@@ -652,11 +667,6 @@ fn reader(target: &Target, oracle: &Oracle, shared: &Shared, seed: u64) -> Reade
         stats.observations += 1;
         shared.observations.fetch_add(1, Ordering::Relaxed);
     }
-    shared
-        .ids
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .extend(ids);
     let mut r = shared.report.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(v) = vis.0 {
         r.first_visible = Some(r.first_visible.map_or(v, |m| m.min(v)));
