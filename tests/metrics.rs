@@ -533,3 +533,49 @@ fn publisher_and_reader_host_metrics_move_and_show_an_outage() {
     );
     drop(reader);
 }
+
+#[test]
+fn replicate_serves_metrics_without_a_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let args = DaemonArgs::under(&root);
+    let w = EventWriter::new(&args);
+    w.append(json!({"id": 1, "op": "create_database", "db": "default"}));
+    w.append(
+        json!({"id": 2, "op": "create_table", "db": "default", "table": "t", "partition_keys": []}),
+    );
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let log = root.join("replicate.log");
+    let mut child = Command::new(BIN)
+        .arg("replicate")
+        .arg("--state")
+        .arg(root.join("state"))
+        .arg("--source-root")
+        .arg(root.join("source"))
+        .arg("--events")
+        .arg(root.join("events"))
+        .arg("--metrics")
+        .arg(format!("127.0.0.1:{port}"))
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let diag = || std::fs::read_to_string(&log).unwrap_or_default();
+    let s = scrape_until_or(
+        &url,
+        "replicate at 2",
+        |s| s.get("stagefs_visible_state_id", &[]) == Some(2.0),
+        diag,
+    );
+    assert_eq!(s.value("stagefs_events_accepted_total", &[]), 2.0);
+    // No mount: no FUSE or view metrics; no --publish: no publisher's.
+    assert!(!s
+        .families
+        .contains_key("stagefs_fuse_request_duration_seconds"));
+    assert!(!s.families.contains_key("stagefs_reader_views"));
+    assert!(!s.families.contains_key("stagefs_publish_states"));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{st:?}\n{}", diag());
+}
