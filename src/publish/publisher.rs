@@ -437,7 +437,9 @@ impl Session {
                 self.last_gc = Some(std::time::Instant::now());
                 rt.block_on(self.collect_garbage());
             }
-            sleep_unless(stop, Duration::from_millis(50));
+            // A commit is published within ~10 ms (a cheap check of the
+            // visible tree; readers' follow latency adds to it).
+            sleep_unless(stop, Duration::from_millis(10));
         }
     }
 
