@@ -268,6 +268,10 @@ pub enum Command {
         source: SourceArgs,
         #[command(flatten)]
         publish: PublishFlags,
+        /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT, e.g.
+        /// 127.0.0.1:9464; off unless given).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
     },
     /// Write a new ed25519 key pair for signed publishing: FILE (secret,
     /// mode 0600) and FILE.pub (for readers' --trusted-key).

@@ -18,8 +18,8 @@ use crate::catalog::{self, load_durable};
 use crate::event::BlobId;
 use crate::fuse::{self, MountOptions};
 use crate::latency::FuseRequests;
-use crate::metrics::{Exporter, Sources};
-use crate::publish::{PublishConfig, PublishError, Publisher};
+use crate::metrics::{Exporter, Serves, Sources};
+use crate::publish::{PublishConfig, PublishError, PublishProbe, Publisher};
 use crate::redact::Redactor;
 use crate::replicate::{Replica, ReplicaConfig, ReplicaError};
 use crate::source::hive::map::SourceMap;
@@ -27,7 +27,7 @@ use crate::source::hive::{HiveConfig, HiveRows};
 use crate::source_file::s3::{S3Access, S3Settings};
 use crate::source_file::Remotes;
 use crate::state_lock::state_in_use;
-use crate::status::StatusReport;
+use crate::status::{PublishStatus, StatusReport};
 use crate::view::{StatusSource, View, ViewConfig};
 
 /// Why a command failed. `Usage` errors exit with status 2.
@@ -384,8 +384,17 @@ fn write_status_file(state: &Path, report: &StatusReport) {
 
 /// Runs replication without a mount until SIGINT/SIGTERM.
 pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
+    replicate_with_metrics(args, None)
+}
+
+/// [`replicate`], serving Prometheus metrics at `metrics` (`--metrics`).
+pub fn replicate_with_metrics(
+    args: ReplicateArgs,
+    metrics: Option<String>,
+) -> Result<(), DaemonError> {
     let cfg = args.config()?;
     let publish = publish_config(&args)?;
+    let exporter = bind_metrics(metrics.as_deref())?;
     install_signal_handlers();
     bootstrap_if_asked(&args, &cfg)?;
     let replica = match Replica::start(cfg) {
@@ -393,15 +402,37 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
             info!("stopped during recovery");
             return Ok(());
         }
-        r => r?,
+        r => Arc::new(r?),
     };
     show_bootstrap(&replica, &args.state);
+    let stop_replica = |replica: Arc<Replica>| match Arc::try_unwrap(replica) {
+        Ok(r) => r.stop(),
+        Err(_) => warn!("replication still referenced at exit"),
+    };
     let publisher = match start_publisher(publish, &replica) {
         Ok(p) => p,
         Err(e) => {
-            replica.stop();
+            stop_replica(replica);
             return Err(e);
         }
+    };
+    let probe = publisher.as_ref().map(Publisher::probe);
+    let serving = match exporter.map(|e| {
+        e.serve(Sources {
+            serves: Serves::Replica(Arc::clone(&replica)),
+            publish: probe.clone(),
+            leases: None,
+            view: None,
+            fuse: None,
+        })
+    }) {
+        Some(Err(e)) => {
+            let _ = stop_publisher(publisher);
+            stop_replica(replica);
+            return Err(DaemonError::Io(e.to_string()));
+        }
+        Some(Ok(s)) => Some(s),
+        None => None,
     };
     info!(state = %args.state.display(), "replicating (headless)");
     notify_systemd("READY=1\nSTATUS=replicating (headless)");
@@ -410,15 +441,27 @@ pub fn replicate(args: ReplicateArgs) -> Result<(), DaemonError> {
         std::thread::sleep(Duration::from_millis(50));
         tick += 1;
         if tick % 20 == 0 {
-            write_status_file(&args.state, &replica.status());
+            write_status_file(&args.state, &status_with(&replica, probe.as_ref()));
         }
     }
     notify_systemd("STOPPING=1");
-    write_status_file(&args.state, &replica.status());
+    // Its thread holds the replica: stopped first.
+    if let Some(s) = serving {
+        s.stop();
+    }
+    write_status_file(&args.state, &status_with(&replica, probe.as_ref()));
     let published = stop_publisher(publisher);
-    replica.stop();
+    stop_replica(replica);
     info!("stopped");
     published
+}
+
+/// `--metrics ADDR` bound before anything starts: an address that cannot
+/// be bound is a usage error with nothing started.
+fn bind_metrics(addr: Option<&str>) -> Result<Option<Exporter>, DaemonError> {
+    addr.map(Exporter::bind)
+        .transpose()
+        .map_err(|e| DaemonError::Usage(e.to_string()))
 }
 
 /// `stagefs keygen FILE`.
@@ -673,21 +716,25 @@ fn rebootstrap_stalled(
 }
 
 /// The status served as `.stagefs/status`; with `--allow-other` its host
-/// paths are redacted (other users read it). The third field: the URL it
-/// publishes to, shown as `publish.url` (for `stagefs lease`).
-struct ReplicaStatus(Arc<Replica>, Option<Redactor>, Option<String>);
+/// paths are redacted (other users read it). The third field: what it
+/// publishes, shown as `publish` (its `url` is for `stagefs lease`).
+struct ReplicaStatus(Arc<Replica>, Option<Redactor>, Option<PublishProbe>);
+
+/// The replica's status with its `publish` object.
+fn status_with(replica: &Replica, publish: Option<&PublishProbe>) -> StatusReport {
+    let mut report = replica.status();
+    report.publish = publish.map(|p| PublishStatus::of(&p.read()));
+    report
+}
 
 impl StatusSource for ReplicaStatus {
     fn status_json(&self) -> String {
-        let report = self.0.status();
-        if self.1.is_none() && self.2.is_none() {
+        let report = status_with(&self.0, self.2.as_ref());
+        if self.1.is_none() {
             return report.to_json();
         }
         match serde_json::to_value(&report) {
             Ok(mut v) => {
-                if let (Some(url), Some(o)) = (&self.2, v.as_object_mut()) {
-                    o.insert("publish".into(), serde_json::json!({ "url": url }));
-                }
                 if let Some(redactor) = &self.1 {
                     redactor.redact_json(&mut v);
                 }
@@ -820,12 +867,7 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
     let publish = publish_config(&args.replicate)?;
     // Before replication starts: an address that cannot be bound is a
     // usage error with nothing started.
-    let exporter = args
-        .metrics
-        .as_deref()
-        .map(Exporter::bind)
-        .transpose()
-        .map_err(|e| DaemonError::Usage(e.to_string()))?;
+    let exporter = bind_metrics(args.metrics.as_deref())?;
     install_signal_handlers();
     bootstrap_if_asked(&args.replicate, &cfg)?;
     let replica = match Replica::start(cfg) {
@@ -848,9 +890,17 @@ pub fn mount(args: MountArgs) -> Result<(), DaemonError> {
     };
     let state = args.replicate.state.clone();
     let should_stop = || stop_requested() || publisher.as_ref().is_some_and(Publisher::failed);
-    let result = serve(&args, &replica, exporter, should_stop, |_| {});
+    let probe = publisher.as_ref().map(Publisher::probe);
+    let result = serve_publishing(
+        &args,
+        &replica,
+        exporter,
+        probe.clone(),
+        should_stop,
+        |_| {},
+    );
     let result = result.and(stop_publisher(publisher));
-    write_status_file(&state, &replica.status());
+    write_status_file(&state, &status_with(&replica, probe.as_ref()));
     match Arc::try_unwrap(replica) {
         Ok(r) => r.stop(),
         Err(_) => warn!("replication still referenced at exit"),
@@ -871,6 +921,8 @@ pub struct FollowArgs {
     pub allow_other: bool,
     /// `--lease-ttl`: the leases of this host's pins and sessions.
     pub lease_ttl: Duration,
+    /// `--metrics ADDR`: serve Prometheus metrics there (off when None).
+    pub metrics: Option<String>,
 }
 
 /// Serves the states published at `args.url` until SIGINT/SIGTERM or an
@@ -884,6 +936,7 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
         .map(crate::publish::keys::load_trusted)
         .transpose()
         .map_err(|e| DaemonError::Usage(format!("--trusted-key: {e}")))?;
+    let exporter = bind_metrics(args.metrics.as_deref())?;
     install_signal_handlers();
     let follower = Follower::start(FollowConfig {
         url: args.url.clone(),
@@ -911,9 +964,11 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
     ));
     view.set_state_source(follower.state_source());
     view.set_fetched(follower.fetched_blobs());
+    let requests = exporter.as_ref().map(|_| Arc::new(FuseRequests::default()));
     let opts = MountOptions {
         allow_other: args.allow_other,
         threads: 2,
+        requests: requests.clone(),
         ..MountOptions::default()
     };
     let mounted = match fuse::mount(Arc::clone(&view), &args.mountpoint, &opts) {
@@ -926,8 +981,30 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
             )));
         }
     };
-    drop(view);
     let keeper = start_lease_keeper(&args, follower.catalog());
+    let metrics = match exporter {
+        Some(exporter) => match exporter.serve(Sources {
+            serves: Serves::Published(follower.probe()),
+            publish: None,
+            leases: keeper.as_ref().map(|k| k.held()),
+            view: Some(view),
+            fuse: requests,
+        }) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                let _ = mounted.unmount();
+                if let Some(k) = keeper {
+                    k.stop();
+                }
+                follower.stop();
+                return Err(DaemonError::Io(e.to_string()));
+            }
+        },
+        None => {
+            drop(view);
+            None
+        }
+    };
     info!(mountpoint = %args.mountpoint.display(), url = %args.url, "mounted (reader host)");
     notify_systemd(&format!(
         "READY=1\nSTATUS=mounted at {}",
@@ -941,6 +1018,10 @@ pub fn mount_from(args: FollowArgs) -> Result<(), DaemonError> {
         }
     }
     notify_systemd("STOPPING=1");
+    // Its thread holds the view: stopped before the unmount.
+    if let Some(m) = metrics {
+        m.stop();
+    }
     let result = mounted
         .unmount()
         .map_err(|e| DaemonError::Mount(format!("unmounting: {e}")));
@@ -984,6 +1065,19 @@ pub fn serve(
     replica: &Arc<Replica>,
     exporter: Option<Exporter>,
     should_stop: impl Fn() -> bool,
+    on_tick: impl FnMut(&Replica),
+) -> Result<(), DaemonError> {
+    serve_publishing(args, replica, exporter, None, should_stop, on_tick)
+}
+
+/// [`serve`] for a mount that also publishes (`--publish URL`): its
+/// status and metrics show the publisher's report.
+fn serve_publishing(
+    args: &MountArgs,
+    replica: &Arc<Replica>,
+    exporter: Option<Exporter>,
+    publish: Option<PublishProbe>,
+    should_stop: impl Fn() -> bool,
     mut on_tick: impl FnMut(&Replica),
 ) -> Result<(), DaemonError> {
     let blobs = Arc::clone(replica.blobs());
@@ -996,7 +1090,7 @@ pub fn serve(
         Arc::new(ReplicaStatus(
             Arc::clone(replica),
             args.allow_other.then(|| args.replicate.redactor()),
-            args.replicate.publish.as_ref().map(|p| p.url.clone()),
+            publish.clone(),
         )),
         ViewConfig {
             uid,
@@ -1032,7 +1126,9 @@ pub fn serve(
         Some(exporter) => Some(
             exporter
                 .serve(Sources {
-                    replica: Arc::clone(replica),
+                    serves: Serves::Replica(Arc::clone(replica)),
+                    publish: publish.clone(),
+                    leases: None,
                     view: Some(view),
                     fuse: requests,
                 })
@@ -1050,7 +1146,10 @@ pub fn serve(
         on_tick(replica);
         tick += 1;
         if tick % 20 == 0 {
-            write_status_file(&args.replicate.state, &replica.status());
+            write_status_file(
+                &args.replicate.state,
+                &status_with(replica, publish.as_ref()),
+            );
         }
         if mounted.is_ended() {
             external = true;

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
                     poll_ms,
                     lease_ttl,
                 },
-            ) if publish.publish.is_none() && metrics.is_none() => daemon::mount_from(daemon::FollowArgs {
+            ) if publish.publish.is_none() => daemon::mount_from(daemon::FollowArgs {
                 mountpoint,
                 url,
                 cache,
@@ -60,6 +60,7 @@ fn main() -> ExitCode {
                 poll_ms,
                 allow_other,
                 lease_ttl,
+                metrics,
             }),
             (Some(source), FollowFlags { from: None, .. }) => daemon::mount(MountArgs {
                 mountpoint,
@@ -72,7 +73,7 @@ fn main() -> ExitCode {
             }),
             _ => Err(daemon::DaemonError::Usage(
                 "mount needs either a source (--state DIR and its flags) or --from URL --cache DIR \
-                 (--publish and --metrics only with a source)"
+                 (--publish only with a source)"
                     .into(),
             )),
         },
@@ -91,10 +92,17 @@ fn main() -> ExitCode {
             stagefs::follow::warm::warm(&mountpoint, &paths).map(|_| ())
         }
         Command::Demo { mountpoint, hive } => stagefs::demo::run(mountpoint, hive),
-        Command::Replicate { source, publish } => daemon::replicate(ReplicateArgs {
-            publish: publish_args(publish),
-            ..replicate_args(source)
-        }),
+        Command::Replicate {
+            source,
+            publish,
+            metrics,
+        } => daemon::replicate_with_metrics(
+            ReplicateArgs {
+                publish: publish_args(publish),
+                ..replicate_args(source)
+            },
+            metrics,
+        ),
         Command::Keygen { file } => daemon::keygen(&file),
         Command::Lease {
             mountpoint,
@@ -122,7 +130,7 @@ fn main() -> ExitCode {
                         trusted_key,
                         ..
                     },
-                ) if publish.publish.is_none() && metrics.is_none() => {
+                ) if publish.publish.is_none() => {
                     stagefs::check::Serves::Published(stagefs::check::FollowCheck {
                         url,
                         cache,
@@ -139,7 +147,7 @@ fn main() -> ExitCode {
                 _ => {
                     eprintln!(
                         "stagefs check: give a source (--state DIR and its flags) or --from URL \
-                         --cache DIR, as for mount (--publish and --metrics only with a source)"
+                         --cache DIR, as for mount (--publish only with a source)"
                     );
                     return ExitCode::from(2);
                 }

@@ -19,6 +19,7 @@
 //! bad address is a usage error with nothing started; [`Exporter::serve`]
 //! once the mount exists).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::Ordering;
@@ -33,7 +34,11 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
+use crate::follow::{FollowMetrics, FollowProbe};
 use crate::latency::{FuseOp, FuseRequests};
+use crate::publish::lease::KeeperReport;
+use crate::publish::publisher::{PublishReport, PUBLISH_FAILURE_REASONS};
+use crate::publish::PublishProbe;
 use crate::replicate::Replica;
 use crate::status::{Progress, StatusReport};
 use crate::view::View;
@@ -49,9 +54,21 @@ pub enum MetricsError {
     Spawn(std::io::Error),
 }
 
+/// Where the served states come from.
+pub enum Serves {
+    /// Replication from a source (`mount`, `replicate`).
+    Replica(Arc<Replica>),
+    /// A reader host (`mount --from URL`): the states published at URL.
+    Published(FollowProbe),
+}
+
 /// What a scrape reads.
 pub struct Sources {
-    pub replica: Arc<Replica>,
+    pub serves: Serves,
+    /// `--publish URL`: the publisher's report.
+    pub publish: Option<PublishProbe>,
+    /// A reader host's leases at its URL (its pins and sessions).
+    pub leases: Option<KeeperReport>,
     /// The mount's view (readers' views); None without a mount.
     pub view: Option<Arc<View>>,
     /// The mount's request timing; None without a mount.
@@ -93,6 +110,41 @@ fn stall_reason(progress: &Progress) -> Option<&'static str> {
     }
 }
 
+/// One family with a single label, counters or gauges.
+fn family_by(
+    enc: &mut DescriptorEncoder,
+    kind: MetricType,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[(&str, u64)],
+) -> fmt::Result {
+    let mut family = enc.encode_descriptor(name, help, None, kind)?;
+    for (value, n) in values {
+        let labels = [(label, *value)];
+        match kind {
+            MetricType::Counter => ConstCounter::new(*n).encode(family.encode_family(&labels)?)?,
+            _ => ConstGauge::new(*n as i64).encode(family.encode_family(&labels)?)?,
+        }
+    }
+    Ok(())
+}
+
+/// The counts of `known` reasons (each present, 0 when not seen), then
+/// any other reason seen.
+fn by_reason<'a>(known: &[&'a str], seen: &BTreeMap<&'a str, u64>) -> Vec<(&'a str, u64)> {
+    let mut out: Vec<(&str, u64)> = known
+        .iter()
+        .map(|r| (*r, seen.get(r).copied().unwrap_or(0)))
+        .collect();
+    for (r, n) in seen {
+        if !known.contains(r) {
+            out.push((r, *n));
+        }
+    }
+    out
+}
+
 fn gauge<V: EncodeGaugeValue>(
     enc: &mut DescriptorEncoder,
     name: &str,
@@ -125,8 +177,13 @@ fn counters_by(
 }
 
 impl Scrape {
-    fn encode_replication(&self, enc: &mut DescriptorEncoder, s: &StatusReport) -> fmt::Result {
-        let progress = self.0.replica.progress();
+    fn encode_replication(
+        &self,
+        enc: &mut DescriptorEncoder,
+        replica: &Replica,
+        s: &StatusReport,
+    ) -> fmt::Result {
+        let progress = replica.progress();
         gauge(
             enc,
             "visible_state_id",
@@ -228,7 +285,7 @@ impl Scrape {
             enc,
             "stored_blobs",
             "Blobs in the blob store.",
-            self.0.replica.blobs().stored_blobs(),
+            replica.blobs().stored_blobs(),
         )?;
         gauge(
             enc,
@@ -288,6 +345,162 @@ impl Scrape {
         Ok(())
     }
 
+    /// A reader host: where it is against the head, its stalls, its cache
+    /// and what it fetched, its leases, and the catalog's versions.
+    fn encode_follow(&self, enc: &mut DescriptorEncoder, m: &FollowMetrics) -> fmt::Result {
+        let latest = m.visible.0 + m.behind();
+        gauge(
+            enc,
+            "visible_state_id",
+            "Newest published state this host shows.",
+            m.visible.0,
+        )?;
+        gauge(
+            enc,
+            "latest_state_id",
+            "The state the published head names (the visible one until a head was read).",
+            latest,
+        )?;
+        gauge(
+            enc,
+            "lag_events",
+            "Published states the head is ahead of the visible one (as stagefs_behind_states).",
+            m.behind(),
+        )?;
+        gauge(
+            enc,
+            "behind_states",
+            "How far this host is behind the publisher: the head's state-id minus the visible one.",
+            m.behind(),
+        )?;
+        if let Some(lag) = m.lag_seconds() {
+            gauge(
+                enc,
+                "lag_seconds",
+                "The visible state's source time behind the head's (absent while unknown).",
+                lag,
+            )?;
+        }
+        if let Some(age) = m.head_age_ms() {
+            gauge(
+                enc,
+                "head_age_seconds",
+                "Time since the publisher wrote the head this host read last (absent until one was read).",
+                age as f64 / 1000.0,
+            )?;
+        }
+        if let Some(age) = m.head_read_age_ms {
+            gauge(
+                enc,
+                "head_read_age_seconds",
+                "Time since this host last read the head successfully (absent until it did).",
+                age as f64 / 1000.0,
+            )?;
+        }
+        counter(enc, "head_polls", "Reads of the published head.", m.polls)?;
+        counter(
+            enc,
+            "head_poll_failures",
+            "Reads of the published head that failed (unreachable, missing, invalid).",
+            m.poll_failures,
+        )?;
+        let mut stalled = enc.encode_descriptor(
+            "stalled",
+            "1 while this host cannot move to the published head, on the series of its reason (the message is in stagefs status).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for r in crate::follow::STALL_REASONS {
+            let v = i64::from(m.stalled == Some(r));
+            ConstGauge::new(v).encode(stalled.encode_family(&[("reason", r)])?)?;
+        }
+        family_by(
+            enc,
+            MetricType::Counter,
+            "stalls",
+            "Stalls begun, by reason.",
+            "reason",
+            &by_reason(&crate::follow::STALL_REASONS, &m.stalls),
+        )?;
+        let c = &m.cache;
+        gauge(
+            enc,
+            "cache_bytes",
+            "Bytes of file content in the cache.",
+            c.bytes,
+        )?;
+        gauge(enc, "cache_limit_bytes", "--cache-size.", c.limit)?;
+        counter(
+            enc,
+            "cache_evictions",
+            "Cached files evicted to make room.",
+            c.evicted,
+        )?;
+        counter(
+            enc,
+            "cache_fetches",
+            "Content objects fetched from the URL (whole small files and pieces).",
+            c.fetched,
+        )?;
+        counter(
+            enc,
+            "cache_fetched_bytes",
+            "Bytes of content fetched from the URL.",
+            c.fetched_bytes,
+        )?;
+        family_by(
+            enc,
+            MetricType::Counter,
+            "cache_fetch_failures",
+            "Content fetches that failed (the read gets EIO), by reason.",
+            "reason",
+            &by_reason(
+                &crate::follow::cache::FETCH_FAILURE_REASONS,
+                &c.failures_by_reason,
+            ),
+        )?;
+        gauge(
+            enc,
+            "cache_unreachable",
+            "1 while the last content fetch failed (reads that need bytes not cached fail with EIO).",
+            i64::from(c.unreachable),
+        )?;
+        counter(
+            enc,
+            "catalog_fetches",
+            "State records and catalog objects read from the URL (not from the local copies).",
+            m.catalog_objects_fetched,
+        )?;
+        counter(
+            enc,
+            "catalog_fetched_bytes",
+            "Bytes of state records and catalog objects read from the URL.",
+            m.catalog_bytes_fetched,
+        )?;
+        if let Some(leases) = &self.0.leases {
+            let held = leases.lock().unwrap_or_else(|p| p.into_inner()).len();
+            gauge(
+                enc,
+                "leases_held",
+                "Leases this host holds at the URL (one per state its pins and sessions hold).",
+                held as u64,
+            )?;
+        }
+        gauge(
+            enc,
+            "retained_versions",
+            "Versions kept browsable (retained and pinned).",
+            m.retained as u64,
+        )?;
+        gauge(enc, "pins", "Pins in force.", m.pins as u64)?;
+        gauge(
+            enc,
+            "sessions",
+            "stagefs run sessions in force.",
+            m.sessions as u64,
+        )
+    }
+
     fn encode_readers(&self, enc: &mut DescriptorEncoder, view: &View) -> fmt::Result {
         let r = view.readers().summary();
         gauge(
@@ -339,10 +552,112 @@ impl Scrape {
     }
 }
 
+/// `--publish URL`: what was published, how it fails, retention at URL.
+fn encode_publish(enc: &mut DescriptorEncoder, r: &PublishReport) -> fmt::Result {
+    counter(
+        enc,
+        "publish_states",
+        "States published (the head replaced).",
+        r.states,
+    )?;
+    counter(
+        enc,
+        "publish_objects_written",
+        "Objects written to the URL (content, pieces, piece lists, catalogs).",
+        r.objects_written,
+    )?;
+    counter(
+        enc,
+        "publish_bytes_written",
+        "Bytes of the objects written to the URL.",
+        r.bytes_written,
+    )?;
+    family_by(
+        enc,
+        MetricType::Counter,
+        "publish_failures",
+        "Failed publishing attempts (retried with backoff unless publishing stopped), by reason.",
+        "reason",
+        &by_reason(&PUBLISH_FAILURE_REASONS, &r.failures),
+    )?;
+    gauge(
+        enc,
+        "publish_failing",
+        "1 while the last publishing attempt failed (the message is in status publish.error).",
+        i64::from(r.error.is_some()),
+    )?;
+    gauge(
+        enc,
+        "publish_stopped",
+        "1 once publishing stopped for good (the daemon exits).",
+        i64::from(r.fatal),
+    )?;
+    if let Some(s) = r.published {
+        gauge(
+            enc,
+            "publish_state_id",
+            "The state the head at the URL names (absent until known).",
+            s.0,
+        )?;
+    }
+    if let Some(ms) = r.published_ms {
+        gauge(
+            enc,
+            "publish_age_seconds",
+            "Time since that head was written (absent until known).",
+            (crate::status::now_ms() - ms).max(0) as f64 / 1000.0,
+        )?;
+    }
+    gauge(
+        enc,
+        "publish_leases_live",
+        "Leases at the URL not expired, at the last collection.",
+        r.gc.leases_live,
+    )?;
+    gauge(
+        enc,
+        "publish_kept_states",
+        "Published states kept by the last collection (retained, leased, held).",
+        r.gc.kept.len() as u64,
+    )?;
+    counter(
+        enc,
+        "publish_gc_runs",
+        "Garbage collections at the URL.",
+        r.gc.runs,
+    )?;
+    counter(
+        enc,
+        "publish_gc_condemned_states",
+        "Published states condemned (no longer retained or leased).",
+        r.gc.states_condemned,
+    )?;
+    counter(
+        enc,
+        "publish_gc_deleted_objects",
+        "Objects deleted at the URL by garbage collection.",
+        r.gc.objects_deleted,
+    )?;
+    counter(
+        enc,
+        "publish_gc_deleted_bytes",
+        "Bytes of the objects deleted at the URL.",
+        r.gc.bytes_deleted,
+    )
+}
+
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        let status = self.0.replica.status();
-        self.encode_replication(&mut enc, &status)?;
+        match &self.0.serves {
+            Serves::Replica(replica) => {
+                let status = replica.status();
+                self.encode_replication(&mut enc, replica, &status)?;
+            }
+            Serves::Published(probe) => self.encode_follow(&mut enc, &probe.read())?,
+        }
+        if let Some(publish) = &self.0.publish {
+            encode_publish(&mut enc, &publish.read())?;
+        }
         if let Some(view) = &self.0.view {
             self.encode_readers(&mut enc, view)?;
         }

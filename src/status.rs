@@ -345,6 +345,63 @@ pub struct StatusReport {
     /// Bootstrap progress while one runs, then its outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapReport>,
+    /// `--publish URL`: what is published there (SPEC §8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish: Option<PublishStatus>,
+}
+
+/// A publishing daemon's `publish` object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishStatus {
+    pub url: String,
+    /// The state the head at the URL names, once known.
+    pub published: Option<StateId>,
+    /// When that head was written (ms since the epoch), and how long ago.
+    pub published_ms: Option<i64>,
+    pub age_ms: Option<i64>,
+    /// States published by this process (heads written).
+    pub states: u64,
+    pub objects_written: u64,
+    pub bytes_written: u64,
+    /// Failed attempts, in all and by reason.
+    pub failures: u64,
+    pub failures_by_reason: BTreeMap<String, u64>,
+    /// Why the last attempt failed (null once one succeeds).
+    pub error: Option<String>,
+    /// Publishing stopped for good (`error` says why).
+    pub stopped: bool,
+    /// Leases at the URL not expired, at the last collection.
+    pub leases_live: u64,
+    /// Published states kept by the last collection.
+    pub kept: Vec<StateId>,
+    pub gc_runs: u64,
+    pub gc_objects_deleted: u64,
+}
+
+impl PublishStatus {
+    pub fn of(r: &crate::publish::PublishReport) -> PublishStatus {
+        PublishStatus {
+            url: r.url.clone(),
+            published: r.published,
+            published_ms: r.published_ms,
+            age_ms: r.published_ms.map(|ms| (now_ms() - ms).max(0)),
+            states: r.states,
+            objects_written: r.objects_written,
+            bytes_written: r.bytes_written,
+            failures: r.failures.values().sum(),
+            failures_by_reason: r
+                .failures
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+            error: r.error.clone(),
+            stopped: r.fatal,
+            leases_live: r.gc.leases_live,
+            kept: r.gc.kept.clone(),
+            gc_runs: r.gc.runs,
+            gc_objects_deleted: r.gc.objects_deleted,
+        }
+    }
 }
 
 /// Per-process views in use.
@@ -429,6 +486,7 @@ impl StatusReport {
             readers: None,
             sessions: Vec::new(),
             bootstrap: None,
+            publish: None,
         }
     }
 
@@ -498,6 +556,7 @@ impl StatusReport {
             readers: None,
             sessions: sessions_report(&snapshot.pins),
             bootstrap: lock(&progress.bootstrap).clone(),
+            publish: None,
         }
     }
 

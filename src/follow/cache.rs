@@ -25,7 +25,7 @@
 //! never disturbs a reader that has it open (its descriptor keeps the
 //! bytes).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -56,6 +56,8 @@ pub struct CacheReport {
     pub fetched: u64,
     pub fetched_bytes: u64,
     pub failures: u64,
+    /// `failures` by [`FetchError::reason`].
+    pub failures_by_reason: BTreeMap<&'static str, u64>,
     pub evicted: u64,
     /// Why the last failed fetch failed.
     pub last_error: Option<String>,
@@ -92,6 +94,25 @@ pub enum FetchError {
          ({held} bytes are held by files being read)"
     )]
     Full { need: u64, limit: u64, held: u64 },
+}
+
+/// Every [`FetchError::reason`], in the order metrics list them.
+pub const FETCH_FAILURE_REASONS: [&str; 5] =
+    ["unreachable", "missing", "corrupt", "cache_full", "io"];
+
+impl FetchError {
+    /// Why, in one word (the `reason` label of the metrics): the storage
+    /// did not answer, the object is not there, it does not verify, the
+    /// cache has no room, or writing the cache failed.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FetchError::Load(LoadError::Store { .. }) => "unreachable",
+            FetchError::Load(LoadError::Missing { .. }) => "missing",
+            FetchError::Load(LoadError::Corrupt { .. }) => "corrupt",
+            FetchError::Full { .. } => "cache_full",
+            FetchError::Io(_) => "io",
+        }
+    }
 }
 
 impl From<FetchError> for std::io::Error {
@@ -192,6 +213,7 @@ impl BlobCache {
         tracing::warn!("fetching {what} failed: {e}");
         let mut r = lock(&self.report);
         r.failures += 1;
+        *r.failures_by_reason.entry(e.reason()).or_default() += 1;
         r.unreachable = true;
         r.last_error = Some(format!("fetching {what}: {e}"));
     }

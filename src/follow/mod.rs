@@ -33,7 +33,7 @@ use tracing::{info, warn};
 use crate::catalog::{load_durable, Catalog, Tree};
 use crate::event::{BlobId, StateId};
 use crate::publish::layout;
-use crate::publish::load::{get_bounded, get_record, LoadError, Loader};
+use crate::publish::load::{get_bounded, get_record, Downloads, LoadError, Loader};
 use crate::publish::record::{self, Published, RecordKind};
 use crate::publish::store::{open_store, StoreUrlError};
 use crate::state_lock::{lock_state, StateLock};
@@ -68,6 +68,35 @@ struct HeadView {
     read_ms: Option<i64>,
     /// Why the visible state is not the head's (null when it is).
     reason: Option<(StateId, String)>,
+    /// That reason in one word (one of [`STALL_REASONS`]).
+    reason_kind: Option<&'static str>,
+    /// HEAD reads, and of those the ones that failed.
+    polls: u64,
+    poll_failures: u64,
+    /// Stalls begun, by kind.
+    stalls: BTreeMap<&'static str, u64>,
+}
+
+/// Why a reader host's visible state is not the head's, as the `reason`
+/// label of `stagefs_stalled`: HEAD cannot be read (the storage does not
+/// answer, or there is no HEAD), it does not decode or verify, it names
+/// an older state than the visible one, the state it names does not load,
+/// or committing it locally failed. The message is in status.
+pub const STALL_REASONS: [&str; 6] = [
+    "unreachable",
+    "head_missing",
+    "head_invalid",
+    "head_went_back",
+    "state_unloadable",
+    "commit_failed",
+];
+
+fn load_error_kind(e: &LoadError) -> &'static str {
+    match e {
+        LoadError::Store { .. } => "unreachable",
+        LoadError::Missing { .. } => "head_missing",
+        LoadError::Corrupt { .. } => "head_invalid",
+    }
 }
 
 pub struct Follower {
@@ -76,6 +105,7 @@ pub struct Follower {
     catalog: Arc<Catalog>,
     cache: Arc<BlobCache>,
     head: Arc<Mutex<HeadView>>,
+    downloads: Arc<Downloads>,
     url: String,
     on_demand: Arc<OnDemand>,
     _rt: Arc<tokio::runtime::Runtime>,
@@ -193,7 +223,9 @@ impl Follower {
             .map_err(|e| cache_err(e.to_string()))?,
         );
         let (record, pins) = load_durable(&cfg.cache_dir).map_err(|e| cache_err(e.to_string()))?;
-        let mut loader = Loader::with_local_copies(&cfg.cache_dir.join("catalogs"));
+        let downloads = Arc::new(Downloads::default());
+        let mut loader = Loader::with_local_copies(&cfg.cache_dir.join("catalogs"))
+            .counting_into(Arc::clone(&downloads));
         // The states this cache served: the visible one must load (from
         // the local copies, or the storage); the others are kept if they do.
         let mut versions = BTreeMap::new();
@@ -245,7 +277,10 @@ impl Follower {
             trusted: cfg.trusted_key,
             cache: Arc::clone(&cache),
             rt: rt.handle().clone(),
-            loader: Mutex::new(Loader::with_local_copies(&cfg.cache_dir.join("catalogs"))),
+            loader: Mutex::new(
+                Loader::with_local_copies(&cfg.cache_dir.join("catalogs"))
+                    .counting_into(Arc::clone(&downloads)),
+            ),
             trees: Mutex::new(BTreeMap::new()),
             misses: Mutex::new(std::collections::HashMap::new()),
         });
@@ -281,6 +316,7 @@ impl Follower {
             catalog,
             cache,
             head,
+            downloads,
             url: cfg.url,
             on_demand,
             _rt: rt,
@@ -312,11 +348,19 @@ impl Follower {
     /// The status JSON of the mount (SPEC §7 for a reader host).
     pub fn status_source(&self) -> Arc<dyn StatusSource> {
         Arc::new(FollowStatus {
+            probe: self.probe(),
+            url: self.url.clone(),
+        })
+    }
+
+    /// What the metrics read at scrape time.
+    pub fn probe(&self) -> FollowProbe {
+        FollowProbe {
             catalog: Arc::clone(&self.catalog),
             cache: Arc::clone(&self.cache),
             head: Arc::clone(&self.head),
-            url: self.url.clone(),
-        })
+            downloads: Arc::clone(&self.downloads),
+        }
     }
 
     pub fn stop(mut self) {
@@ -346,6 +390,7 @@ async fn load_state(
             let b = get_bounded(store, &path, record::MAX_RECORD_BYTES as u64)
                 .await?
                 .to_vec();
+            loader.downloads().add(b.len() as u64);
             b
         }
     };
@@ -371,17 +416,28 @@ async fn load_state(
 }
 
 impl Shared {
-    fn stall(&self, state: StateId, reason: String) {
+    fn stall(&self, state: StateId, kind: &'static str, reason: String) {
         let mut h = lock(&self.head);
         if h.reason.as_ref().map(|(_, r)| r) != Some(&reason) {
             warn!("{reason}");
         }
+        if h.reason_kind != Some(kind) {
+            *h.stalls.entry(kind).or_default() += 1;
+        }
         h.reason = Some((state, reason));
+        h.reason_kind = Some(kind);
+    }
+
+    fn unstall(&self) {
+        let mut h = lock(&self.head);
+        h.reason = None;
+        h.reason_kind = None;
     }
 
     /// Reads HEAD once and moves the visible state to it when newer.
     async fn poll_once(&mut self) {
         let visible = self.catalog.snapshot().visible.state_id;
+        lock(&self.head).polls += 1;
         let head = match get_record(
             &*self.store,
             &layout::head(),
@@ -392,8 +448,10 @@ impl Shared {
         {
             Ok(d) => d.published,
             Err(e) => {
+                lock(&self.head).poll_failures += 1;
                 self.stall(
                     visible,
+                    load_error_kind(&e),
                     format!("HEAD cannot be used: {e}; serving state {visible}"),
                 );
                 return;
@@ -407,6 +465,7 @@ impl Shared {
         if head.state_id < visible {
             self.stall(
                 visible,
+                "head_went_back",
                 format!(
                     "HEAD went back from {visible} to {} (refused: the visible state never goes back)",
                     head.state_id
@@ -415,7 +474,7 @@ impl Shared {
             return;
         }
         if head.state_id == visible {
-            lock(&self.head).reason = None;
+            self.unstall();
             return;
         }
         let loaded = load_state(
@@ -431,6 +490,7 @@ impl Shared {
             Err(e) => {
                 self.stall(
                     visible,
+                    "state_unloadable",
                     format!("state {} cannot be loaded: {e}", head.state_id),
                 );
                 return;
@@ -439,10 +499,14 @@ impl Shared {
         self.cache.add_piece_lists(self.loader.piece_lists());
         match self.catalog.commit(Arc::new(tree)) {
             Ok(_) => {
-                lock(&self.head).reason = None;
+                self.unstall();
                 info!(state = head.state_id.0, "following: visible");
             }
-            Err(e) => self.stall(visible, format!("committing state {}: {e}", head.state_id)),
+            Err(e) => self.stall(
+                visible,
+                "commit_failed",
+                format!("committing state {}: {e}", head.state_id),
+            ),
         }
     }
 }
@@ -478,54 +542,133 @@ impl FetchedFile for PartialFile {
     }
 }
 
-struct FollowStatus {
+/// A reader host's state as its metrics read it (shared with status).
+#[derive(Clone)]
+pub struct FollowProbe {
     catalog: Arc<Catalog>,
     cache: Arc<BlobCache>,
     head: Arc<Mutex<HeadView>>,
+    downloads: Arc<Downloads>,
+}
+
+/// One reading of a [`FollowProbe`].
+#[derive(Debug, Clone)]
+pub struct FollowMetrics {
+    pub visible: StateId,
+    /// The visible state's source time (ms since the epoch; `i64::MIN`
+    /// when unknown).
+    pub visible_time_ms: i64,
+    /// The head last read (None until one was).
+    pub head: Option<Published>,
+    /// How long since HEAD was last read successfully.
+    pub head_read_age_ms: Option<i64>,
+    pub polls: u64,
+    pub poll_failures: u64,
+    /// Why the visible state is not the head's (one of [`STALL_REASONS`]).
+    pub stalled: Option<&'static str>,
+    /// Stalls begun, by reason.
+    pub stalls: BTreeMap<&'static str, u64>,
+    pub cache: cache::CacheReport,
+    /// State records and catalog objects read from the storage.
+    pub catalog_objects_fetched: u64,
+    pub catalog_bytes_fetched: u64,
+    pub retained: usize,
+    pub pins: usize,
+    pub sessions: usize,
+}
+
+impl FollowMetrics {
+    /// Published states this host is behind the head it read.
+    pub fn behind(&self) -> u64 {
+        self.head
+            .as_ref()
+            .map_or(0, |p| p.state_id.0.saturating_sub(self.visible.0))
+    }
+
+    /// How long since the publisher wrote the head (ms), once read.
+    pub fn head_age_ms(&self) -> Option<i64> {
+        self.head
+            .as_ref()
+            .map(|p| (now_ms() - p.published_ms).max(0))
+    }
+
+    /// The visible state's source time behind the head's, in seconds.
+    pub fn lag_seconds(&self) -> Option<f64> {
+        self.head
+            .as_ref()
+            .filter(|p| p.time_ms != i64::MIN && self.visible_time_ms != i64::MIN)
+            .map(|p| (p.time_ms - self.visible_time_ms).max(0) as f64 / 1000.0)
+    }
+}
+
+impl FollowProbe {
+    pub fn read(&self) -> FollowMetrics {
+        let snap = self.catalog.snapshot();
+        let h = lock(&self.head).clone();
+        FollowMetrics {
+            visible: snap.visible.state_id,
+            visible_time_ms: snap.visible.time_ms,
+            head_read_age_ms: h.read_ms.map(|t| (now_ms() - t).max(0)),
+            head: h.head,
+            polls: h.polls,
+            poll_failures: h.poll_failures,
+            stalled: h.reason_kind,
+            stalls: h.stalls,
+            cache: self.cache.report(),
+            catalog_objects_fetched: self.downloads.objects(),
+            catalog_bytes_fetched: self.downloads.bytes(),
+            retained: snap.versions.len(),
+            pins: snap.pins.labelled().len(),
+            sessions: snap.pins.sessions.len(),
+        }
+    }
+}
+
+struct FollowStatus {
+    probe: FollowProbe,
     url: String,
 }
 
 impl StatusSource for FollowStatus {
     fn status_json(&self) -> String {
-        let snap = self.catalog.snapshot();
-        let h = lock(&self.head).clone();
-        let visible = snap.visible.state_id.0;
-        let latest = h
-            .head
-            .as_ref()
-            .map_or(visible, |p| p.state_id.0.max(visible));
-        let now = now_ms();
-        let c = self.cache.report();
-        let lag_seconds = h
-            .head
-            .as_ref()
-            .filter(|p| p.time_ms != i64::MIN && snap.visible.time_ms != i64::MIN)
-            .map(|p| (p.time_ms - snap.visible.time_ms).max(0) as f64 / 1000.0);
+        let m = self.probe.read();
+        let snap = self.probe.catalog.snapshot();
+        let reason = lock(&self.probe.head).reason.clone();
+        let visible = m.visible.0;
+        let latest = visible + m.behind();
+        let c = &m.cache;
         json!({
             "role": "reader",
             "from": self.url,
             "visible": visible,
             "latest": latest,
             "lag_events": latest - visible,
-            "lag_seconds": lag_seconds,
-            "head": h.head.as_ref().map(|p| json!({
+            "lag_seconds": m.lag_seconds(),
+            "head": m.head.as_ref().map(|p| json!({
                 "state_id": p.state_id.0,
                 "published_ms": p.published_ms,
-                "age_ms": (now - p.published_ms).max(0),
+                "age_ms": m.head_age_ms(),
                 "publisher": p.publisher.to_hex(),
             })),
-            "head_read_ms_ago": h.read_ms.map(|t| (now - t).max(0)),
+            "head_read_ms_ago": m.head_read_age_ms,
+            "head_polls": m.polls,
+            "head_poll_failures": m.poll_failures,
             "pins": snap.pins.labelled().into_iter().map(|(k, v)| (k, v.0)).collect::<BTreeMap<_, _>>(),
             "retained": snap.versions.keys().map(|s| s.0).collect::<Vec<_>>(),
-            "stalled": h.reason.as_ref().map(|(s, r)| json!({"state_id": s.0, "reason": r})),
+            "stalled": reason.as_ref().map(|(s, r)| json!({"state_id": s.0, "reason": r, "kind": m.stalled})),
             "cache": {
                 "bytes": c.bytes,
                 "limit": c.limit,
                 "fetched": c.fetched,
                 "fetched_bytes": c.fetched_bytes,
                 "failures": c.failures,
+                "failures_by_reason": c.failures_by_reason,
                 "evicted": c.evicted,
                 "last_error": c.last_error,
+            },
+            "catalog": {
+                "fetched": m.catalog_objects_fetched,
+                "fetched_bytes": m.catalog_bytes_fetched,
             },
             // Bytes a reader asked for that cannot be fetched now (its
             // read got EIO): the last fetch failed, and why.
@@ -535,8 +678,8 @@ impl StatusSource for FollowStatus {
     }
 
     fn latest(&self) -> StateId {
-        let visible = self.catalog.snapshot().visible.state_id;
-        lock(&self.head)
+        let visible = self.probe.catalog.snapshot().visible.state_id;
+        lock(&self.probe.head)
             .head
             .as_ref()
             .map_or(visible, |p| p.state_id.max(visible))

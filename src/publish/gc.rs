@@ -83,6 +83,8 @@ pub struct GcReport {
     /// Of those, the ones only a lease or a local hold keeps.
     pub leased: Vec<StateId>,
     pub states_condemned: u64,
+    /// Leases at the URL not expired, at the last run.
+    pub leases_live: u64,
     pub objects_deleted: u64,
     pub bytes_deleted: u64,
     pub last_error: Option<String>,
@@ -282,6 +284,11 @@ impl Collector {
             .collect();
         let leases = lease::list(store).await?;
         let leased = live_leased(&leases, now, grace_ms);
+        report.leases_live = leases
+            .iter()
+            .filter_map(|l| l.lease.as_ref())
+            .filter(|l| l.expires_ms > now)
+            .count() as u64;
         let mut kept = kept_states(&states, head, cfg.retain, held, &leased);
         let mut marks: BTreeMap<StateId, Mark> = BTreeMap::new();
         for m in list_all(store, layout::CONDEMNED).await? {

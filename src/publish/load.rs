@@ -10,6 +10,7 @@
 //! same object is the same node (the same inode), as on the publisher.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use imbl::OrdMap;
@@ -116,6 +117,30 @@ pub async fn get_pieces(store: &dyn ObjectStore, id: &BlobId) -> Result<PieceLis
     PieceList::decode(&bytes).map_err(|e: PiecesError| LoadError::corrupt(&path, e))
 }
 
+/// Objects and bytes read from the storage to load states (catalog
+/// objects, and state records counted by the caller), not from local
+/// copies: what following costs in transfer (metrics, benchmarks).
+#[derive(Debug, Default)]
+pub struct Downloads {
+    objects: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Downloads {
+    pub fn add(&self, bytes: u64) {
+        self.objects.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn objects(&self) -> u64 {
+        self.objects.load(Ordering::Relaxed)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
 /// Builds trees from published catalogs, sharing the nodes of directory
 /// objects it loaded before (while some tree still holds them).
 #[derive(Default)]
@@ -126,6 +151,7 @@ pub struct Loader {
     /// A folder of local copies of catalog objects (a reader's cache):
     /// read first, verified like the storage's, and filled from it.
     local: Option<std::path::PathBuf>,
+    downloads: Arc<Downloads>,
 }
 
 /// What a directory object may be, from where it is reached.
@@ -156,6 +182,18 @@ impl Loader {
         }
     }
 
+    /// Counts what it reads from the storage into `downloads` (shared
+    /// by the loaders of one reader host).
+    pub fn counting_into(mut self, downloads: Arc<Downloads>) -> Loader {
+        self.downloads = downloads;
+        self
+    }
+
+    /// What this loader read from the storage.
+    pub fn downloads(&self) -> &Arc<Downloads> {
+        &self.downloads
+    }
+
     /// Every piece list seen: file sha256 → piece list.
     pub fn piece_lists(&self) -> &HashMap<BlobId, BlobId> {
         &self.pieces
@@ -178,6 +216,7 @@ impl Loader {
             }
         }
         let bytes = get_verified(store, &path, id, MAX_CATALOG_BYTES).await?;
+        self.downloads.add(bytes.len() as u64);
         if let Some(copy) = &local {
             if let Err(e) = crate::durable::write_atomic(copy, &bytes) {
                 tracing::warn!("cannot keep a local copy of {path}: {e}");

@@ -26,7 +26,7 @@ pub mod store;
 
 pub use load::read_head;
 pub use object_store::ObjectStore;
-pub use publisher::{PublishConfig, PublishError, PublishReport, Publisher};
+pub use publisher::{PublishConfig, PublishError, PublishProbe, PublishReport, Publisher};
 pub use store::open_store;
 #[cfg(test)]
 mod tests;

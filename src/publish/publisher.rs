@@ -23,7 +23,7 @@
 //! shared between versions, so a node seen before has the same object
 //! (`dir_ids`, by node id, dropped once no tree holds the node).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,7 +116,39 @@ impl PublishError {
             | PublishError::HeadMoved => false,
         }
     }
+
+    /// Why, in one word (the `reason` label of the metrics).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PublishError::Url(_) => "url",
+            PublishError::SecondPublisher { .. } => "second_publisher",
+            PublishError::Identity { .. } => "identity",
+            PublishError::Load(LoadError::Store { .. }) | PublishError::Write { .. } => {
+                "unreachable"
+            }
+            PublishError::Load(LoadError::Missing { .. }) => "missing",
+            PublishError::Load(LoadError::Corrupt { .. }) => "corrupt",
+            PublishError::Blob { .. } => "local_blob",
+            PublishError::HeadMoved => "head_moved",
+            PublishError::Diverged { .. } => "diverged",
+            PublishError::Verified(_) => "verification",
+        }
+    }
 }
+
+/// Every [`PublishError::reason`], in the order metrics list them.
+pub const PUBLISH_FAILURE_REASONS: [&str; 10] = [
+    "unreachable",
+    "missing",
+    "corrupt",
+    "local_blob",
+    "head_moved",
+    "second_publisher",
+    "diverged",
+    "identity",
+    "url",
+    "verification",
+];
 
 /// What the publisher did so far (status, tests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -133,7 +165,21 @@ pub struct PublishReport {
     pub states: u64,
     pub objects_written: u64,
     pub bytes_written: u64,
+    /// Failed attempts (each retried unless fatal), by
+    /// [`PublishError::reason`].
+    pub failures: BTreeMap<&'static str, u64>,
     pub gc: GcReport,
+}
+
+/// Reads a running publisher's report (metrics, status), also after the
+/// [`Publisher`] handle moved elsewhere.
+#[derive(Clone)]
+pub struct PublishProbe(Arc<Mutex<PublishReport>>);
+
+impl PublishProbe {
+    pub fn read(&self) -> PublishReport {
+        lock(&self.0).clone()
+    }
 }
 
 /// The running publisher thread.
@@ -205,6 +251,10 @@ impl Publisher {
 
     pub fn report(&self) -> PublishReport {
         lock(&self.report).clone()
+    }
+
+    pub fn probe(&self) -> PublishProbe {
+        PublishProbe(Arc::clone(&self.report))
     }
 
     /// True once publishing stopped for good (see the report's `error`).
@@ -363,6 +413,7 @@ impl Session {
                             let mut r = lock(&self.report);
                             r.error = Some(e.to_string());
                             r.fatal = fatal;
+                            *r.failures.entry(e.reason()).or_default() += 1;
                         }
                         if fatal {
                             tracing::error!(url = %self.url, "publishing stopped: {e}");
@@ -386,7 +437,9 @@ impl Session {
                 self.last_gc = Some(std::time::Instant::now());
                 rt.block_on(self.collect_garbage());
             }
-            sleep_unless(stop, Duration::from_millis(50));
+            // A commit is published within ~10 ms (a cheap check of the
+            // visible tree; readers' follow latency adds to it).
+            sleep_unless(stop, Duration::from_millis(10));
         }
     }
 
