@@ -10,6 +10,17 @@
 //! state is committed ([`Catalog::commit`]) after its blobs and the
 //! resolutions of its Hive files are durable.
 //!
+//! While few blobs are wanted (fewer than [`GROUP_SYNC_MIN`] in flight,
+//! queued or waiting to be published), a fetch worker makes a file known by
+//! content durable at its blob path itself ([`BlobStore::publish`] of its one
+//! copy), so the flushes of a small group run while the files are copied and
+//! a commit then waits for its commit record only. A larger group is left
+//! to one [`BlobStore::publish`] before the commit (one `syncfs` where the
+//! store's filesystem allows it). Commits start at most every
+//! [`MIN_COMMIT_INTERVAL`], counted from the start of the previous one, so
+//! under a steady stream they follow each other: what arrives during a
+//! commit's flush joins the next.
+//!
 //! It reads at most [`READ_AHEAD_STATES`] states ahead while every fetch
 //! goes well, and on while one fails, so the event that unblocks a waiting
 //! state is always read. What its pending states reference is published to
@@ -33,7 +44,9 @@ use crate::catalog::{AddedFile, Catalog, Pending, Resolutions, Tree};
 use crate::event::{BlobId, FileRef, StateId};
 use crate::journal::Follower;
 use crate::source::Accepted;
-use crate::stage::{backoff, BlobStore, FetchOutcome, Fetched, StageError, Unsynced};
+use crate::stage::{
+    backoff, BlobStore, FetchOutcome, Fetched, StageError, Unsynced, GROUP_SYNC_MIN,
+};
 use crate::status::{Progress, Stall};
 
 /// Abandoned fetch threads (stuck in a source read) allowed at once; see
@@ -49,16 +62,23 @@ pub(super) fn start(
     visible: Arc<Tree>,
 ) -> Result<JoinHandle<()>, ReplicaError> {
     let cfg = &shared.cfg;
+    let publish_in_worker = Arc::new(AtomicBool::new(true));
     let fetches = {
         let (blobs, fetch_cfg) = (Arc::clone(&shared.blobs), Arc::clone(cfg));
+        let in_worker = Arc::clone(&publish_in_worker);
         let work: fetch::Work<FetchJob, FetchResult> = Arc::new(move |job: &FetchJob| {
-            blobs
-                .fetch_unsynced_any(
-                    &job.files,
-                    &fetch_cfg.source_root,
-                    fetch_cfg.cm_root.as_deref(),
-                )
-                .map(|(i, fetched)| (job.files[i].clone(), fetched))
+            let (i, fetched) = blobs.fetch_unsynced_any(
+                &job.files,
+                &fetch_cfg.source_root,
+                fetch_cfg.cm_root.as_deref(),
+            )?;
+            let file = job.files[i].clone();
+            let fetched = if in_worker.load(Ordering::Relaxed) {
+                publish_known(&blobs, &file, fetched)?
+            } else {
+                fetched
+            };
+            Ok((file, fetched))
         });
         let (progress, stop) = (Arc::clone(&shared.progress), Arc::clone(&shared.stop));
         let background = shared.background;
@@ -90,9 +110,28 @@ pub(super) fn start(
         retries: HashMap::new(),
         errors: HashMap::new(),
         unsynced: HashMap::new(),
+        publish_in_worker,
         stop: Arc::clone(&shared.stop),
     };
     shared.spawn("stager", shared.background, Box::new(move || stager.run()))
+}
+
+/// In a fetch worker: makes the copy of `file`, when it is known by content,
+/// durable at its blob path now, so the stager gets it staged. A Hive file's
+/// copy is left to the stager's group (`Stager::publish_staged`), which
+/// keeps its blob from GC until the resolution is recorded.
+fn publish_known(
+    blobs: &BlobStore,
+    file: &FileRef,
+    mut fetched: Fetched,
+) -> Result<Fetched, StageError> {
+    if file.known().is_none() {
+        return Ok(fetched);
+    }
+    if let Some(copy) = fetched.copy.take() {
+        blobs.publish(vec![copy]).map_err(|(e, _)| e)?;
+    }
+    Ok(fetched)
 }
 
 /// One attempt to stage a blob: the sources to try, in order (file
@@ -152,6 +191,10 @@ struct Stager {
     /// Verified copies not yet durable: published as a group before the
     /// next commit (see `BlobStore::publish`).
     unsynced: HashMap<BlobId, (FileRef, Unsynced)>,
+    /// Set while fewer than [`GROUP_SYNC_MIN`] blobs are wanted: the fetch
+    /// workers publish the copies of files known by content themselves (see
+    /// the module docs).
+    publish_in_worker: Arc<AtomicBool>,
     resolutions: Arc<Resolutions>,
     stop: Arc<AtomicBool>,
 }
@@ -169,7 +212,8 @@ const STAGER_BATCH: usize = 8192;
 const READ_AHEAD_STATES: usize = 4096;
 /// Fetch attempts handed out per fetch thread at most (see `max_in_flight`).
 const FETCHES_QUEUED_PER_THREAD: usize = 64;
-/// At most one commit (one durable commit record) per this interval.
+/// At most one commit (one durable commit record) per this interval, from
+/// the start of one to the start of the next.
 const MIN_COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Stager {
@@ -200,8 +244,8 @@ impl Stager {
             dirty |= changed;
             let mut committed = false;
             if (dirty && last_commit.elapsed() >= MIN_COMMIT_INTERVAL) || failed_commit.is_some() {
-                failed_commit = self.commit().err();
                 last_commit = Instant::now();
+                failed_commit = self.commit().err();
                 dirty = false;
                 committed = true;
             }
@@ -325,8 +369,12 @@ impl Stager {
             self.in_flight.insert(blob);
             self.fetches.submit(FetchJob { key: blob, files });
         }
-        self.progress.in_flight.store(
-            (self.in_flight.len() + self.queued.len()) as u64,
+        let wanted = self.in_flight.len() + self.queued.len();
+        self.progress
+            .in_flight
+            .store(wanted as u64, Ordering::Relaxed);
+        self.publish_in_worker.store(
+            wanted + self.unsynced.len() < GROUP_SYNC_MIN,
             Ordering::Relaxed,
         );
     }
@@ -605,5 +653,43 @@ impl CatchUpReporter {
             visible: Some(visible),
             bytes,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::event::Verify;
+    use crate::stage::testing::*;
+
+    #[test]
+    fn a_worker_publishes_a_file_known_by_content_and_leaves_a_hive_file_to_the_group() {
+        let fx = fixture();
+        let store = store(&fx);
+        put(&fx.src, "d/known", b"known bytes");
+        let known = file_ref("d/known", b"known bytes");
+        let fetched = store.fetch_unsynced(&known, &fx.src, None).unwrap();
+        assert!(fetched.copy.is_some());
+        let fetched = publish_known(&store, &known, fetched).unwrap();
+        // Durable at its blob path before the stager hears of it.
+        assert!(fetched.copy.is_none());
+        assert!(store.contains(&known.key()));
+        assert_eq!(fs_read(&store, &known.key()), b"known bytes");
+        assert_eq!(temp_count(&fx.state), 0);
+
+        put(&fx.src, "t/000000_0", b"hive bytes");
+        let hive = hive_ref(&fx.src, "t/000000_0", Verify::None);
+        let fetched = store.fetch_unsynced(&hive, Path::new(""), None).unwrap();
+        let fetched = publish_known(&store, &hive, fetched).unwrap();
+        // Its resolution is not recorded yet: the copy waits for the group.
+        let copy = fetched.copy.expect("the Hive copy is left to the stager");
+        assert!(!store.contains(&copy.id()));
+        assert_eq!(temp_count(&fx.state), 1);
+    }
+
+    fn fs_read(store: &BlobStore, blob: &BlobId) -> Vec<u8> {
+        std::fs::read(store.path(blob)).unwrap()
     }
 }
