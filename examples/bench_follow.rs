@@ -31,6 +31,9 @@
 //!
 //! Prints `ROW|figure|value|goal|met` and `NOTE|…` lines.
 
+#[path = "bench_common/mod.rs"]
+mod bench_common;
+
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -39,6 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bench_common::{arg, percentile};
 use sha2::{Digest, Sha256};
 use stagefs::catalog::Tree;
 use stagefs::event::{BlobId, Change, Event, FileRef, Op, StateId};
@@ -64,13 +68,6 @@ fn main() {
     }
 }
 
-fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-}
-
 fn num(args: &[String], name: &str, default: u64) -> Res<u64> {
     arg(args, name).map_or(Ok(default), |v| {
         v.parse()
@@ -93,23 +90,7 @@ fn note(s: &str) {
 
 /// `user.stagefs.visible` of a mount root, or 0 when unreadable.
 fn visible(mnt: &CString) -> u64 {
-    let mut buf = [0u8; 32];
-    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
-    let n = unsafe {
-        libc::getxattr(
-            mnt.as_ptr(),
-            c"user.stagefs.visible".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n <= 0 {
-        return 0;
-    }
-    std::str::from_utf8(&buf[..n as usize])
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    bench_common::visible(mnt, &CString::from(c"user.stagefs.visible"))
 }
 
 fn cpath(p: &Path) -> CString {
@@ -192,14 +173,6 @@ fn mounted(mnt: &Path) -> bool {
                 .is_some_and(|p| Path::new(&stagefs::daemon::unescape_mountinfo(p)) == canon)
         })
     })
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// Records the first time a mount showed each visible state-id.
