@@ -25,6 +25,8 @@
 mod common;
 #[path = "common/dbserver.rs"]
 mod dbserver;
+#[path = "common/real_hive_mount.rs"]
+mod real_hive_mount;
 mod servers;
 
 use std::collections::BTreeMap;
@@ -32,9 +34,12 @@ use std::io::Write;
 
 use serde_json::Value;
 
-use common::daemon::{read_tree, visible, Daemon, DaemonArgs, HiveMetastoreArgs};
-use dbserver::{DbServer, Kind, PASSWORD, USER};
-use servers::hms::{Encoder, Hive, MetastoreDb, RealMetastore};
+use common::daemon::{visible, Daemon, DaemonArgs, HiveMetastoreArgs};
+use dbserver::{DbServer, Kind, PASSWORD};
+use real_hive_mount::{
+    check_walk, metastore_db, oracle_tables, walk_mount, Tables, Walkers, Within,
+};
+use servers::hms::{Encoder, Hive, RealMetastore};
 use servers::MiniHdfs;
 use stagefs::source::hive::message::decode_message;
 use stagefs::source::hive::metastore::{MetastoreSource, Timeouts};
@@ -409,117 +414,6 @@ fn hive3_metastore_rows_decode_and_fold_to_the_source() {
 // The stagefs daemon following the real metastore.
 // ---------------------------------------------------------------------------
 
-/// `db.table` → path below the table (`k=v/…/name`) → sha256 hex.
-type Tables = BTreeMap<String, BTreeMap<String, String>>;
-
-/// The oracle's tables, as the mount lays them out: a partition's files
-/// under its `k1=v1/k2=v2` directory, each file where it lies below its
-/// partition's (or the table's) location.
-fn oracle_tables(source: &Value) -> Tables {
-    let below = |loc: &str, path: &str| -> String {
-        path.strip_prefix(loc)
-            .and_then(|r| r.strip_prefix('/'))
-            .unwrap_or_else(|| panic!("{path} is not below {loc}"))
-            .to_owned()
-    };
-    let mut out = Tables::new();
-    for (key, t) in source.as_object().expect("source object") {
-        let mut files = BTreeMap::new();
-        let add = |files: &mut BTreeMap<String, String>, dir: &str, loc: &str, list: &Value| {
-            for f in list.as_array().expect("files") {
-                let rel = below(loc, f["path"].as_str().expect("path"));
-                let rel = if dir.is_empty() {
-                    rel
-                } else {
-                    format!("{dir}/{rel}")
-                };
-                files.insert(rel, f["sha256"].as_str().expect("sha256").to_owned());
-            }
-        };
-        match t.get("partitions") {
-            None => add(
-                &mut files,
-                "",
-                t["location"].as_str().expect("location"),
-                &t["files"],
-            ),
-            Some(parts) => {
-                let keys: Vec<&str> = t["partition_keys"]
-                    .as_array()
-                    .expect("keys")
-                    .iter()
-                    .map(|k| k.as_str().expect("key"))
-                    .collect();
-                for p in parts.as_array().expect("partitions") {
-                    let dir: Vec<String> = keys
-                        .iter()
-                        .zip(p["values"].as_array().expect("values"))
-                        .map(|(k, v)| format!("{k}={}", v.as_str().expect("value")))
-                        .collect();
-                    add(
-                        &mut files,
-                        &dir.join("/"),
-                        p["location"].as_str().expect("location"),
-                        &p["files"],
-                    );
-                }
-            }
-        }
-        out.insert(key.clone(), files);
-    }
-    out
-}
-
-/// One walk of the mount by a reader: the state its view showed (the
-/// root's `user.stagefs.state_id`, the same before and after the walk) and
-/// every `db.table` in it with its content.
-struct Walk {
-    state: u64,
-    tables: Tables,
-}
-
-fn root_state(mnt: &std::path::Path) -> u64 {
-    common::getxattr(mnt, "user.stagefs.state_id")
-        .expect("state_id of the root")
-        .parse()
-        .expect("decimal state_id")
-}
-
-/// Walks every `db/table` of the mount, each table read through one
-/// directory handle. `None` when the view moved during the walk (the walk
-/// then spans two states and is not checked).
-fn walk_mount(mnt: &std::path::Path) -> Option<Walk> {
-    let state = root_state(mnt);
-    let mut tables = Tables::new();
-    for db in std::fs::read_dir(mnt).expect("read the mount").flatten() {
-        let db_name = db.file_name().to_string_lossy().into_owned();
-        if db_name.starts_with('.') {
-            continue;
-        }
-        let Ok(list) = std::fs::read_dir(db.path()) else {
-            continue;
-        };
-        for t in list.flatten() {
-            let Ok(dir) = std::fs::File::open(t.path()) else {
-                continue;
-            };
-            use std::os::unix::io::AsRawFd;
-            let at = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
-            let changed: u64 = common::getxattr(&at, "user.stagefs.state_id")
-                .unwrap_or_else(|e| panic!("state_id of {}: errno {e}", t.path().display()))
-                .parse()
-                .expect("decimal state_id");
-            if changed > state {
-                // The other reader thread moved this process's view.
-                return None;
-            }
-            let key = format!("{db_name}.{}", t.file_name().to_string_lossy());
-            tables.insert(key, read_tree(&at));
-        }
-    }
-    (root_state(mnt) == state).then_some(Walk { state, tables })
-}
-
 /// The driver's operations for round `r` in database `db`: CREATE/ALTER/
 /// DROP, INSERT INTO, INSERT OVERWRITE reusing `000000_0`, truncate of a
 /// table and of a partition, rename, drop of a partition, a table and a
@@ -611,53 +505,6 @@ fn mount_round(r: usize, dir: &std::path::Path) -> Vec<Vec<String>> {
     out
 }
 
-/// Whether a walk shows what the oracle says at its state, table by
-/// table (present or not, and content): exactly the oracle after the
-/// operation that ended at that id, or, for an id inside an operation of
-/// several events (a truncate's two rows, a cascading drop), the oracle
-/// before or after it (each table changes once within one operation).
-fn check_walk(oracles: &[(u64, Tables)], w: &Walk) -> Vec<String> {
-    let k = match oracles.binary_search_by_key(&w.state, |(id, _)| *id) {
-        Ok(k) => Ok(k),
-        Err(0) => return vec![format!("view {} before the first oracle", w.state)],
-        Err(k) if k == oracles.len() => {
-            return vec![format!("view {} after the last operation", w.state)]
-        }
-        Err(k) => Err(k),
-    };
-    let mut names: std::collections::BTreeSet<&String> = w.tables.keys().collect();
-    match k {
-        Ok(k) => names.extend(oracles[k].1.keys()),
-        Err(k) => {
-            names.extend(oracles[k - 1].1.keys());
-            names.extend(oracles[k].1.keys());
-        }
-    }
-    let mut bad = Vec::new();
-    for name in names {
-        let got = w.tables.get(name);
-        let ok = match k {
-            Ok(k) => oracles[k].1.get(name) == got,
-            Err(k) => oracles[k - 1].1.get(name) == got || oracles[k].1.get(name) == got,
-        };
-        if !ok {
-            let (lo, hi) = match k {
-                Ok(k) => (k, k),
-                Err(k) => (k - 1, k),
-            };
-            bad.push(format!(
-                "{name} in view {}: mount {got:?}, source at {} {:?}, at {} {:?}",
-                w.state,
-                oracles[lo].0,
-                oracles[lo].1.get(name),
-                oracles[hi].0,
-                oracles[hi].1.get(name)
-            ));
-        }
-    }
-    bad
-}
-
 fn stagefs_follows_the_real_metastore(hive: Hive, kind: Kind, encoder: Encoder) {
     let rounds: usize = if std::env::var_os("STAGEFS_LONG_TESTS").is_some() {
         12
@@ -697,28 +544,7 @@ fn stagefs_follows_the_real_metastore(hive: Hive, kind: Kind, encoder: Encoder) 
     let d = Daemon::start(args);
     let mnt = d.mnt().to_owned();
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = std::sync::Arc::clone(&stop);
-            let mnt = mnt.clone();
-            std::thread::spawn(move || {
-                let (mut seen, mut moved) = (Vec::new(), 0usize);
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    // Reading `user.stagefs.visible` moves this process's
-                    // view to the newest state at once (docs/SEMANTICS.md,
-                    // "The view rule"): each walk sees a fresh state.
-                    let _ = common::getxattr(&mnt, "user.stagefs.visible");
-                    match walk_mount(&mnt) {
-                        Some(w) => seen.push(w),
-                        None => moved += 1,
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                (seen, moved)
-            })
-        })
-        .collect();
+    let walkers = Walkers::start(&mnt, 2);
 
     for op in ops {
         if op[0] == "rename" {
@@ -740,13 +566,7 @@ fn stagefs_follows_the_real_metastore(hive: Hive, kind: Kind, encoder: Encoder) 
         std::time::Duration::from_secs(120),
         |s| visible(s) >= last,
     );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut seen, mut moved) = (Vec::new(), 0);
-    for r in readers {
-        let (w, m) = r.join().expect("reader");
-        seen.extend(w);
-        moved += m;
-    }
+    let (seen, moved) = walkers.finish();
     eprintln!("status at the end: {s}");
     assert_eq!(visible(&s), last, "{s}");
     assert!(
@@ -755,7 +575,10 @@ fn stagefs_follows_the_real_metastore(hive: Hive, kind: Kind, encoder: Encoder) 
     );
 
     // Every walk of the mount equals the source at its view's state-id.
-    let bad: Vec<String> = seen.iter().flat_map(|w| check_walk(&oracles, w)).collect();
+    let bad: Vec<String> = seen
+        .iter()
+        .flat_map(|w| check_walk(&oracles, w, Within::Table))
+        .collect();
     let states: std::collections::BTreeSet<u64> = seen.iter().map(|w| w.state).collect();
     let reads: usize = seen.iter().map(|w| w.tables.len()).sum();
     eprintln!(
@@ -803,23 +626,6 @@ fn apply(hms: &mut RealMetastore, oracles: &mut Vec<(u64, Tables)>, op: &[String
     }
     assert!(id > *prev, "{op:?} wrote no event");
     oracles.push((id, oracle_tables(&reply["source"])));
-}
-
-fn metastore_db(kind: Kind, server: &DbServer) -> MetastoreDb {
-    match kind {
-        Kind::Postgres => MetastoreDb {
-            db_type: "postgres",
-            jdbc_url: format!("jdbc:postgresql://127.0.0.1:{}/hive", server.port()),
-            user: USER.into(),
-            password: PASSWORD.into(),
-        },
-        Kind::MariaDb => MetastoreDb {
-            db_type: "mysql",
-            jdbc_url: format!("jdbc:mariadb://127.0.0.1:{}/hive", server.port()),
-            user: USER.into(),
-            password: PASSWORD.into(),
-        },
-    }
 }
 
 #[test]

@@ -73,6 +73,18 @@ impl Hive {
     }
 }
 
+/// What the metastore makes of a non-ACID `MANAGED_TABLE` a client creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedTables {
+    /// Hive 4's default metadata transformer (`MetastoreDefaultTransformer`):
+    /// an `EXTERNAL_TABLE` with `TRANSLATED_TO_EXTERNAL`=`TRUE`, under the
+    /// external warehouse (`/external`).
+    Translated,
+    /// No metadata transformer (`metastore.metadata.transformer.class`
+    /// empty): the table stays managed, under `/warehouse`.
+    Kept,
+}
+
 /// The metastore's database.
 #[derive(Debug, Clone)]
 pub struct MetastoreDb {
@@ -132,6 +144,18 @@ impl RealMetastore {
         hdfs_uri: &str,
         encoder: Encoder,
     ) -> Result<Self, String> {
+        Self::start_with(hive, db, hdfs_uri, encoder, ManagedTables::Translated)
+    }
+
+    /// [`RealMetastore::start_hive`] with managed tables treated as `managed`
+    /// says (Hive 4.0.1 only: 3.1.3 has no metadata transformer).
+    pub fn start_with(
+        hive: Hive,
+        db: &MetastoreDb,
+        hdfs_uri: &str,
+        encoder: Encoder,
+        managed: ManagedTables,
+    ) -> Result<Self, String> {
         let (classpath, scripts) = launcher_paths(hive)?;
         let dir = tempfile::Builder::new()
             .prefix("stagefs-hms-")
@@ -165,6 +189,9 @@ impl RealMetastore {
                 Encoder::Gzip => "gzip",
             },
         ]);
+        if managed == ManagedTables::Kept {
+            cmd.args(["--translate-managed", "false"]);
+        }
         cmd.env_remove("HADOOP_CONF_DIR")
             .env_remove("HADOOP_USER_NAME")
             .env_remove("HIVE_CONF_DIR");

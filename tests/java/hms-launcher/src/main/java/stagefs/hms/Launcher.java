@@ -44,7 +44,8 @@ import org.apache.hadoop.hive.metastore.security.HadoopThriftAuthBridge;
  * A real Hive metastore for stagefs's tests, driven over stdin/stdout.
  *
  * <p>Start: {@code Launcher --base-dir DIR --hdfs hdfs://HOST:PORT --db-type postgres|mysql
- * --jdbc-url URL --db-user U --db-password P --scripts DIR [--encoder json|gzip]}. It runs Hive's
+ * --jdbc-url URL --db-user U --db-password P --scripts DIR [--encoder json|gzip]
+ * [--translate-managed true|false]}. It runs Hive's
  * own schematool ({@link MetastoreSchemaTool} -initSchema) against the database, starts the
  * metastore's Thrift server on a free port with NotificationLogListener (ours; see that class) as transactional listener,
  * DML events on and change management (cmroot) on HDFS, and prints one JSON ready line
@@ -149,6 +150,13 @@ public final class Launcher {
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.PWD, opts.get("db-password"));
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.WAREHOUSE, warehouse);
     conf.set("metastore.warehouse.external.dir", hdfs + "/external");
+    if (opts.getOrDefault("translate-managed", "true").equals("false")) {
+      // No metadata transformer: a non-ACID MANAGED_TABLE a client creates
+      // stays managed, under the managed warehouse (Hive 4's default
+      // MetastoreDefaultTransformer makes it an EXTERNAL_TABLE with
+      // TRANSLATED_TO_EXTERNAL under the external warehouse).
+      conf.set("metastore.metadata.transformer.class", " ");
+    }
     // Hive 4.0.1: our listener (HCatalog's is not served for it); Hive 3.1.3:
     // HCatalog's own DbNotificationListener (see the two poms).
     String listener = opts.getOrDefault("listener", "stagefs.hms.NotificationLogListener");
@@ -490,7 +498,7 @@ public final class Launcher {
           keys.add(k.getName());
         }
         if (t.getPartitionKeysSize() == 0) {
-          tn.set("files", files(t.getSd().getLocation()));
+          tn.set("files", files(t.getSd().getLocation(), tn.putArray("hidden")));
         } else {
           ArrayNode parts = tn.putArray("partitions");
           List<Partition> ps = client.listPartitions(db, name, (short) -1);
@@ -501,7 +509,7 @@ public final class Launcher {
             ArrayNode values = pn.putArray("values");
             p.getValues().forEach(values::add);
             pn.put("location", p.getSd().getLocation());
-            pn.set("files", files(p.getSd().getLocation()));
+            pn.set("files", files(p.getSd().getLocation(), pn.putArray("hidden")));
           }
         }
         tables.set(db + "." + name, tn);
@@ -510,7 +518,13 @@ public final class Launcher {
     return tables;
   }
 
-  private ArrayNode files(String location) throws Exception {
+  /**
+   * The files below {@code location} a Hive reader reads: names starting with {@code _} or
+   * {@code .} at any level below it (staging directories, {@code _SUCCESS}) are skipped, as
+   * Hive's FileUtils.HIDDEN_FILES_PATH_FILTER skips them, and their paths listed in {@code
+   * hidden}.
+   */
+  private ArrayNode files(String location, ArrayNode hidden) throws Exception {
     ArrayNode out = JSON.createArrayNode();
     Path dir = new Path(location);
     if (!fs.exists(dir)) {
@@ -522,7 +536,13 @@ public final class Launcher {
       all.add(it.next());
     }
     all.sort((a, b) -> a.getPath().toString().compareTo(b.getPath().toString()));
+    String base = fs.makeQualified(dir).toUri().getPath();
     for (LocatedFileStatus st : all) {
+      String rel = st.getPath().toUri().getPath().substring(base.length());
+      if (rel.contains("/_") || rel.contains("/.")) {
+        hidden.add(st.getPath().toString());
+        continue;
+      }
       ObjectNode f = out.addObject();
       f.put("path", st.getPath().toString());
       f.put("len", st.getLen());
