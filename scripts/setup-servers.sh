@@ -130,6 +130,34 @@ if ! hms3_launcher_built; then
   hms3_launcher_built || { echo "setup-servers: the Hive 3.1.3 metastore launcher did not build" >&2; exit 1; }
 fi
 
+# --- Hive 4.0.1 client jars for Spark ------------------------------------------
+# tests/java/spark-hive4-client: the jars Spark's Hive support loads with
+# spark.sql.hive.metastore.version=4.0.1 and metastore.jars=path
+# (tests/real_hive_spark.rs). Same repository and offline-first rule.
+spark_hive4=tests/java/spark-hive4-client
+spark_hive4_built() {
+  local cp=$spark_hive4/target/classpath.txt
+  [ -f "$cp" ] || return 1
+  [ -z "$(find "$spark_hive4/pom.xml" -newer "$cp" -print -quit)" ] || return 1
+  local jar
+  while IFS= read -r jar; do
+    [ -f "$jar" ] || return 1
+  done < <(tr ':' '\n' <"$cp")
+}
+
+if ! spark_hive4_built; then
+  mkdir -p "$maven_repo"
+  mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$spark_hive4/pom.xml" package)
+  if mvn -o "${mvn_args[@]}" >/dev/null 2>&1; then
+    echo "setup-servers: resolved the Hive 4.0.1 client jars for Spark offline" >&2
+  else
+    echo "setup-servers: resolving the Hive 4.0.1 client jars for Spark (downloads ~190 MB into $maven_repo)" >&2
+    mvn "${mvn_args[@]}"
+  fi
+  touch "$spark_hive4/target/classpath.txt"
+  spark_hive4_built || { echo "setup-servers: the Hive 4.0.1 client jars did not resolve" >&2; exit 1; }
+fi
+
 # --- SeaweedFS ---------------------------------------------------------------
 weed_dir=$servers_dir/seaweedfs-$SEAWEEDFS_VERSION
 if ! "$weed_dir/bin/weed" version >/dev/null 2>&1; then
