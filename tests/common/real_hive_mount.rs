@@ -5,6 +5,8 @@
 //! `#[path = "common/real_hive_mount.rs"] mod real_hive_mount;` beside
 //! `mod common;`, `mod dbserver;` and `mod servers;`.
 
+#![allow(dead_code)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -239,10 +241,13 @@ fn between_by_partition(
         return lo == got || hi == got;
     };
     let (lo, hi, got) = (by_partition(lo), by_partition(hi), by_partition(got));
-    let mut keys: BTreeSet<&String> = got.keys().collect();
-    keys.extend(lo.keys());
-    keys.extend(hi.keys());
-    keys.into_iter()
+    let keys: BTreeSet<String> = got
+        .keys()
+        .chain(lo.keys())
+        .chain(hi.keys())
+        .cloned()
+        .collect();
+    keys.iter()
         .all(|k| got.get(k) == lo.get(k) || got.get(k) == hi.get(k))
 }
 
