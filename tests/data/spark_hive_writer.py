@@ -122,7 +122,7 @@ def read_replica(spark, mount):
         name = t.name
         meta = spark.sql(f"DESCRIBE FORMATTED {DB}.{name}").collect()
         fmt = " ".join(str(r[1]) for r in meta if r[0] and r[0].strip() == "InputFormat")
-        path = os.path.join(mount, DB, name)
+        path = "file://" + os.path.join(mount, DB, name)
         cols = [c.name for c in spark.catalog.listColumns(f"{DB}.{name}")]
         data_cols = [c.name for c in spark.catalog.listColumns(f"{DB}.{name}") if not c.isPartition]
         if "Parquet" in fmt:
