@@ -204,8 +204,9 @@ pub enum Within {
     Table,
     /// Each partition (the leading `k=v` directories of a path; the whole
     /// table when it is unpartitioned) equals the oracle before or after
-    /// it, a table present in both: an operation that writes several
-    /// partitions of a table one event each (a dynamic partition insert).
+    /// it: an operation that writes several partitions of a table one
+    /// event each (a dynamic partition insert); a table the operation
+    /// creates may be empty in between (CREATE_TABLE, then the files).
     Partition,
 }
 
@@ -237,6 +238,10 @@ fn between_by_partition(
     hi: Option<&BTreeMap<String, String>>,
     got: Option<&BTreeMap<String, String>>,
 ) -> bool {
+    let empty = BTreeMap::new();
+    // A table created within the step (CREATE_TABLE, then its files: a
+    // CTAS) is empty in between.
+    let lo = lo.or(hi.map(|_| &empty));
     let (Some(lo), Some(hi), Some(got)) = (lo, hi, got) else {
         return lo == got || hi == got;
     };
