@@ -241,9 +241,12 @@ fn between_by_partition(
     let empty = BTreeMap::new();
     // A table created within the step (CREATE_TABLE, then its files: a
     // CTAS) is empty in between.
+    if lo == got || hi == got {
+        return true;
+    }
     let lo = lo.or(hi.map(|_| &empty));
     let (Some(lo), Some(hi), Some(got)) = (lo, hi, got) else {
-        return lo == got || hi == got;
+        return false;
     };
     let (lo, hi, got) = (by_partition(lo), by_partition(hi), by_partition(got));
     let keys: BTreeSet<String> = got
