@@ -14,6 +14,10 @@
 //! - `hive-ingest`, `hive-stage`  the Hive source's figures (issue 11; see
 //!   `hive.rs` beside this file)
 //! - `s3-stage`  staging from S3 vs `rclone copy` (issue 29; `s3.rs`)
+//! - `s3-lag`  event → visible with the files on S3 vs on the local disk
+//!   (issue 29; `s3.rs`)
+//! - `hdfs-stage`  staging from HDFS vs `rclone copy` and `hdfs dfs -get`
+//!   (issue 29; `hdfs.rs`; what it shares with `s3-stage` is in `remote.rs`)
 //!
 //! Every subcommand prints progress to stderr and, on stdout, lines of the
 //! form `ROW|<benchmark>|<figure>|<target>|<met>` (the figure table) and
@@ -41,8 +45,13 @@ use stagefs::stage::BlobStore;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use stagefs::workload::Rng;
 
+#[path = "../bench_common/mod.rs"]
+#[allow(dead_code)] // uses only the percentile
+mod bench_common;
 mod checkpoints;
+mod hdfs;
 mod hive;
+mod remote;
 mod s3;
 #[path = "../../tests/servers/mod.rs"]
 mod servers;
@@ -69,6 +78,8 @@ fn main() {
         "hive-ingest" => hive::bench_ingest(&opts),
         "hive-stage" => hive::bench_stage(&opts),
         "s3-stage" => s3::bench_stage(&opts),
+        "s3-lag" => s3::bench_lag(&opts),
+        "hdfs-stage" => hdfs::bench_stage(&opts),
         _ => usage(),
     };
     if let Err(e) = result {
@@ -79,10 +90,10 @@ fn main() {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart|lag|hive-ingest|hive-stage|s3-stage) \
+        "usage: bench_core (ingest|commit|memory|stage|checkpoint|restart|lag|hive-ingest|hive-stage|s3-stage|s3-lag|hdfs-stage) \
          [--work DIR] [--events N] [--inserts N] [--shape PxF] [--files N] [--mib N] [--threads N] \
          [--reps N] [--seconds N] [--rate N] [--every N] [--bytes N] [--small N] [--small-bytes N] \
-         [--large N] [--large-mib N] [--decode-threads N]"
+         [--large N] [--large-mib N] [--decode-threads N] [--poll-ms N]"
     );
     std::process::exit(2)
 }

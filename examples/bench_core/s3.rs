@@ -13,13 +13,14 @@
 //! empty folder with `--transfers 4` (4 streams per large file), MD5
 //! checked against the ETag as rclone does by default, then `sync`.
 //! The resident memory the process gains while stagefs stages is sampled
-//! every 10 ms.
+//! every 10 ms (`remote.rs`, shared with `hdfs-stage`).
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::io::Write;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,143 +31,69 @@ use stagefs::source::hive::map::SourceMap;
 use stagefs::source::hive::{HiveConfig, HiveRows};
 use stagefs::source_file::s3::{Credentials, S3Access, S3Settings, Secret};
 use stagefs::source_file::Remotes;
-use stagefs::workload::hive_export::{HiveWriter, WAREHOUSE_URI};
 
-use super::hive::write_partition_rows;
+use super::bench_common::percentile;
+use super::remote::{self, Baseline, Place};
 use super::servers::S3Server;
-use super::{
-    grouped, load1, measure, median, note, row, rss_bytes, sh, wait_visible, write_random_files,
-    Opts, Res,
-};
+use super::{grouped, load1, median, note, row, wait_visible, Opts, Res, SourceFile};
 
-const BUCKET: &str = "bench";
+pub const BUCKET: &str = "bench";
 
 pub fn bench_stage(o: &Opts) -> Res<()> {
     let reps = o.num("reps", 3).max(1);
     let s3 = S3Server::start()?;
     s3.create_bucket(BUCKET, false)?;
-    let sets = [
-        (
-            "small",
-            o.num("small", 10_000),
-            o.num("small-bytes", 4096),
-            1.5,
-        ),
-        (
-            "large",
-            o.num("large", 4),
-            o.num("large-mib", 256) << 20,
-            0.9,
-        ),
-    ];
-    for (label, count, size, goal) in sets {
-        if count > 0 {
-            stage_set(o, &s3, label, count, size, reps, goal)?;
-        }
+    let access = access(&s3);
+    for set in remote::sets(o) {
+        let written = remote::write_set(o, "s3-stage", &set)?;
+        let (etags, took) = put_objects(&s3, &written.src, &written.files, set.label)?;
+        move_rows_to_s3(&written.rows, set.label, &etags)?;
+        eprintln!(
+            "s3-stage {}: wrote and put {} and their rows ({took:.1?} putting)",
+            set.label,
+            set.what()
+        );
+        let rclone = Baseline {
+            name: "`rclone copy` (4 transfers) + `sync`".into(),
+            short: "rclone",
+            run: Box::new(|dest: &Path| {
+                let st = Command::new("rclone")
+                    .args(["copy", "--transfers", "4", "--checkers", "8"])
+                    .args(["--multi-thread-streams", "4", "-q"])
+                    .arg(format!("bench:{BUCKET}/{}", set.label))
+                    .arg(dest)
+                    // rclone's AWS SDK fails on a CA bundle with its own
+                    // transport; the endpoint is plain http anyway.
+                    .env_remove("AWS_CA_BUNDLE")
+                    .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
+                    .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
+                    .env("RCLONE_CONFIG_BENCH_ENDPOINT", s3.endpoint())
+                    .env("RCLONE_CONFIG_BENCH_REGION", s3.region())
+                    .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", s3.access_key())
+                    .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", s3.secret_key())
+                    .env("RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE", "true")
+                    .status()?;
+                if !st.success() {
+                    return Err(format!("rclone failed: {st}").into());
+                }
+                Ok(())
+            }),
+        };
+        let place = Place {
+            source: "S3",
+            checked: "ETag checked",
+            prefix: "S1",
+            remotes: Remotes::with_s3(Arc::clone(&access)),
+            server: "a private SeaweedFS on 127.0.0.1",
+        };
+        remote::compare(&set, &written, &place, vec![rclone], reps)?;
     }
     Ok(())
 }
 
-fn hex(data: &[u8]) -> String {
-    data.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn stage_set(
-    o: &Opts,
-    s3: &S3Server,
-    label: &str,
-    count: u64,
-    size: u64,
-    reps: u64,
-    goal: f64,
-) -> Res<()> {
-    let work = o.work(&format!("s3-stage-{label}"))?;
-    let root = work.path();
-    let src = root.join("src");
-    let t = Instant::now();
-    let files = write_random_files(&src, count, size)?;
-    // Put in the bucket under `<label>/`, 8 at a time; remember the ETags.
-    let etags: BTreeMap<String, String> = {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let out = std::sync::Mutex::new(BTreeMap::new());
-        std::thread::scope(|scope| -> Res<()> {
-            let mut handles = Vec::new();
-            for _ in 0..8 {
-                handles.push(scope.spawn(|| -> Result<(), String> {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(f) = files.get(i) else { return Ok(()) };
-                        let data = fs::read(src.join(&f.rel)).map_err(|e| e.to_string())?;
-                        let key = format!("{label}/{}", f.rel);
-                        let r = s3.request("PUT", &format!("/{BUCKET}/{key}"), &[], &[], &data)?;
-                        if r.status != 200 {
-                            return Err(format!("PUT {key}: {} {}", r.status, r.text()));
-                        }
-                        let etag = r.header("ETag").unwrap_or_default().trim_matches('"');
-                        if etag != hex(&Md5::digest(&data)) {
-                            return Err(format!("PUT {key}: ETag {etag} is not the MD5"));
-                        }
-                        out.lock()
-                            .map_err(|e| e.to_string())?
-                            .insert(f.rel.clone(), etag.to_owned());
-                    }
-                }));
-            }
-            for h in handles {
-                h.join().map_err(|_| "an upload thread panicked")??;
-            }
-            Ok(())
-        })?;
-        out.into_inner().map_err(|e| e.to_string())?
-    };
-    // The rows: as bench_core hive-stage writes them (json-0.2 here, so the
-    // URIs are plain text), then each URI moved to the bucket with the
-    // ETag checksum S3A records (hex of the quoted ETag).
-    let rows = root.join("rows.jsonl");
-    let mut writer = HiveWriter::new(&rows, &src, None, &root.join("hive-cm"), false)?;
-    write_partition_rows(&mut writer, &files)?;
-    drop(writer);
-    let text = fs::read_to_string(&rows)?;
-    let mut moved = String::with_capacity(text.len());
-    let prefix = format!("{WAREHOUSE_URI}/");
-    for line in text.lines() {
-        let mut line = line.to_owned();
-        // Each file URI (`path#checksum#cmroot#subdir`; locations have no `#`).
-        let mut sums = Vec::new();
-        let mut rest = line.as_str();
-        while let Some(at) = rest.find(&prefix) {
-            rest = &rest[at + prefix.len()..];
-            let Some(end) = rest.find(['#', '"', '\\']) else {
-                break;
-            };
-            if !rest[end..].starts_with('#') {
-                continue;
-            }
-            let rel = rest[..end].to_owned();
-            let after = &rest[end + 1..];
-            let sum = after[..after.find('#').ok_or("no cm root")?].to_owned();
-            let etag = etags
-                .get(&rel)
-                .ok_or_else(|| format!("no ETag for {rel}"))?;
-            sums.push((sum, hex(format!("\"{etag}\"").as_bytes())));
-        }
-        for (sum, s3_sum) in sums {
-            line = line.replace(&format!("#{sum}#"), &format!("#{s3_sum}#"));
-        }
-        moved.push_str(&line.replace(WAREHOUSE_URI, &format!("s3a://{BUCKET}/{label}")));
-        moved.push('\n');
-    }
-    fs::write(&rows, moved)?;
-    let last = StateId(count + 2);
-    let total_mib = (count * size) as f64 / f64::from(1u32 << 20);
-    eprintln!(
-        "s3-stage {label}: wrote and put {count} × {size} B and their rows in {:.1?}",
-        t.elapsed()
-    );
-
-    let dest = root.join("dest");
-    let state = root.join("state");
-    let access = Arc::new(S3Access::new(S3Settings {
+/// stagefs's access to the private server.
+pub fn access(s3: &S3Server) -> Arc<S3Access> {
+    Arc::new(S3Access::new(S3Settings {
         endpoint: Some(s3.endpoint()),
         region: s3.region().to_owned(),
         credentials: Some(Credentials {
@@ -176,138 +103,222 @@ fn stage_set(
         }),
         request_timeout: Duration::from_secs(30),
         source: "bench".into(),
-    }));
-    let (mut rclone, mut stage, mut loads, mut rss) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..reps {
-        for which in if rep % 2 == 0 { [0, 1] } else { [1, 0] } {
-            for d in [&dest, &state] {
-                if d.exists() {
-                    fs::remove_dir_all(d)?;
-                }
-            }
-            sh("sync", &[])?;
-            if which == 0 {
-                let r = measure(total_mib, || {
-                    let st = Command::new("rclone")
-                        .args(["copy", "--transfers", "4", "--checkers", "8"])
-                        .args(["--multi-thread-streams", "4", "-q"])
-                        .arg(format!("bench:{BUCKET}/{label}"))
-                        .arg(&dest)
-                        // rclone's AWS SDK fails on a CA bundle with its own
-                        // transport; the endpoint is plain http anyway.
-                        .env_remove("AWS_CA_BUNDLE")
-                        .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
-                        .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
-                        .env("RCLONE_CONFIG_BENCH_ENDPOINT", s3.endpoint())
-                        .env("RCLONE_CONFIG_BENCH_REGION", s3.region())
-                        .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", s3.access_key())
-                        .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", s3.secret_key())
-                        .env("RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE", "true")
-                        .status()?;
-                    if !st.success() {
-                        return Err(format!("rclone failed: {st}").into());
-                    }
-                    sh("sync", &[])
-                })?;
-                rclone.push(r);
-            } else {
-                let mut cfg = ReplicaConfig::new(&state, Path::new(""), Path::new(""));
-                cfg.hive = Some(HiveConfig::new(
-                    HiveRows::Files(rows.clone()),
-                    SourceMap::default(),
-                ));
-                cfg.remotes = Remotes::with_s3(Arc::clone(&access));
-                let before = rss_bytes();
-                let peak = Arc::new(AtomicU64::new(before));
-                let done = Arc::new(AtomicBool::new(false));
-                let sampler = {
-                    let (peak, done) = (Arc::clone(&peak), Arc::clone(&done));
-                    std::thread::spawn(move || {
-                        while !done.load(Ordering::Relaxed) {
-                            peak.fetch_max(rss_bytes(), Ordering::Relaxed);
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
-                    })
-                };
-                let r = measure(total_mib, || {
-                    let replica = Replica::start(cfg)?;
-                    wait_visible(&replica, last, Duration::from_secs(900))?;
-                    let status = replica.status();
-                    replica.stop();
-                    if status.unverified_files != 0 {
-                        return Err(format!("{} files unverified", status.unverified_files).into());
-                    }
-                    Ok(())
-                })?;
-                done.store(true, Ordering::Relaxed);
-                sampler.join().map_err(|_| "the sampler panicked")?;
-                rss.push(
-                    peak.load(Ordering::Relaxed).saturating_sub(before) as f64
-                        / f64::from(1u32 << 20),
-                );
-                stage.push(r);
-            }
+    }))
+}
+
+fn hex(data: &[u8]) -> String {
+    data.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Puts every file of `files` (below `src`) in the bucket under
+/// `<prefix>/`, 8 at a time; their ETags by path, and the time it took.
+pub fn put_objects(
+    s3: &S3Server,
+    src: &Path,
+    files: &[SourceFile],
+    prefix: &str,
+) -> Res<(BTreeMap<String, String>, Duration)> {
+    let (etags, took) = remote::put_all(files, 8, |f| {
+        let data = fs::read(src.join(&f.rel)).map_err(|e| e.to_string())?;
+        let key = format!("{prefix}/{}", f.rel);
+        let r = s3.request("PUT", &format!("/{BUCKET}/{key}"), &[], &[], &data)?;
+        if r.status != 200 {
+            return Err(format!("PUT {key}: {} {}", r.status, r.text()));
         }
-        loads.push(load1());
-        eprintln!(
-            "s3-stage {label} rep {}: rclone+sync {:.1} MiB/s, stagefs {:.1} MiB/s, +{:.0} MiB RSS (load {})",
-            rep + 1,
-            rclone.last().map_or(0.0, |r| r.0),
-            stage.last().map_or(0.0, |r| r.0),
-            rss.last().copied().unwrap_or(0.0),
-            load1()
+        let etag = r.header("ETag").unwrap_or_default().trim_matches('"');
+        if etag != hex(&Md5::digest(&data)) {
+            return Err(format!("PUT {key}: ETag {etag} is not the MD5"));
+        }
+        Ok(etag.to_owned())
+    })?;
+    Ok((etags.into_iter().collect(), took))
+}
+
+/// The rows moved to the bucket under `<prefix>/`, each with the ETag
+/// checksum S3A records (hex of the quoted ETag).
+pub fn move_rows_to_s3(rows: &Path, prefix: &str, etags: &BTreeMap<String, String>) -> Res<()> {
+    remote::move_rows(rows, &format!("s3a://{BUCKET}/{prefix}"), |rel| {
+        let etag = etags.get(rel).ok_or_else(|| format!("no ETag for {rel}"))?;
+        Ok(hex(format!("\"{etag}\"").as_bytes()))
+    })
+}
+
+/// `s3-lag`: event → visible with the files on S3, beside the same with
+/// the files on the local disk, at `--rate` events/s (issue 29,
+/// docs/BENCHMARKS.md "Staging from S3").
+///
+/// Both sides follow Hive INSERT rows (`--hive-events`, one new 4 KiB
+/// file per row, `--hive-poll-ms 5`: the native source's poll) in a fresh
+/// `Replica`; they differ only in where the files are: on the private
+/// SeaweedFS (`s3a://` URIs with S3A's ETag checksum, no `--source-map`)
+/// or in a local folder (the writer's URIs and HDFS checksums,
+/// `--source-map` to it). Every file is put before the clock starts; the
+/// rows are appended at the rate, each timed from its `write(2)` until the
+/// catalog's visible state reaches its id (polled every 0.5 ms). The sides
+/// alternate, `--reps` runs each.
+pub fn bench_lag(o: &Opts) -> Res<()> {
+    let rate = o.num("rate", 100).max(1);
+    let seconds = o.num("seconds", 20).max(1);
+    let reps = o.num("reps", 2).max(1);
+    let poll = Duration::from_millis(o.num("poll-ms", 5).max(1));
+    let s3 = S3Server::start()?;
+    s3.create_bucket(BUCKET, false)?;
+    let set = remote::Set {
+        label: "lag",
+        count: rate * seconds,
+        size: o.num("small-bytes", 4096),
+        goal: 0.0,
+    };
+    let written = remote::write_set(o, "s3-lag", &set)?;
+    let root = written.root();
+    let local_lines: Vec<String> = fs::read_to_string(&written.rows)?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let (etags, _) = put_objects(&s3, &written.src, &written.files, set.label)?;
+    move_rows_to_s3(&written.rows, set.label, &etags)?;
+    let s3_lines: Vec<String> = fs::read_to_string(&written.rows)?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    if local_lines.len() as u64 != set.count + 2 || s3_lines.len() != local_lines.len() {
+        return Err("expected one row per event".into());
+    }
+    let sides = [
+        (
+            "local folder (`--source-map`)",
+            &local_lines,
+            written.source_map.clone(),
+            Remotes::default(),
+        ),
+        (
+            "S3 (SeaweedFS on 127.0.0.1)",
+            &s3_lines,
+            SourceMap::default(),
+            Remotes::with_s3(access(&s3)),
+        ),
+    ];
+    let mut runs: Vec<Vec<String>> = vec![Vec::new(); sides.len()];
+    let mut p99s: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
+    for rep in 0..reps {
+        for (i, (name, lines, map, remotes)) in sides.iter().enumerate() {
+            let dir = root.join(format!("run-{rep}-{i}"));
+            fs::create_dir_all(&dir)?;
+            let mut hive = HiveConfig::new(HiveRows::Files(dir.join("rows.jsonl")), map.clone());
+            hive.poll_interval = poll;
+            let mut cfg = ReplicaConfig::new(&dir.join("state"), Path::new(""), Path::new(""));
+            cfg.hive = Some(hive);
+            cfg.remotes = remotes.clone();
+            let (mut lags, behind) = lag_run(cfg, &dir.join("rows.jsonl"), lines, rate)?;
+            fs::remove_dir_all(&dir)?;
+            lags.sort_by(f64::total_cmp);
+            let pct = |p| percentile(&lags, p);
+            let text = format!(
+                "{:.1} / {:.1} / {:.1} / {:.1} ms (producer ≤ {:.1} ms behind; load {})",
+                pct(50.0),
+                pct(90.0),
+                pct(99.0),
+                lags.last().copied().unwrap_or(f64::NAN),
+                behind.as_secs_f64() * 1e3,
+                load1()
+            );
+            eprintln!("s3-lag rep {} {name}: p50/p90/p99/max {text}", rep + 1);
+            runs[i].push(text);
+            p99s[i].push(pct(99.0));
+        }
+    }
+    for (i, (name, ..)) in sides.iter().enumerate() {
+        row(
+            &format!(
+                "Event → visible at {rate} events/s, files in a {name}: p50 / p90 / p99 / max"
+            ),
+            &runs[i].join("; "),
+            if i == 0 {
+                "baseline"
+            } else {
+                "p99 ≤ 2× local's"
+            },
+            (i > 0).then(|| median(p99s[i].clone()) <= 2.0 * median(p99s[0].clone())),
         );
     }
-    let ratios: Vec<f64> = stage.iter().zip(&rclone).map(|(s, c)| s.0 / c.0).collect();
-    let spread = |v: &[f64], d: usize| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("{:.*} ({:.*}–{:.*})", d, median(v.to_vec()), d, lo, d, hi)
-    };
-    let mibs = |v: &[(f64, f64)]| v.iter().map(|r| r.0).collect::<Vec<_>>();
-    let files_s = |v: &[(f64, f64)]| {
-        v.iter()
-            .map(|r| r.0 / total_mib * count as f64)
-            .collect::<Vec<_>>()
-    };
-    let what = format!(
-        "{} × {}",
-        grouped(count),
-        if size >= 1 << 20 {
-            format!("{} MiB", size >> 20)
-        } else {
-            format!("{} KiB", size >> 10)
-        }
-    );
-    row(
-        &format!("S1. `rclone copy` (4 transfers) + `sync` from S3, {what}"),
-        &format!(
-            "{} MiB/s = {} files/s",
-            spread(&mibs(&rclone), 1),
-            spread(&files_s(&rclone), 0)
-        ),
-        "baseline",
-        None,
-    );
-    let ratio = median(ratios.clone());
-    row(
-        &format!("S1. stagefs staging from S3 (Replica pipeline, ETag checked), {what}"),
-        &format!(
-            "{} MiB/s = {} files/s; / rclone of the same repetition: {}; process RSS gained while staging: {} MiB",
-            spread(&mibs(&stage), 1),
-            spread(&files_s(&stage), 0),
-            spread(&ratios, 2),
-            spread(&rss, 0)
-        ),
-        &format!("≥ {goal}× rclone"),
-        Some(ratio >= goal),
-    );
     note(&format!(
-        "s3-stage {label}: {what} pseudo-random objects on a private SeaweedFS on 127.0.0.1, one Hive INSERT \
-         row each; median of {reps} interleaved repetitions (range in parentheses); destination and state \
-         removed and `sync` before every run; load average after each repetition: {}",
-        loads.join(", ")
+        "s3-lag: {} INSERT rows of one {} B file each per run, appended at {rate}/s; \
+         `--hive-poll-ms {}`; {reps} runs per side, alternated",
+        grouped(set.count),
+        set.size,
+        poll.as_millis()
     ));
     Ok(())
+}
+
+/// Writes the first two rows (database, table), starts the replica, waits
+/// until they are visible, then appends the other rows at `rate` per
+/// second while a thread polls the visible state: each row's lag (ms) and
+/// how far the producer fell behind its schedule at worst.
+fn lag_run(
+    cfg: ReplicaConfig,
+    rows: &Path,
+    lines: &[String],
+    rate: u64,
+) -> Res<(Vec<f64>, Duration)> {
+    let mut log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(rows)?;
+    for line in &lines[..2] {
+        log.write_all(format!("{line}\n").as_bytes())?;
+    }
+    let replica = Replica::start(cfg)?;
+    wait_visible(&replica, StateId(2), Duration::from_secs(60))?;
+    let timed = &lines[2..];
+    let base = Instant::now();
+    let appended: Vec<AtomicU64> = timed.iter().map(|_| AtomicU64::new(0)).collect();
+    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    let result = std::thread::scope(|scope| -> Res<(Vec<f64>, Duration)> {
+        let poller = scope.spawn(|| -> Result<Vec<f64>, String> {
+            let mut lags = Vec::with_capacity(timed.len());
+            let deadline = Duration::from_secs(60 + timed.len() as u64 / rate);
+            while lags.len() < timed.len() {
+                let visible = replica.catalog().snapshot().visible.state_id.0;
+                let now = base.elapsed().as_nanos() as u64;
+                // Row k has id k + 3.
+                while lags.len() < timed.len() && lags.len() as u64 + 3 <= visible {
+                    let t = appended[lags.len()]
+                        .load(Ordering::SeqCst)
+                        .saturating_sub(1);
+                    lags.push(now.saturating_sub(t) as f64 / 1e6);
+                }
+                if let Some(stall) = replica.status().stalled {
+                    return Err(format!("replication stalled: {stall:?}"));
+                }
+                if base.elapsed() > deadline {
+                    return Err(format!(
+                        "only {} of {} rows visible",
+                        lags.len(),
+                        timed.len()
+                    ));
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            Ok(lags)
+        });
+        let start = Instant::now();
+        let mut behind = Duration::ZERO;
+        for (k, line) in timed.iter().enumerate() {
+            let due = start + period * k as u32;
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            } else {
+                behind = behind.max(now - due);
+            }
+            // The time is stored before the line is written (+1: 0 is unset).
+            appended[k].store(base.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
+            log.write_all(format!("{line}\n").as_bytes())?;
+        }
+        let lags = poller.join().map_err(|_| "the poller panicked")??;
+        Ok((lags, behind))
+    });
+    replica.stop();
+    result
 }
