@@ -154,6 +154,9 @@ pub fn move_rows(
     Ok(())
 }
 
+/// Copies the set into an empty folder (the argument).
+pub type CopyInto<'a> = Box<dyn FnMut(&Path) -> Res<()> + 'a>;
+
 /// A baseline tool copying the set into an empty folder (the argument);
 /// `sync` follows it, inside the clock.
 pub struct Baseline<'a> {
@@ -161,7 +164,7 @@ pub struct Baseline<'a> {
     pub name: String,
     /// Short, for the ratio (e.g. "rclone").
     pub short: &'static str,
-    pub run: Box<dyn FnMut(&Path) -> Res<()> + 'a>,
+    pub run: CopyInto<'a>,
 }
 
 /// Where the set was put: `source` ("S3", "HDFS"), what stagefs checks
