@@ -37,12 +37,11 @@ use serde_json::Value;
 use common::daemon::{visible, Daemon, DaemonArgs, HiveMetastoreArgs};
 use dbserver::{DbServer, Kind, PASSWORD};
 use real_hive_mount::{
-    check_walk, metastore_db, oracle_tables, walk_mount, Tables, Walkers, Within,
+    all_rows, check_walk, metastore_db, oracle_tables, walk_mount, Tables, Walkers, Within,
 };
 use servers::hms::{Encoder, Hive, RealMetastore};
 use servers::MiniHdfs;
 use stagefs::source::hive::message::decode_message;
-use stagefs::source::hive::metastore::{MetastoreSource, Timeouts};
 use stagefs::source::hive::model::{FileUri, HiveMessage, NotificationRow, RowSource};
 
 /// `db.table` → partition values (empty for an unpartitioned table) →
@@ -262,21 +261,7 @@ fn real_metastore_rows_decode_and_fold_to_the_source(hive: Hive, kind: Kind, enc
     let newest = last["event_id"].as_i64().expect("event_id");
 
     // The rows Hive wrote, through stagefs's own metastore source.
-    let mut source = MetastoreSource::open(
-        &server.url("hive"),
-        Some(PASSWORD.into()),
-        Timeouts::default(),
-    )
-    .expect("metastore source");
-    let mut rows: Vec<NotificationRow> = Vec::new();
-    loop {
-        let after = rows.last().map(|r| r.event_id).unwrap_or(0);
-        let page = source.poll(after, 100).expect("poll");
-        if page.is_empty() {
-            break;
-        }
-        rows.extend(page);
-    }
+    let (mut source, rows) = all_rows(&server);
     assert_eq!(
         source.newest_event_id().expect("newest id"),
         Some(newest),

@@ -47,13 +47,12 @@ use common::daemon::{visible, Daemon, DaemonArgs, HiveMetastoreArgs};
 use common::require;
 use dbserver::{DbServer, Kind, PASSWORD};
 use real_hive_mount::{
-    check_walk, metastore_db, oracle_tables, walk_mount, Tables, Walk, Walkers, Within,
+    all_rows, check_walk, metastore_db, oracle_tables, walk_mount, Tables, Walk, Walkers, Within,
 };
 use servers::hms::{Encoder, Hive, ManagedTables, RealMetastore};
 use servers::MiniHdfs;
 use stagefs::source::hive::message::decode_message;
-use stagefs::source::hive::metastore::{MetastoreSource, Timeouts};
-use stagefs::source::hive::model::{FileUri, HiveMessage, NotificationRow, RowSource};
+use stagefs::source::hive::model::{FileUri, HiveMessage, NotificationRow};
 
 const WRITER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -167,21 +166,7 @@ impl Drop for Writer {
 
 /// Every notification row, decoded by stagefs's decoder.
 fn decoded_rows(server: &DbServer) -> Vec<(NotificationRow, HiveMessage)> {
-    let mut source = MetastoreSource::open(
-        &server.url("hive"),
-        Some(PASSWORD.into()),
-        Timeouts::default(),
-    )
-    .expect("metastore source");
-    let mut rows: Vec<NotificationRow> = Vec::new();
-    loop {
-        let after = rows.last().map(|r| r.event_id).unwrap_or(0);
-        let page = source.poll(after, 100).expect("poll");
-        if page.is_empty() {
-            break;
-        }
-        rows.extend(page);
-    }
+    let (_, rows) = all_rows(server);
     rows.into_iter()
         .map(|row| match decode_message(&row) {
             Ok(m) => (row, m),

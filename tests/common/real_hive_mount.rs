@@ -18,6 +18,30 @@ use crate::common;
 use crate::common::daemon::read_tree;
 use crate::dbserver::{DbServer, Kind, PASSWORD, USER};
 use crate::servers::hms::MetastoreDb;
+use stagefs::source::hive::metastore::{MetastoreSource, Timeouts};
+use stagefs::source::hive::model::{NotificationRow, RowSource};
+
+/// Every `NOTIFICATION_LOG` row of the metastore database `hive` on
+/// `server`, read through stagefs's own metastore source (returned too,
+/// for further questions), in pages of 100.
+pub fn all_rows(server: &DbServer) -> (MetastoreSource, Vec<NotificationRow>) {
+    let mut source = MetastoreSource::open(
+        &server.url("hive"),
+        Some(PASSWORD.into()),
+        Timeouts::default(),
+    )
+    .expect("metastore source");
+    let mut rows: Vec<NotificationRow> = Vec::new();
+    loop {
+        let after = rows.last().map(|r| r.event_id).unwrap_or(0);
+        let page = source.poll(after, 100).expect("poll");
+        if page.is_empty() {
+            break;
+        }
+        rows.extend(page);
+    }
+    (source, rows)
+}
 
 /// `db.table` → path below the table (`k=v/…/name`) → sha256 hex.
 pub type Tables = BTreeMap<String, BTreeMap<String, String>>;
