@@ -38,8 +38,8 @@ use stagefs::source::{Source, Validator, Verdict};
 use stagefs::workload::hive_export::HiveWriter;
 
 use super::{
-    cpu_seconds, grouped, load1, measure, median, note, row, sh, thread_times, wait_visible,
-    write_random_files, Opts, Res, SourceFile,
+    cpu_seconds, grouped, load1, measure, median, note, row, sh, staged_verified, thread_times,
+    wait_visible, write_random_files, Opts, Res, SourceFile,
 };
 
 /// Median and range of `v`, formatted `median (min–max)` with `digits`.
@@ -629,14 +629,7 @@ fn stage_set(o: &Opts, label: &str, count: u64, size: u64, reps: u64) -> Res<()>
             } else {
                 let cfg = hive_config(&rows, &writer)?;
                 let r = measure(total_mib, || {
-                    let replica = hive_replica(&state, &src, cfg)?;
-                    wait_visible(&replica, last, Duration::from_secs(900))?;
-                    let status = replica.status();
-                    replica.stop();
-                    if status.unverified_files != 0 {
-                        return Err(format!("{} files unverified", status.unverified_files).into());
-                    }
-                    Ok(())
+                    staged_verified(hive_replica(&state, &src, cfg)?, last)
                 })?;
                 stage.push(r);
             }

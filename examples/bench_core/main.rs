@@ -186,6 +186,18 @@ fn wait_visible(replica: &Replica, last: StateId, limit: Duration) -> Res<Durati
     }
 }
 
+/// Waits until `replica` shows `last`, stops it, and fails if any file
+/// was staged without a proof (the staging benchmarks' clock stop).
+fn staged_verified(replica: Replica, last: StateId) -> Res<()> {
+    wait_visible(&replica, last, Duration::from_secs(900))?;
+    let status = replica.status();
+    replica.stop();
+    if status.unverified_files != 0 {
+        return Err(format!("{} files unverified", status.unverified_files).into());
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // 1. ingest: metadata-only events per second
 

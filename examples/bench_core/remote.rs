@@ -19,7 +19,7 @@ use stagefs::workload::hive_export::{HiveWriter, WAREHOUSE_URI};
 
 use super::hive::write_partition_rows;
 use super::{
-    grouped, load1, measure, median, note, row, rss_bytes, sh, wait_visible, write_random_files,
+    grouped, load1, measure, median, note, row, rss_bytes, sh, staged_verified, write_random_files,
     Opts, Res, SourceFile,
 };
 
@@ -327,16 +327,7 @@ fn stage_once(written: &Written, place: &Place, state: &Path, total_mib: f64) ->
         })
     };
     let last = written.last;
-    let r = measure(total_mib, || {
-        let replica = Replica::start(cfg)?;
-        wait_visible(&replica, last, Duration::from_secs(900))?;
-        let status = replica.status();
-        replica.stop();
-        if status.unverified_files != 0 {
-            return Err(format!("{} files unverified", status.unverified_files).into());
-        }
-        Ok(())
-    });
+    let r = measure(total_mib, || staged_verified(Replica::start(cfg)?, last));
     done.store(true, Ordering::Relaxed);
     sampler.join().map_err(|_| "the sampler panicked")?;
     let gained = peak.load(Ordering::Relaxed).saturating_sub(before) as f64 / f64::from(1u32 << 20);
