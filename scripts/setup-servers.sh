@@ -45,118 +45,78 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# --- HDFS launcher -----------------------------------------------------------
-# Up to date when its classpath file is newer than every source and every jar
-# it names is still in the repository.
-launcher_built() {
-  local cp=$launcher/target/classpath.txt
-  [ -f "$cp" ] && [ -f "$launcher/target/classes/stagefs/hdfs/Launcher.class" ] || return 1
-  [ -z "$(find "$launcher/pom.xml" "$launcher/src" -newer "$cp" -print -quit)" ] || return 1
+# --- Maven modules under tests/java ------------------------------------------
+# A module is up to date when its classpath file is newer than every source
+# (CLASSPATH SOURCE...) and every jar it names is still in the repository.
+classpath_fresh() {
+  local cp=$1
+  shift
+  [ -f "$cp" ] || return 1
+  [ -z "$(find "$@" -newer "$cp" -print -quit)" ] || return 1
   local jar
   while IFS= read -r jar; do
     [ -f "$jar" ] || return 1
   done < <(tr ':' '\n' <"$cp")
 }
 
-if ! launcher_built; then
+# Packages MODULE unless CHECK (a function) says it is up to date: offline
+# from $maven_repo first, else downloading DOWNLOADS into it. LABEL names it.
+maven_package() {
+  local module=$1 label=$2 downloads=$3 check=$4
+  "$check" && return 0
   mkdir -p "$maven_repo"
-  mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$launcher/pom.xml" package)
+  local mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$module/pom.xml" package)
   if mvn -o "${mvn_args[@]}" >/dev/null 2>&1; then
-    echo "setup-servers: built the HDFS launcher offline" >&2
+    echo "setup-servers: built $label offline" >&2
   else
-    echo "setup-servers: building the HDFS launcher (downloads Hadoop into $maven_repo)" >&2
+    echo "setup-servers: building $label (downloads $downloads into $maven_repo)" >&2
     mvn "${mvn_args[@]}"
   fi
   # build-classpath leaves an unchanged classpath file alone; it stamps the build.
-  touch "$launcher/target/classpath.txt"
-  launcher_built || { echo "setup-servers: the HDFS launcher did not build" >&2; exit 1; }
-fi
+  touch "$module/target/classpath.txt"
+  "$check" || { echo "setup-servers: $label did not build" >&2; exit 1; }
+}
+
+# --- HDFS launcher -----------------------------------------------------------
+launcher_built() {
+  [ -f "$launcher/target/classes/stagefs/hdfs/Launcher.class" ] &&
+    classpath_fresh "$launcher/target/classpath.txt" "$launcher/pom.xml" "$launcher/src"
+}
+maven_package "$launcher" "the HDFS launcher" "Hadoop" launcher_built
 
 # --- Hive metastore launcher -------------------------------------------------
 # tests/java/hms-launcher: Hive 4.0.1's standalone metastore, schematool and
 # its SQL scripts (unpacked from the metastore's bin tar.gz), the JDBC
-# drivers, and our NOTIFICATION_LOG listener. Same repository and offline-first rule.
+# drivers, and our NOTIFICATION_LOG listener.
 hms_launcher=tests/java/hms-launcher
 hms_launcher_built() {
-  local cp=$hms_launcher/target/classpath.txt
-  [ -f "$cp" ] && [ -f "$hms_launcher/target/classes/stagefs/hms/Launcher.class" ] || return 1
-  [ -d "$hms_launcher/target/metastore-home/apache-hive-metastore-4.0.1-bin/scripts/metastore/upgrade" ] || return 1
-  [ -z "$(find "$hms_launcher/pom.xml" "$hms_launcher/src" -newer "$cp" -print -quit)" ] || return 1
-  local jar
-  while IFS= read -r jar; do
-    [ -f "$jar" ] || return 1
-  done < <(tr ':' '\n' <"$cp")
+  [ -f "$hms_launcher/target/classes/stagefs/hms/Launcher.class" ] &&
+    [ -d "$hms_launcher/target/metastore-home/apache-hive-metastore-4.0.1-bin/scripts/metastore/upgrade" ] &&
+    classpath_fresh "$hms_launcher/target/classpath.txt" "$hms_launcher/pom.xml" "$hms_launcher/src"
 }
-
-if ! hms_launcher_built; then
-  mkdir -p "$maven_repo"
-  mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$hms_launcher/pom.xml" package)
-  if mvn -o "${mvn_args[@]}" >/dev/null 2>&1; then
-    echo "setup-servers: built the metastore launcher offline" >&2
-  else
-    echo "setup-servers: building the metastore launcher (downloads Hive into $maven_repo)" >&2
-    mvn "${mvn_args[@]}"
-  fi
-  touch "$hms_launcher/target/classpath.txt"
-  hms_launcher_built || { echo "setup-servers: the metastore launcher did not build" >&2; exit 1; }
-fi
+maven_package "$hms_launcher" "the metastore launcher" "Hive" hms_launcher_built
 
 # --- Hive 3.1.3 metastore launcher -------------------------------------------
 # tests/java/hms3-launcher: the same launcher source built against Hive
 # 3.1.3's standalone metastore, with HCatalog's own DbNotificationListener
-# 3.1.3 as the transactional listener. Same repository and offline-first rule.
+# 3.1.3 as the transactional listener.
 hms3_launcher=tests/java/hms3-launcher
 hms3_launcher_built() {
-  local cp=$hms3_launcher/target/classpath.txt
-  [ -f "$cp" ] && [ -f "$hms3_launcher/target/classes/stagefs/hms/Launcher.class" ] || return 1
-  [ -d "$hms3_launcher/target/metastore-home/apache-hive-metastore-3.1.3-bin/scripts/metastore/upgrade" ] || return 1
-  [ -z "$(find "$hms3_launcher/pom.xml" "$hms_launcher/src" -newer "$cp" -print -quit)" ] || return 1
-  local jar
-  while IFS= read -r jar; do
-    [ -f "$jar" ] || return 1
-  done < <(tr ':' '\n' <"$cp")
+  [ -f "$hms3_launcher/target/classes/stagefs/hms/Launcher.class" ] &&
+    [ -d "$hms3_launcher/target/metastore-home/apache-hive-metastore-3.1.3-bin/scripts/metastore/upgrade" ] &&
+    classpath_fresh "$hms3_launcher/target/classpath.txt" "$hms3_launcher/pom.xml" "$hms_launcher/src"
 }
-
-if ! hms3_launcher_built; then
-  mkdir -p "$maven_repo"
-  mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$hms3_launcher/pom.xml" package)
-  if mvn -o "${mvn_args[@]}" >/dev/null 2>&1; then
-    echo "setup-servers: built the Hive 3.1.3 metastore launcher offline" >&2
-  else
-    echo "setup-servers: building the Hive 3.1.3 metastore launcher (downloads Hive 3.1.3 into $maven_repo)" >&2
-    mvn "${mvn_args[@]}"
-  fi
-  touch "$hms3_launcher/target/classpath.txt"
-  hms3_launcher_built || { echo "setup-servers: the Hive 3.1.3 metastore launcher did not build" >&2; exit 1; }
-fi
+maven_package "$hms3_launcher" "the Hive 3.1.3 metastore launcher" "Hive 3.1.3" hms3_launcher_built
 
 # --- Hive 4.0.1 client jars for Spark ------------------------------------------
 # tests/java/spark-hive4-client: the jars Spark's Hive support loads with
 # spark.sql.hive.metastore.version=4.0.1 and metastore.jars=path
-# (tests/real_hive_spark.rs). Same repository and offline-first rule.
+# (tests/real_hive_spark.rs).
 spark_hive4=tests/java/spark-hive4-client
 spark_hive4_built() {
-  local cp=$spark_hive4/target/classpath.txt
-  [ -f "$cp" ] || return 1
-  [ -z "$(find "$spark_hive4/pom.xml" -newer "$cp" -print -quit)" ] || return 1
-  local jar
-  while IFS= read -r jar; do
-    [ -f "$jar" ] || return 1
-  done < <(tr ':' '\n' <"$cp")
+  classpath_fresh "$spark_hive4/target/classpath.txt" "$spark_hive4/pom.xml"
 }
-
-if ! spark_hive4_built; then
-  mkdir -p "$maven_repo"
-  mvn_args=(-q -B -Dmaven.repo.local="$maven_repo" -DskipTests -f "$spark_hive4/pom.xml" package)
-  if mvn -o "${mvn_args[@]}" >/dev/null 2>&1; then
-    echo "setup-servers: resolved the Hive 4.0.1 client jars for Spark offline" >&2
-  else
-    echo "setup-servers: resolving the Hive 4.0.1 client jars for Spark (downloads ~190 MB into $maven_repo)" >&2
-    mvn "${mvn_args[@]}"
-  fi
-  touch "$spark_hive4/target/classpath.txt"
-  spark_hive4_built || { echo "setup-servers: the Hive 4.0.1 client jars did not resolve" >&2; exit 1; }
-fi
+maven_package "$spark_hive4" "the Hive 4.0.1 client jars for Spark" "~190 MB" spark_hive4_built
 
 # --- SeaweedFS ---------------------------------------------------------------
 weed_dir=$servers_dir/seaweedfs-$SEAWEEDFS_VERSION
