@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use stagefs::source_file::Remotes;
 
-use super::remote::{self, Baseline, Place};
+use super::remote::{self, rclone_baseline, Baseline, Place};
 use super::servers::{repo_root, MiniHdfs, MiniHdfsOptions};
 use super::{median, note, Opts, Res};
 
@@ -86,24 +86,11 @@ pub fn bench_stage(o: &Opts) -> Res<()> {
             set.what(),
             t.elapsed()
         );
-        let rclone = Baseline {
-            name: "`rclone copy` (4 transfers) + `sync`".into(),
-            short: "rclone",
-            run: Box::new(|dest: &Path| {
-                let st = Command::new("rclone")
-                    .args(["copy", "--transfers", "4", "--checkers", "8"])
-                    .args(["--multi-thread-streams", "4", "-q"])
-                    .args(["--hdfs-namenode", &format!("127.0.0.1:{}", hdfs.nn_port())])
-                    .args(["--hdfs-username", &shell.user])
-                    .arg(format!(":hdfs:{dir}"))
-                    .arg(dest)
-                    .status()?;
-                if !st.success() {
-                    return Err(format!("rclone failed: {st}").into());
-                }
-                Ok(())
-            }),
-        };
+        let rclone = rclone_baseline(|cmd: &mut Command| {
+            cmd.args(["--hdfs-namenode", &format!("127.0.0.1:{}", hdfs.nn_port())])
+                .args(["--hdfs-username", &shell.user])
+                .arg(format!(":hdfs:{dir}"));
+        });
         let get = Baseline {
             name: "`hdfs dfs -get -t 4` (JVM start included) + `sync`".into(),
             short: "hdfs dfs -get",

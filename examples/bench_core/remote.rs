@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,6 +166,27 @@ pub struct Baseline<'a> {
     /// Short, for the ratio (e.g. "rclone").
     pub short: &'static str,
     pub run: CopyInto<'a>,
+}
+
+/// `rclone copy` with 4 transfers, 8 checkers and 4 streams per file into
+/// the destination, `source` adding what names the remote (its flags,
+/// environment and the source path).
+pub fn rclone_baseline<'a>(source: impl Fn(&mut Command) + 'a) -> Baseline<'a> {
+    Baseline {
+        name: "`rclone copy` (4 transfers) + `sync`".into(),
+        short: "rclone",
+        run: Box::new(move |dest: &Path| {
+            let mut cmd = Command::new("rclone");
+            cmd.args(["copy", "--transfers", "4", "--checkers", "8"])
+                .args(["--multi-thread-streams", "4", "-q"]);
+            source(&mut cmd);
+            let st = cmd.arg(dest).status()?;
+            if !st.success() {
+                return Err(format!("rclone failed: {st}").into());
+            }
+            Ok(())
+        }),
+    }
 }
 
 /// Where the set was put: `source` ("S3", "HDFS"), what stagefs checks

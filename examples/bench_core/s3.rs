@@ -33,7 +33,7 @@ use stagefs::source_file::s3::{Credentials, S3Access, S3Settings, Secret};
 use stagefs::source_file::Remotes;
 
 use super::bench_common::percentile;
-use super::remote::{self, Baseline, Place};
+use super::remote::{self, rclone_baseline, Place};
 use super::servers::S3Server;
 use super::{grouped, load1, median, note, row, wait_visible, Opts, Res, SourceFile};
 
@@ -53,32 +53,19 @@ pub fn bench_stage(o: &Opts) -> Res<()> {
             set.label,
             set.what()
         );
-        let rclone = Baseline {
-            name: "`rclone copy` (4 transfers) + `sync`".into(),
-            short: "rclone",
-            run: Box::new(|dest: &Path| {
-                let st = Command::new("rclone")
-                    .args(["copy", "--transfers", "4", "--checkers", "8"])
-                    .args(["--multi-thread-streams", "4", "-q"])
-                    .arg(format!("bench:{BUCKET}/{}", set.label))
-                    .arg(dest)
-                    // rclone's AWS SDK fails on a CA bundle with its own
-                    // transport; the endpoint is plain http anyway.
-                    .env_remove("AWS_CA_BUNDLE")
-                    .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
-                    .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
-                    .env("RCLONE_CONFIG_BENCH_ENDPOINT", s3.endpoint())
-                    .env("RCLONE_CONFIG_BENCH_REGION", s3.region())
-                    .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", s3.access_key())
-                    .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", s3.secret_key())
-                    .env("RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE", "true")
-                    .status()?;
-                if !st.success() {
-                    return Err(format!("rclone failed: {st}").into());
-                }
-                Ok(())
-            }),
-        };
+        let rclone = rclone_baseline(|cmd: &mut Command| {
+            cmd.arg(format!("bench:{BUCKET}/{}", set.label))
+                // rclone's AWS SDK fails on a CA bundle with its own
+                // transport; the endpoint is plain http anyway.
+                .env_remove("AWS_CA_BUNDLE")
+                .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
+                .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
+                .env("RCLONE_CONFIG_BENCH_ENDPOINT", s3.endpoint())
+                .env("RCLONE_CONFIG_BENCH_REGION", s3.region())
+                .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", s3.access_key())
+                .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", s3.secret_key())
+                .env("RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE", "true");
+        });
         let place = Place {
             source: "S3",
             checked: "ETag checked",
