@@ -528,10 +528,13 @@ impl Partial {
             }
             result
         })?;
-        // Warmed means whole in `blobs/`.
-        if let Some(t) = lock(&self.placing).take() {
+        // Warmed means whole in `blobs/`: joined under the lock, so a
+        // second `fill` waits for the same placing to finish.
+        let mut placing = lock(&self.placing);
+        if let Some(t) = placing.take() {
             let _ = t.join();
         }
+        drop(placing);
         Ok(cache.report().fetched_bytes.saturating_sub(before))
     }
 
@@ -629,22 +632,20 @@ impl Partial {
     /// Records the outcome of piece `i`'s fetch and wakes its waiters;
     /// with every piece present, moves the file to `blobs/`.
     fn settle(self: &Arc<Self>, cache: &BlobCache, i: usize, r: Result<Option<u64>, FetchError>) {
-        let complete = {
-            let mut p = lock(&self.pieces);
-            p[i] = match &r {
-                Ok(_) => Piece::Present,
-                Err(_) => Piece::Missing,
-            };
-            self.changed.notify_all();
-            r.is_ok() && p.iter().all(|s| *s == Piece::Present)
-        };
         if let Err(e) = &r {
             cache.failed(&format!("piece {i} of {}", self.id.to_hex()), e);
         }
-        if complete {
+        let mut p = lock(&self.pieces);
+        p[i] = match &r {
+            Ok(_) => Piece::Present,
+            Err(_) => Piece::Missing,
+        };
+        if r.is_ok() && p.iter().all(|s| *s == Piece::Present) {
             // The flush of the whole file to disk must not hold up the
             // read that fetched the last piece: a thread of its own (the
-            // file is served from `partial/` meanwhile).
+            // file is served from `partial/` meanwhile). It is recorded
+            // before any waiter wakes, so a `fill` that saw the last piece
+            // arrive always finds it to join.
             let part = Arc::clone(self);
             let (dest, src) = (cache.blob_path(&self.id), cache.partial_path(&self.id, ""));
             let extras = [
@@ -659,6 +660,7 @@ impl Partial {
                 Err(e) => tracing::warn!("placing a filled file: {e}"),
             }
         }
+        self.changed.notify_all();
     }
 
     /// Moves the whole file `src` to `dest` in `blobs/` once it is on
