@@ -20,6 +20,7 @@ use stagefs::event::{BlobId, FileRef, StateId, Verify};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::map::SourceMap;
 use stagefs::source::hive::HdfsChecks;
+use stagefs::source_file::hdfs::{PARTS_AHEAD, PART_BYTES};
 use stagefs::source_file::Location;
 use stagefs::stage::{BlobStore, FetchOutcome};
 use stagefs::testkit::hive_pipeline::{content, hive_rows_config, native_trees};
@@ -228,19 +229,22 @@ fn a_datanode_stopped_mid_read_is_read_around_and_the_copy_verifies() {
     opts.replication = Some(2);
     opts.block_size = Some(1 << 20);
     let mut hdfs = MiniHdfs::start_with(opts).unwrap();
-    let data = bytes(6 << 20, 3);
+    // Longer than the parts read ahead after the first, so parts are
+    // still to be read (and some in flight) when the DataNode stops.
+    let len = (PARTS_AHEAD as u64 + 3) * PART_BYTES + 12345;
+    let data = bytes(len as usize, 3);
     hdfs.put_bytes("/dn/000000_0", &data, None).unwrap();
     let sum = hdfs.checksum("/dn/000000_0").unwrap().hex;
     let uri = format!("{}/dn/000000_0", hdfs.uri());
 
-    // Through the reader: half, a DataNode stopped, the rest.
+    // Through the reader: the first MiB, a DataNode stopped, the rest.
     let file = Location::remote(&uri).unwrap().unwrap().open().unwrap();
     assert_eq!(file.identity().size, data.len() as u64);
     let mut got = vec![0u8; data.len()];
-    let half = data.len() / 2;
+    let first = 1 << 20;
     let mut at = 0;
-    while at < half {
-        at += file.read_at(&mut got[at..half], at as u64).unwrap();
+    while at < first {
+        at += file.read_at(&mut got[at..first], at as u64).unwrap();
     }
     hdfs.stop_datanode(0).unwrap();
     while at < data.len() {
@@ -251,9 +255,13 @@ fn a_datanode_stopped_mid_read_is_read_around_and_the_copy_verifies() {
     assert!(got == data, "the bytes read differ");
     // Past the end: nothing, and no panic (hdfs-native panics unclamped).
     assert_eq!(file.read_at(&mut [0u8; 16], data.len() as u64).unwrap(), 0);
+    // Out of order: the tail, then the start again.
     let mut tail = [0u8; 64];
     assert_eq!(file.read_at(&mut tail, data.len() as u64 - 10).unwrap(), 10);
     assert_eq!(&tail[..10], &data[data.len() - 10..]);
+    let mut head = [0u8; 64];
+    assert_eq!(file.read_at(&mut head, 5).unwrap(), 64);
+    assert_eq!(&head[..], &data[5..69]);
     assert_eq!(file.identity_now().unwrap(), *file.identity());
 
     // Through the store, with one DataNode still down: staged and verified.
@@ -265,6 +273,33 @@ fn a_datanode_stopped_mid_read_is_read_around_and_the_copy_verifies() {
         (fetched.blob, fetched.size),
         (sha(&data), data.len() as u64)
     );
+
+    // The last replica stopped in the middle: the read fails with the
+    // server named, after giving only true bytes; never a short file.
+    let file = Location::remote(&uri).unwrap().unwrap().open().unwrap();
+    let mut at = 0;
+    while at < first {
+        at += file.read_at(&mut got[at..first], at as u64).unwrap();
+    }
+    hdfs.stop_datanode(1).unwrap();
+    let err = loop {
+        match file.read_at(&mut got[at..], at as u64) {
+            Ok(n) => {
+                assert!(n > 0 && at + n < data.len(), "read to {} of {len}", at + n);
+                at += n;
+            }
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(
+        got[..at] == data[..at],
+        "the bytes read before the failure differ"
+    );
+    assert!(err.contains(&hdfs.uri()[7..]), "{err}");
+    let state = tempfile::tempdir().unwrap();
+    let failed =
+        store(state.path()).fetch_unsynced(&hive_file(&uri, &sum, None), Path::new(""), None);
+    assert!(failed.is_err(), "staged with every DataNode down");
 }
 
 #[test]

@@ -18,6 +18,20 @@
 //! threads) wait on each request with `block_on`, each request bounded by
 //! [`REQUEST_TIMEOUT`].
 //!
+//! A file is read in parts of [`PART_BYTES`]: the part holding the offset
+//! asked for, and up to [`PARTS_AHEAD`] parts after it set going at once
+//! (each its own DataNode read, on the runtime) while the part before them
+//! is copied, so the copy never waits for a round trip to a DataNode once
+//! the first part is in. The copy still takes the bytes in order (`read_at`
+//! from the start to the end), so the checksum is recomputed on them as
+//! they come. A part is kept whole only if exactly its length came; a part
+//! that fails (every replica of a block lost, a reset, no answer within
+//! [`REQUEST_TIMEOUT`]) is asked again [`PART_ATTEMPTS`] times in all, then
+//! the read fails and the stager retries the file. Memory: at most
+//! `PARTS_AHEAD + 1` parts (40 MiB) per open file, so per fetch thread. A
+//! read out of order (not at the part after the one copied) drops the
+//! parts ahead and starts again from there.
+//!
 //! Every read is clamped to the file's length as the NameNode gave it when
 //! the file was opened: `hdfs-native` panics on a range past the end. The
 //! identity is the length, the modification time and the block size; the
@@ -28,13 +42,16 @@
 //!
 //! Called through [`super::Location::open`] by the blob store's fetch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::future::Future;
 use std::io;
+use std::ops::Range;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures::StreamExt;
 use hdfs_native::{Client, ClientBuilder, HdfsError};
 
 use super::{Identity, SourceFile, SourceOpenError, Stamp};
@@ -44,6 +61,14 @@ use super::{Identity, SourceFile, SourceOpenError, Stamp};
 /// timeout's default, which abandons a fetch making no progress first; this
 /// bound only ends the abandoned request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Bytes per DataNode read of a large file, and the largest file read in
+/// one.
+pub const PART_BYTES: u64 = 8 << 20;
+/// Parts read ahead of the part being copied.
+pub const PARTS_AHEAD: usize = 4;
+/// Tries of one part before the read fails.
+pub const PART_ATTEMPTS: u32 = 3;
 
 /// A file URI on HDFS, split into the file system the client is made for
 /// (`hdfs://host:port` or `hdfs://ns1`) and the path in it.
@@ -174,9 +199,20 @@ enum RequestError {
     Runtime(String),
     TimedOut(Duration),
     Hdfs(HdfsError),
+    /// An answer that is not what was asked for (a part of another length).
+    BadAnswer(String),
 }
 
 impl RequestError {
+    /// Worth asking again: not a file that is gone, nor a runtime that
+    /// cannot run.
+    fn is_transient(&self) -> bool {
+        !matches!(
+            self,
+            RequestError::Runtime(_) | RequestError::Hdfs(HdfsError::FileNotFound(_))
+        )
+    }
+
     /// As an I/O error naming the server (`host:port` or nameservice).
     fn into_io(self, authority: &str, what: &str) -> io::Error {
         let (kind, text) = match self {
@@ -187,18 +223,104 @@ impl RequestError {
             ),
             RequestError::Hdfs(HdfsError::IOError(e)) => (e.kind(), e.to_string()),
             RequestError::Hdfs(e) => (io::ErrorKind::Other, e.to_string()),
+            RequestError::BadAnswer(e) => (io::ErrorKind::InvalidData, e),
         };
         io::Error::new(kind, format!("HDFS {authority}: {what}: {text}"))
     }
 }
 
 /// A file on HDFS opened for reading: its blocks as the NameNode listed
-/// them at open, and the identity it had then.
+/// them at open, the identity it had then, and the parts being read.
 pub struct HdfsFile {
     client: Client,
     uri: HdfsUri,
     reader: hdfs_native::file::FileReader,
     identity: Identity,
+    parts: Mutex<Parts>,
+}
+
+/// One part's bytes as the DataNodes sent them (their packets, in order,
+/// not copied into one buffer), exactly the part's length in all.
+struct Part {
+    chunks: Vec<Bytes>,
+}
+
+impl Part {
+    /// Copies the part's bytes from `at` on into `buf`: how many (0 at or
+    /// past its end).
+    fn copy_to(&self, mut at: usize, buf: &mut [u8]) -> usize {
+        let mut n = 0;
+        for chunk in &self.chunks {
+            if n == buf.len() {
+                break;
+            }
+            if at >= chunk.len() {
+                at -= chunk.len();
+                continue;
+            }
+            let take = (chunk.len() - at).min(buf.len() - n);
+            buf[n..n + take].copy_from_slice(&chunk[at..at + take]);
+            n += take;
+            at = 0;
+        }
+        n
+    }
+}
+
+type PartTask = tokio::task::JoinHandle<Result<Part, RequestError>>;
+
+/// The parts of a file being read: the one copied from now, and the
+/// reads in flight after it.
+#[derive(Default)]
+struct Parts {
+    current: Option<(u64, Part)>,
+    ahead: VecDeque<(u64, PartTask)>,
+}
+
+impl Parts {
+    fn abort_ahead(&mut self) {
+        for (_, task) in self.ahead.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// Reads bytes `range` of the file `reader` opened, as one part: refused
+/// unless exactly that many bytes come within [`REQUEST_TIMEOUT`].
+fn read_part(
+    reader: &hdfs_native::file::FileReader,
+    range: Range<usize>,
+) -> impl Future<Output = Result<Part, RequestError>> + Send + 'static {
+    // The stream owns what it needs (block list, connections): it outlives
+    // the borrow of the reader, so it can run ahead on the runtime.
+    let mut stream = reader.read_range_stream(range.start, range.len());
+    async move {
+        let want = range.len();
+        let collect = async {
+            let mut chunks = Vec::new();
+            let mut got = 0usize;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(RequestError::Hdfs)?;
+                got += chunk.len();
+                if got > want {
+                    break;
+                }
+                if !chunk.is_empty() {
+                    chunks.push(chunk);
+                }
+            }
+            if got != want {
+                return Err(RequestError::BadAnswer(format!(
+                    "bytes {}..{}: {got} bytes came",
+                    range.start, range.end
+                )));
+            }
+            Ok(Part { chunks })
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, collect)
+            .await
+            .map_err(|_| RequestError::TimedOut(REQUEST_TIMEOUT))?
+    }
 }
 
 impl std::fmt::Debug for HdfsFile {
@@ -249,7 +371,56 @@ impl HdfsFile {
             uri,
             reader,
             identity,
+            parts: Mutex::default(),
         })
+    }
+
+    /// Bytes of part `index`, clamped to the length at open.
+    fn part_range(&self, index: u64) -> Range<usize> {
+        let len = self.reader.file_length();
+        let start = usize::try_from(index * PART_BYTES).map_or(len, |s| s.min(len));
+        start..start.saturating_add(PART_BYTES as usize).min(len)
+    }
+
+    /// Part `index`, from the reads in flight (started here when not), with
+    /// up to [`PARTS_AHEAD`] parts after it set going; a part that fails
+    /// for a transient reason is asked again.
+    fn fetch_part(&self, parts: &mut Parts, index: u64) -> Result<Part, RequestError> {
+        let rt = runtime().map_err(RequestError::Runtime)?;
+        let count = (self.reader.file_length() as u64).div_ceil(PART_BYTES);
+        if parts.ahead.front().is_some_and(|(i, _)| *i != index) {
+            // Not the next part: not read in order; start again from here.
+            parts.abort_ahead();
+        }
+        let mut next = parts.ahead.back().map_or(index, |(i, _)| i + 1);
+        while next < count && parts.ahead.len() <= PARTS_AHEAD {
+            let task = rt.spawn(read_part(&self.reader, self.part_range(next)));
+            parts.ahead.push_back((next, task));
+            next += 1;
+        }
+        let Some((_, task)) = parts.ahead.pop_front() else {
+            return Err(RequestError::BadAnswer(format!(
+                "part {index} is past the end"
+            )));
+        };
+        // The task ends within REQUEST_TIMEOUT of its start; the wait is
+        // bounded too, in case the runtime is starved.
+        let mut outcome = rt
+            .block_on(async { tokio::time::timeout(REQUEST_TIMEOUT, task).await })
+            .map_err(|_| RequestError::TimedOut(REQUEST_TIMEOUT))
+            .and_then(|joined| joined.map_err(|e| RequestError::Runtime(format!("part task: {e}"))))
+            .and_then(|part| part);
+        let mut attempt = 1;
+        while let Err(e) = &outcome {
+            if !e.is_transient() || attempt >= PART_ATTEMPTS {
+                break;
+            }
+            tracing::debug!(uri = %self.uri.path, part = index, error = ?e, "HDFS part failed; asking again");
+            std::thread::sleep(Duration::from_millis(200) * (1 << attempt));
+            attempt += 1;
+            outcome = rt.block_on(read_part(&self.reader, self.part_range(index)));
+        }
+        outcome
     }
 }
 
@@ -297,16 +468,41 @@ impl SourceFile for HdfsFile {
         &self.identity
     }
 
+    /// Copies from the part holding `offset`, fetched (with the parts
+    /// after it) when it is not the one in hand: at most up to that part's
+    /// end. Clamped to the length at open (hdfs-native panics past it).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        // Clamped to the length at open: hdfs-native panics past the end.
         let len = self.reader.file_length() as u64;
         if offset >= len || buf.is_empty() {
             return Ok(0);
         }
-        let n = (len - offset).min(buf.len() as u64) as usize;
-        let offset = usize::try_from(offset).map_err(io::Error::other)?;
-        wait(self.reader.read_range_buf(&mut buf[..n], offset))
-            .map_err(|e| e.into_io(&self.uri.authority, &format!("read at {offset}")))?;
+        let index = offset / PART_BYTES;
+        let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        if !matches!(&parts.current, Some((i, _)) if *i == index) {
+            parts.current = None;
+            let part = self.fetch_part(&mut parts, index).map_err(|e| {
+                e.into_io(
+                    &self.uri.authority,
+                    &format!("read at {}", index * PART_BYTES),
+                )
+            })?;
+            parts.current = Some((index, part));
+        }
+        let Some((_, part)) = &parts.current else {
+            return Ok(0);
+        };
+        // Parts are checked to their exact length when they arrive, and
+        // `offset` is below the file's length, so some byte is there.
+        let n = part.copy_to((offset - index * PART_BYTES) as usize, buf);
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "HDFS {}: part {index} ends before byte {offset}",
+                    self.uri.authority
+                ),
+            ));
+        }
         Ok(n)
     }
 
@@ -321,9 +517,46 @@ impl SourceFile for HdfsFile {
     }
 }
 
+impl Drop for HdfsFile {
+    fn drop(&mut self) {
+        self.parts
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .abort_ahead();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_part_copies_across_its_packets_from_any_offset() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let part = Part {
+            chunks: vec![
+                Bytes::copy_from_slice(&data[..300]),
+                Bytes::copy_from_slice(&data[300..301]),
+                Bytes::copy_from_slice(&data[301..]),
+            ],
+        };
+        for (at, len) in [
+            (0, 1000),
+            (0, 10),
+            (299, 5),
+            (300, 1),
+            (301, 699),
+            (999, 64),
+        ] {
+            let mut buf = vec![0u8; len];
+            let n = part.copy_to(at, &mut buf);
+            let want = len.min(1000 - at);
+            assert_eq!(n, want, "at {at}");
+            assert_eq!(&buf[..n], &data[at..at + want], "at {at}");
+        }
+        assert_eq!(part.copy_to(1000, &mut [0u8; 8]), 0);
+        assert_eq!(part.copy_to(5000, &mut [0u8; 8]), 0);
+    }
 
     #[test]
     fn uris_split_into_file_system_and_path() {
