@@ -89,9 +89,10 @@ pub struct Busy {
     /// The parent (pid, its threads); `None` for init or an unreadable
     /// parent.
     pub parent: Option<(u32, ThreadTimes)>,
-    /// This daemon's own threads: while they wait for a CPU, a request
-    /// the process sent waits in the kernel's queue, and the process
-    /// looks idle while it waits for this daemon.
+    /// This daemon's request threads ([`request_thread_times`]): while
+    /// they wait for a CPU, a request the process sent waits in the
+    /// kernel's queue, and the process looks idle while it waits for
+    /// this daemon.
     pub daemon: ThreadTimes,
 }
 
@@ -128,7 +129,7 @@ pub struct Activity {
     /// Its parent's threads' run and wait time, summed (a driver that
     /// computes while its child, the engine, waits for it).
     pub parent: Duration,
-    /// This daemon's threads' time waiting for a CPU, summed: time the
+    /// This daemon's request threads' time waiting for a CPU, summed: time the
     /// process may have spent blocked on a request not yet read.
     pub daemon_wait: Duration,
 }
@@ -309,19 +310,67 @@ pub fn proc_of_pid(pid: u32) -> Option<ProcId> {
 /// (nanoseconds) of `/proc/<pid>/task/<tid>/schedstat`.
 fn thread_times(pid: u32) -> Option<ThreadTimes> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut out = Vec::new();
-    for task in tasks.flatten() {
-        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
-            continue;
-        };
-        // A thread that exited meanwhile is left out.
-        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+    let tids: Vec<u32> = tasks
+        .flatten()
+        .filter_map(|t| t.file_name().to_str().and_then(|t| t.parse().ok()))
+        .collect();
+    times_of(pid, &tids)
+}
+
+/// (id, run, wait) of the threads `tids` of process `pid`; a thread that
+/// exited meanwhile is left out. `None` without schedstat.
+fn times_of(pid: u32, tids: &[u32]) -> Option<ThreadTimes> {
+    let mut out = Vec::with_capacity(tids.len());
+    for &tid in tids {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")) else {
             continue;
         };
         let (run, wait) = parse_schedstat(&text)?;
         out.push((tid, run, wait));
     }
     Some(out)
+}
+
+/// The threads of process `pid` whose name starts with `prefix`
+/// (`/proc/<pid>/task/<tid>/comm`).
+fn named_threads(pid: u32, prefix: &str) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .filter_map(|t| t.file_name().to_str().and_then(|t| t.parse().ok()))
+        .collect()
+}
+
+/// The names fuser gives the threads that read and answer this daemon's
+/// FUSE requests (`fuser-<n>`).
+const REQUEST_THREADS: &str = "fuser-";
+
+/// This daemon's request threads' times. While *they* wait for a CPU, a
+/// request a reader sent waits unread, and the reader looks idle while it
+/// waits for this daemon; the daemon's other threads (staging,
+/// publishing, GC, a test harness serving a mount in-process) keep no
+/// reader waiting, so their waits are not counted. The thread list is
+/// found by name and re-read once per [`RECHECK`].
+fn request_thread_times() -> ThreadTimes {
+    static FOUND: Mutex<Option<(Instant, Vec<u32>)>> = Mutex::new(None);
+    let me = std::process::id();
+    let tids = {
+        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+        match &*found {
+            Some((at, tids)) if at.elapsed() < RECHECK => tids.clone(),
+            _ => {
+                let tids = named_threads(me, REQUEST_THREADS);
+                *found = Some((Instant::now(), tids.clone()));
+                tids
+            }
+        }
+    };
+    times_of(me, &tids).unwrap_or_default()
 }
 
 /// A sample of `proc` and its parent from `/proc`. `None` when the
@@ -345,7 +394,7 @@ pub fn proc_busy(proc: ProcId) -> Option<Busy> {
         // samples gaps: such a reader's gaps are wall-clock pauses.
         return Some(Busy::default());
     }
-    let daemon = thread_times(me).unwrap_or_default();
+    let daemon = request_thread_times();
     Some(Busy {
         own,
         parent,
@@ -1301,6 +1350,32 @@ mod tests {
     }
 
     #[test]
+    fn request_threads_are_found_by_name() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        // Not fuser's prefix: another test may sample this process.
+        let t = std::thread::Builder::new()
+            .name("stagefs-rq-test".into())
+            .spawn(move || {
+                tx.send(unsafe { libc::gettid() } as u32).unwrap();
+                let _ = stop_rx.recv();
+            })
+            .unwrap();
+        let tid = rx.recv().unwrap();
+        let me = std::process::id();
+        let found = named_threads(me, "stagefs-rq-");
+        let times = times_of(me, &found).expect("schedstat");
+        let _ = stop_tx.send(());
+        t.join().unwrap();
+        assert_eq!(found, vec![tid]);
+        assert_eq!(times.len(), 1);
+        assert_eq!(times[0].0, tid);
+        assert!(named_threads(me, "no-such-thread-").is_empty());
+        // A thread gone since it was found is left out, not an error.
+        assert_eq!(times_of(me, &[tid]), Some(vec![]));
+    }
+
+    #[test]
     fn schedstat_run_delay_is_the_second_field() {
         assert_eq!(
             parse_schedstat("123 4567 8\n"),
@@ -1313,7 +1388,7 @@ mod tests {
         let b = proc_busy(me).expect("this process");
         assert!(b.own.is_empty() && b.parent.is_none() && b.daemon.is_empty());
         // Another process: its threads, its parent (this process) and
-        // this daemon's threads.
+        // this daemon's request threads (none here: no mount is served).
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
@@ -1324,7 +1399,7 @@ mod tests {
         let _ = child.wait();
         assert_eq!(b.own.len(), 1, "sleep has one thread");
         assert_eq!(b.parent.as_ref().map(|p| p.0), Some(me.pid), "the parent");
-        assert!(!b.daemon.is_empty(), "this daemon's threads");
+        assert!(b.daemon.is_empty(), "no request threads: {:?}", b.daemon);
         // Threads count summed; a new thread wholly, a gone one not.
         let mark = vec![
             (1, ms(100), ms(10)),
