@@ -1220,3 +1220,48 @@ fn a_list_object_versions_answer_that_is_no_listing_stalls_with_the_reason_and_s
         assert_eq!(files[*name], (sha(data), "not-newer-than-event"), "{name}");
     }
 }
+
+#[test]
+fn in_a_versioned_bucket_a_file_deleted_at_its_event_or_written_after_it_waits_with_the_reason() {
+    let s3 = S3Server::start().unwrap();
+    s3.create_bucket(BUCKET, true).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let store = store(state.path(), access(&s3));
+    let key = "wh/t/000000_0";
+    let uri = format!("s3a://{BUCKET}/{key}");
+    let before_any = now_ms() - 5_000;
+    put(&s3, BUCKET, key, b"first");
+    // Apart from the first version even if the listing keeps seconds.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let deleted = s3
+        .request("DELETE", &format!("/{BUCKET}/{key}"), &[], &[], b"")
+        .unwrap();
+    assert_eq!(deleted.status, 204, "{}", deleted.text());
+    let event_ms = now_ms();
+    let event_time_ms = event_ms / 1000 * 1000;
+    while now_ms() < event_time_ms + 2_600 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    put(&s3, BUCKET, key, b"written after the event");
+    let at = |time_ms| {
+        s3_file(
+            &uri,
+            Verify::NotNewerThanEvent {
+                time_ms: Some(time_ms),
+            },
+            None,
+        )
+    };
+
+    // Deleted at its event: the delete marker is no version to read.
+    let err = fetch(&store, &at(event_time_ms)).unwrap_err();
+    eprintln!("deleted at the event: {err}");
+    assert!(
+        err.contains(&uri) && err.contains("a later version") && err.contains("delete marker"),
+        "{err}"
+    );
+    // An event before any version.
+    let err = fetch(&store, &at(before_any / 1000 * 1000)).unwrap_err();
+    eprintln!("before any version: {err}");
+    assert!(err.contains("none as old as its event"), "{err}");
+}
