@@ -54,6 +54,11 @@ pub struct SourceArgs {
     /// addressed path-style; may be http://); overrides AWS_ENDPOINT_URL.
     #[arg(long = "s3-endpoint", value_name = "URL")]
     pub s3_endpoint: Option<String>,
+    /// How much later than its event's EVENT_TIME a file without a checksum,
+    /// read from HDFS or S3, may have been modified and still be accepted
+    /// as "not newer than its event": 1s, 2500ms, 1.5s; at most 5s.
+    #[arg(long = "event-time-margin", value_name = "DURATION", default_value = "1s", value_parser = crate::stage::EventTimeMargin::parse)]
+    pub event_time_margin: crate::stage::EventTimeMargin,
     /// How often to poll the Hive notification log, in milliseconds.
     #[arg(long = "hive-poll-ms", value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
     pub hive_poll_ms: u64,
@@ -351,4 +356,66 @@ pub fn write_manpage(out: &mut dyn std::io::Write) -> std::io::Result<()> {
         man.render_options_section(out)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn margin_of(args: &[&str]) -> Result<crate::stage::EventTimeMargin, String> {
+        let mut argv = vec![
+            "stagefs",
+            "replicate",
+            "--state",
+            "/s",
+            "--hive-events",
+            "/e",
+        ];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Replicate { source, .. } => Ok(source.event_time_margin),
+            other => Err(format!("parsed as {other:?}")),
+        }
+    }
+
+    #[test]
+    fn event_time_margin_defaults_to_one_second_and_is_refused_above_five() {
+        assert_eq!(margin_of(&[]).unwrap().as_millis(), 1_000);
+        assert_eq!(
+            margin_of(&["--event-time-margin", "2500ms"])
+                .unwrap()
+                .as_millis(),
+            2_500
+        );
+        let err = margin_of(&["--event-time-margin", "6s"]).unwrap_err();
+        assert!(
+            err.contains("--event-time-margin") && err.contains("above the limit of 5s"),
+            "{err}"
+        );
+        let err = margin_of(&["--event-time-margin=-1s"]).unwrap_err();
+        assert!(err.contains("cannot be negative"), "{err}");
+        let err = margin_of(&["--event-time-margin", "soon"]).unwrap_err();
+        assert!(err.contains("is not an event-time margin"), "{err}");
+        // Every command that takes --hive-metastore takes it.
+        for cmd in ["mount", "replicate", "bootstrap", "check"] {
+            let mut argv = vec!["stagefs", cmd];
+            if cmd == "mount" {
+                argv.push("/mnt");
+            }
+            argv.extend([
+                "--state",
+                "/s",
+                "--hive-metastore",
+                "postgresql://u@h:5432/db",
+                "--event-time-margin",
+                "3s",
+            ]);
+            assert!(Cli::try_parse_from(&argv).is_ok(), "{cmd}");
+        }
+    }
 }

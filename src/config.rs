@@ -409,7 +409,12 @@ mod tests {
                     continue;
                 }
                 keys += 1;
-                let value = if key == "log-format" { "json" } else { "7" };
+                // A value each option takes (most take a number).
+                let value = match key.as_str() {
+                    "log-format" => "json",
+                    "event-time-margin" => "3s",
+                    _ => "7",
+                };
                 match arg.get_action() {
                     ArgAction::SetTrue => {
                         toml_text.push_str(&format!("{key} = true\n"));

@@ -147,6 +147,8 @@ pub struct HiveArgs {
     pub poll_ms: u64,
     /// `--bootstrap`: build the first state from the metastore's tables.
     pub bootstrap: bool,
+    /// `--event-time-margin`: see [`HiveConfig::event_time_margin`].
+    pub event_time_margin: crate::stage::EventTimeMargin,
 }
 
 impl ReplicateArgs {
@@ -320,6 +322,7 @@ impl ReplicateArgs {
         }
         let mut cfg = HiveConfig::new(rows.clone(), map);
         cfg.poll_interval = Duration::from_millis(self.hive.poll_ms.max(1));
+        cfg.event_time_margin = self.hive.event_time_margin;
         Ok(Some(cfg))
     }
 }

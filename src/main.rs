@@ -245,6 +245,7 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
             rows: hive_rows,
             source_map: s.source_map,
             poll_ms: s.hive_poll_ms,
+            event_time_margin: s.event_time_margin,
             bootstrap: s.bootstrap,
         },
         checkpoint_events: s.checkpoint_events,

@@ -6,9 +6,11 @@
 //! bucket and no `--source-map`, every file checked with the ETag checksum
 //! S3A records; an INSERT OVERWRITE reusing `000000_0` in an unversioned
 //! and in a versioned bucket (a rewrite in the middle of a read is never a
-//! mixed copy); files without a checksum and "not newer than its event";
-//! and faults through a TCP proxy: `503 SlowDown`, connections reset in
-//! the middle of a file, an outage, a refused credential.
+//! mixed copy); files without a checksum and "not newer than its event"
+//! (with the default margin and a wider one; in a versioned bucket, the
+//! version current at the event); and faults through a TCP proxy: `503
+//! SlowDown`, connections reset in the middle of a file, an outage, a
+//! refused credential, a ListObjectVersions answer that is no listing.
 
 mod servers;
 
@@ -20,14 +22,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use md5::Md5;
 use servers::{FaultMode, FaultProxy, S3Server};
 use sha2::{Digest, Sha256};
-use stagefs::event::{BlobId, FileRef, StateId, Verify};
+use stagefs::event::{BlobId, Event, FileRef, StateId, Verify};
 use stagefs::replicate::{Replica, ReplicaConfig};
 use stagefs::source::hive::map::SourceMap;
 use stagefs::source::hive::uri::cm_file_name;
 use stagefs::source::hive::HdfsChecks;
 use stagefs::source_file::s3::{Credentials, S3Access, S3Settings, Secret, PART_BYTES};
 use stagefs::source_file::{Location, Remotes};
-use stagefs::stage::{BlobStore, FetchOutcome};
+use stagefs::stage::{BlobStore, EventTimeMargin, FetchOutcome};
 use stagefs::testkit::checker::{
     check_stagefs_table, mount_status, run_readers, visible, CheckConfig, DaemonProcess, Oracle,
     Target,
@@ -932,4 +934,334 @@ fn a_bad_s3_endpoint_is_a_usage_error_that_names_no_secret() {
         );
         assert!(!err.contains("SECRET"), "{err}");
     }
+}
+
+/// Hive rows (`json-0.2`) in `dir/rows.jsonl` for a database `db1` and an
+/// unpartitioned table `t`, then one INSERT at `event_ms` (EVENT_TIME keeps
+/// its whole seconds) of `files` (`t`'s file names and their bytes) with
+/// no checksum in their URIs (change management off), the warehouse in
+/// `bucket`. The files are not put in the bucket.
+fn rows_without_checksums(
+    dir: &Path,
+    bucket: &str,
+    event_ms: i64,
+    files: &[(&str, &[u8])],
+) -> PathBuf {
+    let source = dir.join("source");
+    let rows = dir.join("rows.jsonl");
+    let mut writer = HiveWriter::new(&rows, &source, None, &dir.join("hive-cm"), false).unwrap();
+    writer.set_checksums(false);
+    let mut listed = Vec::new();
+    for (name, data) in files {
+        let rel = format!("db1.db/t/{name}");
+        std::fs::create_dir_all(source.join("db1.db/t")).unwrap();
+        std::fs::write(source.join(&rel), data).unwrap();
+        listed.push(serde_json::json!({
+            "path": rel, "size": data.len(), "sha256": sha(data).to_hex(),
+        }));
+    }
+    for line in [
+        serde_json::json!({"id": 1, "op": "create_database", "db": "db1", "time_ms": event_ms}),
+        serde_json::json!({"id": 2, "op": "create_table", "db": "db1", "table": "t", "time_ms": event_ms}),
+        serde_json::json!({"id": 3, "op": "add_files", "db": "db1", "table": "t", "files": listed, "time_ms": event_ms}),
+    ] {
+        writer
+            .write_event(&Event::parse_line(line.to_string().as_bytes()).unwrap())
+            .unwrap();
+    }
+    writer.sync().unwrap();
+    let text = std::fs::read_to_string(&rows)
+        .unwrap()
+        .replace(WAREHOUSE_URI, &format!("s3a://{bucket}/warehouse"));
+    assert!(!text.contains("hdfs://"), "an HDFS URI is left");
+    std::fs::write(&rows, text).unwrap();
+    rows
+}
+
+/// The files of the visible state: name → (blob, `user.stagefs.verified`).
+fn visible_files(replica: &Replica) -> BTreeMap<String, (BlobId, &'static str)> {
+    let mut out = BTreeMap::new();
+    replica
+        .catalog()
+        .snapshot()
+        .visible
+        .for_each_file(&mut |f| {
+            let name = f.source.rsplit('/').next().unwrap().to_owned();
+            out.insert(name, (f.blob(), f.verified));
+        });
+    out
+}
+
+/// Two files of `t` without checksums, put in `bucket` before their
+/// event and overwritten (other bytes, other lengths) 2.5 s or more after
+/// its EVENT_TIME, past the default 1 s margin. The small one fits one
+/// GET, the large one is read in ranged parts. Returns the rows and the
+/// contents at the event.
+fn overwritten_after_their_event(
+    s3: &S3Server,
+    dir: &Path,
+    bucket: &str,
+) -> (PathBuf, Vec<(&'static str, Vec<u8>)>) {
+    let old = vec![
+        ("000000_0", bytes(10_000, 21)),
+        ("000001_0", bytes((PART_BYTES * 2 + 99) as usize, 22)),
+    ];
+    for (name, data) in &old {
+        put(s3, bucket, &format!("warehouse/db1.db/t/{name}"), data);
+    }
+    let event_ms = now_ms();
+    let files: Vec<(&str, &[u8])> = old.iter().map(|(n, d)| (*n, d.as_slice())).collect();
+    let rows = rows_without_checksums(dir, bucket, event_ms, &files);
+    let event_time_ms = event_ms / 1000 * 1000;
+    while now_ms() < event_time_ms + 2_600 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (i, (name, data)) in old.iter().enumerate() {
+        let new = bytes(data.len() + 7, 30 + i as u64);
+        put(s3, bucket, &format!("warehouse/db1.db/t/{name}"), &new);
+    }
+    (rows, old)
+}
+
+#[test]
+fn seaweedfs_keeps_versions_lists_them_by_exact_prefix_and_reads_one_by_id() {
+    let s3 = S3Server::start().unwrap();
+    s3.create_bucket("kept", true).unwrap();
+    s3.create_bucket("plain", false).unwrap();
+    assert_eq!(s3.versioning("kept").unwrap(), "Enabled");
+    let one = put(&s3, "kept", "t/000000_0", b"one");
+    let two = put(&s3, "kept", "t/000000_0", b"two");
+    put(&s3, "kept", "t/000000_0_copy", b"other key");
+    let (Some(v1), Some(v2)) = (one.version.clone(), two.version.clone()) else {
+        panic!("a versioned bucket gives version ids")
+    };
+    assert_ne!(v1, v2);
+    let listed = s3.list_object_versions("kept", "t/000000_0", 1000).unwrap();
+    eprintln!("ListObjectVersions prefix=t/000000_0: {listed:?}");
+    let ids: Vec<&str> = listed
+        .iter()
+        .filter(|v| v.key == "t/000000_0")
+        .map(|v| v.version_id.as_str())
+        .collect();
+    assert_eq!(ids, [v2.as_str(), v1.as_str()], "newest first");
+    let got = s3
+        .request("GET", "/kept/t/000000_0", &[("versionId", &v1)], &[], b"")
+        .unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, &b"one"[..]));
+    assert_eq!(got.header("x-amz-version-id"), Some(v1.as_str()));
+    // What stagefs sees of the current object: its version id, or none
+    // in a bucket that never kept versions.
+    let remotes = Remotes::with_s3(access(&s3));
+    let open = |uri: &str| {
+        Location::remote(uri)
+            .unwrap()
+            .unwrap()
+            .open_with(&remotes)
+            .unwrap()
+    };
+    assert_eq!(open("s3a://kept/t/000000_0").version(), Some(v2.as_str()));
+    put(&s3, "plain", "t/000000_0", b"plain");
+    let plain = open("s3a://plain/t/000000_0");
+    eprintln!("unversioned GET: version {:?}", plain.version());
+    assert!(
+        plain.version().is_none_or(|v| v == "null"),
+        "{:?}",
+        plain.version()
+    );
+}
+
+#[test]
+fn in_a_versioned_bucket_a_file_without_checksum_overwritten_after_its_event_is_shown_as_it_was_then(
+) {
+    let s3 = S3Server::start().unwrap();
+    s3.create_bucket(BUCKET, true).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let (rows, old) = overwritten_after_their_event(&s3, dir.path(), BUCKET);
+
+    let replica = Replica::start(replica_config(state.path(), &rows, access(&s3))).unwrap();
+    wait_for("state 3", Duration::from_secs(60), || {
+        replica.catalog().snapshot().visible.state_id == StateId(3)
+    });
+    let files = visible_files(&replica);
+    assert_eq!(files.len(), old.len(), "{files:?}");
+    for (name, data) in &old {
+        assert_eq!(
+            files[*name],
+            (sha(data), "not-newer-than-event"),
+            "{name}: not the version current at its event"
+        );
+    }
+    assert!(replica.status().stalled.is_none());
+}
+
+#[test]
+fn in_an_unversioned_bucket_a_file_without_checksum_overwritten_after_its_event_waits_with_the_reason(
+) {
+    let s3 = S3Server::start().unwrap();
+    s3.create_bucket(BUCKET, false).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let (rows, _) = overwritten_after_their_event(&s3, dir.path(), BUCKET);
+
+    let replica = Replica::start(replica_config(state.path(), &rows, access(&s3))).unwrap();
+    wait_for("the stall", Duration::from_secs(60), || {
+        replica.status().stalled.is_some()
+    });
+    let stall = replica.status().stalled.unwrap();
+    eprintln!("stalled: {}", stall.reason);
+    assert_eq!(stall.state_id, Some(StateId(3)));
+    assert!(
+        stall
+            .reason
+            .contains("s3a://warehouse/warehouse/db1.db/t/00000")
+            && stall.reason.contains("after its event")
+            && stall.reason.contains("a later version"),
+        "{}",
+        stall.reason
+    );
+    let snap = replica.catalog().snapshot();
+    assert!(snap.visible.state_id < StateId(3));
+    assert!(visible_files(&replica).is_empty());
+}
+
+#[test]
+fn a_file_modified_two_seconds_after_its_event_needs_a_margin_of_more_than_one_second() {
+    let s3 = S3Server::start().unwrap();
+    s3.create_bucket(BUCKET, false).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = bytes(5_000, 41);
+    put(&s3, BUCKET, "warehouse/db1.db/t/000000_0", &data);
+    // Last modified (whole seconds, as a GET gives it) 2 s after EVENT_TIME.
+    let modified_ms = Location::remote(&format!("s3a://{BUCKET}/warehouse/db1.db/t/000000_0"))
+        .unwrap()
+        .unwrap()
+        .open_with(&Remotes::with_s3(access(&s3)))
+        .unwrap()
+        .identity()
+        .mtime_ns
+        / 1_000_000;
+    let rows = rows_without_checksums(
+        dir.path(),
+        BUCKET,
+        modified_ms - 2_000,
+        &[("000000_0", &data)],
+    );
+
+    // The default 1 s: refused, and status says so.
+    let state = tempfile::tempdir().unwrap();
+    let replica = Replica::start(replica_config(state.path(), &rows, access(&s3))).unwrap();
+    wait_for("the stall", Duration::from_secs(60), || {
+        replica.status().stalled.is_some()
+    });
+    let reason = replica.status().stalled.unwrap().reason;
+    eprintln!("stalled: {reason}");
+    assert!(
+        reason.contains("000000_0")
+            && reason.contains("2000 ms after its event")
+            && reason.contains("--event-time-margin 1s"),
+        "{reason}"
+    );
+    assert!(visible_files(&replica).is_empty());
+    drop(replica);
+
+    // --event-time-margin 3s: accepted.
+    let state = tempfile::tempdir().unwrap();
+    let mut cfg = replica_config(state.path(), &rows, access(&s3));
+    cfg.hive.as_mut().unwrap().event_time_margin = EventTimeMargin::parse("3s").unwrap();
+    let replica = Replica::start(cfg).unwrap();
+    wait_for("state 3", Duration::from_secs(60), || {
+        replica.catalog().snapshot().visible.state_id == StateId(3)
+    });
+    assert_eq!(
+        visible_files(&replica)["000000_0"],
+        (sha(&data), "not-newer-than-event")
+    );
+}
+
+#[test]
+fn a_list_object_versions_answer_that_is_no_listing_stalls_with_the_reason_and_shows_nothing() {
+    let s3 = S3Server::start().unwrap();
+    s3.create_bucket(BUCKET, true).unwrap();
+    let proxy = FaultProxy::start(s3.addr()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let (rows, old) = overwritten_after_their_event(&s3, dir.path(), BUCKET);
+    proxy
+        .set_mode(FaultMode::GarbageVersions {
+            body: "<ListVersionsResult><Version><Key>warehouse/db1.db/t/000000_0</Key>",
+        })
+        .unwrap();
+    let access = access_with(&s3, &proxy.endpoint(), None);
+    let replica = Replica::start(replica_config(state.path(), &rows, access)).unwrap();
+    wait_for("the stall", Duration::from_secs(60), || {
+        replica.status().stalled.is_some()
+    });
+    let reason = replica.status().stalled.unwrap().reason;
+    eprintln!("stalled: {reason}");
+    assert!(
+        reason.contains("s3a://warehouse/warehouse/db1.db/t/00000")
+            && reason.contains(&proxy.addr().to_string())
+            && reason.contains("not a ListObjectVersions answer"),
+        "{reason}"
+    );
+    assert!(!reason.contains(s3.secret_key()), "{reason}");
+    assert!(proxy.stats().garbled >= 1, "{:?}", proxy.stats());
+    assert!(visible_files(&replica).is_empty());
+    assert!(replica.catalog().snapshot().visible.state_id < StateId(3));
+
+    // A listing again: the versions current at the event.
+    proxy.set_mode(FaultMode::Pass).unwrap();
+    wait_for("state 3", Duration::from_secs(90), || {
+        replica.catalog().snapshot().visible.state_id == StateId(3)
+    });
+    let files = visible_files(&replica);
+    for (name, data) in &old {
+        assert_eq!(files[*name], (sha(data), "not-newer-than-event"), "{name}");
+    }
+}
+
+#[test]
+fn in_a_versioned_bucket_a_file_deleted_at_its_event_or_written_after_it_waits_with_the_reason() {
+    let s3 = S3Server::start().unwrap();
+    s3.create_bucket(BUCKET, true).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let store = store(state.path(), access(&s3));
+    let key = "wh/t/000000_0";
+    let uri = format!("s3a://{BUCKET}/{key}");
+    let before_any = now_ms() - 5_000;
+    put(&s3, BUCKET, key, b"first");
+    // Apart from the first version even if the listing keeps seconds.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let deleted = s3
+        .request("DELETE", &format!("/{BUCKET}/{key}"), &[], &[], b"")
+        .unwrap();
+    assert_eq!(deleted.status, 204, "{}", deleted.text());
+    let event_ms = now_ms();
+    let event_time_ms = event_ms / 1000 * 1000;
+    while now_ms() < event_time_ms + 2_600 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    put(&s3, BUCKET, key, b"written after the event");
+    let at = |time_ms| {
+        s3_file(
+            &uri,
+            Verify::NotNewerThanEvent {
+                time_ms: Some(time_ms),
+            },
+            None,
+        )
+    };
+
+    // Deleted at its event: the delete marker is no version to read.
+    let err = fetch(&store, &at(event_time_ms)).unwrap_err();
+    eprintln!("deleted at the event: {err}");
+    assert!(
+        err.contains(&uri) && err.contains("a later version") && err.contains("delete marker"),
+        "{err}"
+    );
+    // An event before any version.
+    let err = fetch(&store, &at(before_any / 1000 * 1000)).unwrap_err();
+    eprintln!("before any version: {err}");
+    assert!(err.contains("none as old as its event"), "{err}");
 }

@@ -194,7 +194,8 @@ pub fn run(
     let blobs = Arc::new(
         BlobStore::open(&cfg.state_dir)
             .map_err(|e| io("opening the blob store".into())(e.to_string()))?
-            .with_remotes(cfg.remotes.clone()),
+            .with_remotes(cfg.remotes.clone())
+            .with_event_time_margin(cfg.hive.event_time_margin),
     );
     let resolutions = Resolutions::open(&cfg.state_dir)
         .map_err(|e| io("opening resolved.log".into())(e.to_string()))?;

@@ -215,7 +215,12 @@ impl Replica {
         let blobs = Arc::new(
             BlobStore::open(&cfg.state_dir)?
                 .with_checks(Arc::new(HdfsChecks))
-                .with_remotes(cfg.remotes.clone()),
+                .with_remotes(cfg.remotes.clone())
+                .with_event_time_margin(
+                    cfg.hive
+                        .as_ref()
+                        .map_or_else(Default::default, |h| h.event_time_margin),
+                ),
         );
         let recovered = recovery::recover(&cfg)?;
         let journal = recovered.journal;

@@ -117,6 +117,32 @@ impl Location {
     }
 }
 
+impl Location {
+    /// The file as it was at `at_ms` (ms since the epoch), when the file
+    /// as opened now is newer and the place keeps older versions
+    /// (`keeps_versions`: the file opened now has a
+    /// [`SourceFile::version`]): an S3 object in a bucket that gives
+    /// version ids ([`s3::S3File::open_as_of`]). `None` where the place
+    /// keeps no versions (a local file, HDFS, an unversioned bucket): the
+    /// current file is all there is. `Some(Err)` says why no version of
+    /// that moment can be read.
+    pub fn open_as_of(
+        &self,
+        remotes: &Remotes,
+        keeps_versions: bool,
+        at_ms: i64,
+    ) -> Option<Result<Box<dyn SourceFile>, String>> {
+        match self {
+            Location::S3 { .. } if !keeps_versions => None,
+            Location::S3 { uri } => Some(
+                s3::S3File::open_as_of(&remotes.s3(), uri, at_ms)
+                    .map(|f| Box::new(f) as Box<dyn SourceFile>),
+            ),
+            Location::Local { .. } | Location::Hdfs { .. } => None,
+        }
+    }
+}
+
 /// The path (or URI) of the file, for messages.
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -150,6 +176,13 @@ pub trait SourceFile: Send {
     /// The S3 ETag (without quotes) of the object version read; `None`
     /// for a file that is not an S3 object.
     fn etag(&self) -> Option<&str> {
+        None
+    }
+
+    /// The version id of the object version read, in an S3 bucket that
+    /// keeps versions (`null` for an object written while versioning was
+    /// suspended); `None` where the place keeps no versions.
+    fn version(&self) -> Option<&str> {
         None
     }
 }

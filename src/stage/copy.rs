@@ -24,7 +24,8 @@ use super::heartbeat::heartbeat;
 use super::test_hooks;
 use super::tmp::{TempBlob, Temps};
 use super::verify::{
-    check_version, stream_check, CheckFailed, Digests, Hashing, SourceChecks, StreamCheck,
+    check_version, stream_check, CheckFailed, Digests, EventTimeMargin, Hashing, Newer,
+    SourceChecks, StreamCheck,
 };
 use super::{store_error, StageError};
 
@@ -60,13 +61,16 @@ pub(super) struct Copied {
 /// Copies `place` into a new temp file from `temps`, hashing and counting
 /// on the way, and checks what `file.verify` asks for: size and sha256, or
 /// the HDFS checksum (made by `checks`, computed in the same pass), or
-/// nothing beyond a stable length. Returns the copy with its sha256 and
-/// size. The outer `Err` is a store failure (ends the fetch); the inner
-/// `Err` says why this copy is unusable (try the next place).
+/// nothing beyond a stable length; a file without a checksum must not be
+/// newer than its event (with `margin`), or the version current at its
+/// event is read where the place keeps versions. Returns the copy with its
+/// sha256 and size. The outer `Err` is a store failure (ends the fetch);
+/// the inner `Err` says why this copy is unusable (try the next place).
 pub(super) fn copy_verified(
     temps: &Temps,
     checks: &dyn SourceChecks,
     remotes: &Remotes,
+    margin: EventTimeMargin,
     place: &Location,
     file: &FileRef,
     sync: bool,
@@ -78,6 +82,40 @@ pub(super) fn copy_verified(
         Ok(opened) => opened,
         Err(e) => return Ok(Err(e.to_string())),
     };
+    // What the source says about the version opened (its ETag, its
+    // modification time) is checked before a byte is copied: the reader
+    // reads that version only. A version newer than its event may have an
+    // older one beside it that was current at the event (a versioned
+    // bucket): that one is read instead, under the same rule.
+    let src = match check_version(&file.verify, &*src, margin) {
+        Ok(()) => src,
+        Err(Newer::Other(problem)) => return Ok(Err(problem)),
+        Err(Newer::Than { limit_ms, problem }) => {
+            // The newer version's first part is not kept while the older
+            // one is read (the memory bound per fetch thread).
+            let keeps_versions = src.version().is_some();
+            drop(src);
+            match place.open_as_of(remotes, keeps_versions, limit_ms) {
+                None => return Ok(Err(problem)),
+                Some(Err(why)) => return Ok(Err(format!("{problem}; {why}"))),
+                Some(Ok(older)) => match check_version(&file.verify, &*older, margin) {
+                    Ok(()) => {
+                        tracing::debug!(
+                            file = %place,
+                            version = older.version().unwrap_or_default(),
+                            "reading the version current at the event"
+                        );
+                        older
+                    }
+                    Err(Newer::Other(why) | Newer::Than { problem: why, .. }) => {
+                        return Ok(Err(format!(
+                            "{problem}; the version current at its event: {why}"
+                        )))
+                    }
+                },
+            }
+        }
+    };
     let expected = src.identity().size;
     let known = file.known();
     // Checked before copying so a wrong multi-GiB file costs nothing. A
@@ -87,12 +125,6 @@ pub(super) fn copy_verified(
         if expected != size {
             return Ok(Err(format!("size {expected} expected {size}")));
         }
-    }
-    // What the source says about the version opened (its ETag, its
-    // modification time) is checked before a byte is copied: the reader
-    // reads that version only.
-    if let Err(problem) = check_version(&file.verify, &*src) {
-        return Ok(Err(problem));
     }
     let check = match stream_check(checks, &file.verify) {
         Ok(check) => check,

@@ -88,7 +88,7 @@ use std::time::Duration;
 pub use durability::{GroupSync, Unsynced, GROUP_SYNC_MIN, PUBLISH_SYNC_THREADS};
 pub use heartbeat::{heartbeat, watch_this_thread, ProgressWatch};
 pub use store::{BlobStore, Fetched};
-pub use verify::{CheckFailed, SourceChecks, StreamCheck};
+pub use verify::{CheckFailed, EventTimeMargin, SourceChecks, StreamCheck};
 
 /// Where a fetched blob came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

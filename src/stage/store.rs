@@ -18,7 +18,7 @@ use super::durability::{self, GroupSync, Unsynced};
 use super::origins::{candidate_places, is_valid_mapped_path};
 use super::placement::Placement;
 use super::tmp::{ensure_dir, Temps, TMP_DIR_NAME};
-use super::verify::{NoSourceChecks, SourceChecks};
+use super::verify::{EventTimeMargin, NoSourceChecks, SourceChecks};
 use super::{store_error, FetchOutcome, StageError};
 
 /// The blob store. `Send + Sync`; share it through an `Arc`.
@@ -35,6 +35,9 @@ pub struct BlobStore {
     checks: Arc<dyn SourceChecks>,
     /// How remote places (S3) are reached.
     remotes: Remotes,
+    /// How much later than its event a file without a checksum may be
+    /// (`--event-time-margin`).
+    event_time_margin: EventTimeMargin,
 }
 
 impl BlobStore {
@@ -59,6 +62,7 @@ impl BlobStore {
             group_sync,
             checks: Arc::new(NoSourceChecks),
             remotes: Remotes::default(),
+            event_time_margin: EventTimeMargin::DEFAULT,
         };
         store.temps.remove_leftovers()?;
         let (mut total, mut count) = (0u64, 0u64);
@@ -82,6 +86,14 @@ impl BlobStore {
     /// is read with the process's own AWS environment.
     pub fn with_remotes(mut self, remotes: Remotes) -> BlobStore {
         self.remotes = remotes;
+        self
+    }
+
+    /// The store accepting a file without a checksum, read where it is,
+    /// when modified at most `margin` after its event (default
+    /// [`EventTimeMargin::DEFAULT`]).
+    pub fn with_event_time_margin(mut self, margin: EventTimeMargin) -> BlobStore {
+        self.event_time_margin = margin;
         self
     }
 
@@ -261,6 +273,7 @@ impl BlobStore {
                 &self.temps,
                 &*self.checks,
                 &self.remotes,
+                self.event_time_margin,
                 &place,
                 file,
                 sync,

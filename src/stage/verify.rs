@@ -5,6 +5,8 @@
 //! bytes in the same pass. The copy engines (`copy_verified`) hash with
 //! [`Hashing`] and compare what the file asks for.
 
+use std::time::Duration;
+
 use sha2::{Digest, Sha256};
 
 use crate::event::{BlobId, Verify};
@@ -71,46 +73,155 @@ pub(super) fn stream_check(
 }
 
 /// How much later than its event a file without a checksum may have been
-/// modified and still count as "not newer than its event" (SPEC §2): Hive
-/// records `EVENT_TIME` in whole seconds, truncated, after the files are
-/// written, and the metastore's clock is not the file system's.
-pub const EVENT_TIME_MARGIN_MS: i64 = 1_000;
+/// modified and still count as "not newer than its event" (SPEC §2,
+/// `--event-time-margin`): Hive records `EVENT_TIME` in whole seconds,
+/// truncated, after the files are written, and the metastore's clock is
+/// not the file system's. [`EventTimeMargin::DEFAULT`] unless given; never
+/// above [`EventTimeMargin::MAX`] (a wider margin would let a rewrite made
+/// just after the event pass for the file the event names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventTimeMargin(Duration);
+
+impl EventTimeMargin {
+    pub const DEFAULT: EventTimeMargin = EventTimeMargin(Duration::from_secs(1));
+    pub const MAX: EventTimeMargin = EventTimeMargin(Duration::from_secs(5));
+
+    /// `margin`, refused above [`EventTimeMargin::MAX`].
+    pub fn new(margin: Duration) -> Result<EventTimeMargin, String> {
+        if margin > EventTimeMargin::MAX.0 {
+            return Err(format!(
+                "an event-time margin of {} is above the limit of {}",
+                EventTimeMargin(margin),
+                EventTimeMargin::MAX
+            ));
+        }
+        Ok(EventTimeMargin(margin))
+    }
+
+    /// `--event-time-margin`: `1s`, `2500ms`, `1.5s`, `0s` (a unit is
+    /// required; at most millisecond precision); negative, garbage or
+    /// above [`EventTimeMargin::MAX`] is refused with the reason.
+    pub fn parse(text: &str) -> Result<EventTimeMargin, String> {
+        let s = text.trim();
+        let bad = || {
+            format!(
+                "{text:?} is not an event-time margin (a duration such as 1s, 2500ms or 1.5s, from 0 to {})",
+                EventTimeMargin::MAX
+            )
+        };
+        if s.starts_with('-') {
+            return Err(format!(
+                "{text:?}: an event-time margin cannot be negative (0 to {})",
+                EventTimeMargin::MAX
+            ));
+        }
+        let (number, unit_ms) = if let Some(n) = s.strip_suffix("ms") {
+            (n, 1u64)
+        } else if let Some(n) = s.strip_suffix('s') {
+            (n, 1_000)
+        } else {
+            return Err(bad());
+        };
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+        if whole.is_empty() || !digits(whole) || !digits(fraction) || number.ends_with('.') {
+            return Err(bad());
+        }
+        // Past the limit in any unit: refused without overflowing.
+        let whole: u64 = whole.parse().unwrap_or(u64::MAX);
+        let mut ms = whole.saturating_mul(unit_ms);
+        if !fraction.is_empty() {
+            // Fractions of a second down to the millisecond.
+            if unit_ms != 1_000 || fraction.len() > 3 {
+                return Err(bad());
+            }
+            let padded = format!("{fraction:0<3}");
+            ms = ms.saturating_add(padded.parse::<u64>().map_err(|_| bad())?);
+        }
+        EventTimeMargin::new(Duration::from_millis(ms))
+    }
+
+    pub fn as_millis(self) -> i64 {
+        self.0.as_millis() as i64
+    }
+
+    pub fn as_duration(self) -> Duration {
+        self.0
+    }
+}
+
+impl Default for EventTimeMargin {
+    fn default() -> EventTimeMargin {
+        EventTimeMargin::DEFAULT
+    }
+}
+
+/// `1s`, `2500ms`: as `--event-time-margin` takes it.
+impl std::fmt::Display for EventTimeMargin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1_000 == 0 {
+            write!(f, "{}s", ms / 1_000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+/// Why "not newer than its event" cannot vouch for the version opened:
+/// the file carries no checksum and was modified after its event's time
+/// plus the margin (a later version), or its event has no time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Newer {
+    /// Modified after the limit: an older version may still be the one
+    /// the event named (in a bucket that keeps versions).
+    Than { limit_ms: i64, problem: String },
+    /// Some other reason, final.
+    Other(String),
+}
 
 /// The checks of what the source says about the version opened, made
 /// before a byte is copied (the version is pinned for the whole read):
-/// the S3 ETag a file's URI records, or "not newer than its event" for a
-/// file without a checksum read where it is. `Err` says why this copy
-/// cannot stand for the file.
-pub(super) fn check_version(verify: &Verify, src: &dyn SourceFile) -> Result<(), String> {
+/// the S3 ETag a file's URI records, or "not newer than its event" (with
+/// `margin`) for a file without a checksum read where it is. `Err` says
+/// why this copy cannot stand for the file.
+pub(super) fn check_version(
+    verify: &Verify,
+    src: &dyn SourceFile,
+    margin: EventTimeMargin,
+) -> Result<(), Newer> {
     match verify {
         Verify::S3Etag { checksum } => {
-            let recorded = etag_of_checksum(checksum)?;
+            let recorded = etag_of_checksum(checksum).map_err(Newer::Other)?;
             match src.etag() {
                 Some(etag) if etag == recorded => Ok(()),
-                Some(etag) => Err(format!(
+                Some(etag) => Err(Newer::Other(format!(
                     "ETag {etag}, but its event records {recorded}: another version"
-                )),
-                None => Err(format!(
+                ))),
+                None => Err(Newer::Other(format!(
                     "an S3 ETag checksum ({recorded}) is checked against the object read from S3; this copy has no ETag"
-                )),
+                ))),
             }
         }
         Verify::NotNewerThanEvent { time_ms } => {
             let Some(time_ms) = *time_ms else {
-                return Err(
+                return Err(Newer::Other(
                     "no checksum, and its event has no time to check the file against".into(),
-                );
+                ));
             };
             let modified_ms = src.identity().mtime_ns.div_euclid(1_000_000);
-            let limit = time_ms.saturating_add(EVENT_TIME_MARGIN_MS);
-            if modified_ms <= limit {
+            let limit_ms = time_ms.saturating_add(margin.as_millis());
+            if modified_ms <= limit_ms {
                 Ok(())
             } else {
-                Err(format!(
-                    "no checksum, and modified at {modified_ms} ms since the epoch, {} ms after its event (at {time_ms}; {} ms allowed): a later version",
-                    modified_ms - time_ms,
-                    EVENT_TIME_MARGIN_MS
-                ))
+                Err(Newer::Than {
+                    limit_ms,
+                    problem: format!(
+                        "no checksum, and modified at {modified_ms} ms since the epoch, {} ms after its event (at {time_ms}; {} ms allowed by --event-time-margin {margin}): a later version",
+                        modified_ms - time_ms,
+                        margin.as_millis()
+                    ),
+                })
             }
         }
         Verify::Sha256 { .. } | Verify::Hdfs { .. } | Verify::None => Ok(()),
@@ -217,7 +328,10 @@ mod tests {
             .as_millis() as i64;
         let at = |time_ms| hive_ref(&fx.src, "t/000000_0", Verify::NotNewerThanEvent { time_ms });
         // An event after the write (and one within the margin before it).
-        for time_ms in [now_ms + 60_000, now_ms - EVENT_TIME_MARGIN_MS / 2] {
+        for time_ms in [
+            now_ms + 60_000,
+            now_ms - EventTimeMargin::DEFAULT.as_millis() / 2,
+        ] {
             let fetched = store(&fx).fetch_unsynced(&at(Some(time_ms)), Path::new(""), None);
             assert!(fetched.is_ok(), "{time_ms}: {:?}", fetched.err());
         }
@@ -237,6 +351,78 @@ mod tests {
             .to_string();
         assert!(err.contains("its event has no time"), "{err}");
         assert_eq!(temp_count(&fx.state), 0);
+    }
+
+    #[test]
+    fn the_event_time_margin_parses_durations_up_to_five_seconds_and_refuses_the_rest() {
+        let ms = |s: &str| EventTimeMargin::parse(s).map(|m| m.as_millis());
+        assert_eq!(ms("1s"), Ok(1_000));
+        assert_eq!(ms("2500ms"), Ok(2_500));
+        assert_eq!(ms("2.5s"), Ok(2_500));
+        assert_eq!(ms("0.25s"), Ok(250));
+        assert_eq!(ms("0s"), Ok(0));
+        assert_eq!(ms("0ms"), Ok(0));
+        assert_eq!(ms("5s"), Ok(5_000));
+        assert_eq!(ms("5000ms"), Ok(5_000));
+        assert_eq!(ms(" 3s "), Ok(3_000));
+        assert_eq!(EventTimeMargin::default(), EventTimeMargin::DEFAULT);
+        assert_eq!(EventTimeMargin::DEFAULT.as_millis(), 1_000);
+        for above in [
+            "5001ms",
+            "6s",
+            "5.001s",
+            "99999999999999999999s",
+            "18446744073709551615ms",
+        ] {
+            let err = EventTimeMargin::parse(above).unwrap_err();
+            assert!(err.contains("above the limit of 5s"), "{above}: {err}");
+        }
+        let err = EventTimeMargin::parse("-1s").unwrap_err();
+        assert!(
+            err.contains("cannot be negative") && err.contains("5s"),
+            "{err}"
+        );
+        for garbage in [
+            "", "s", "1", "1.s", ".5s", "1.2345s", "1.5ms", "1m", "1 s", "x1s", "1e3ms", "+1s",
+        ] {
+            let err = EventTimeMargin::parse(garbage).unwrap_err();
+            assert!(
+                err.contains("is not an event-time margin") && err.contains("5s"),
+                "{garbage:?}: {err}"
+            );
+        }
+        assert_eq!(
+            EventTimeMargin::parse("2500ms").unwrap().to_string(),
+            "2500ms"
+        );
+        assert_eq!(EventTimeMargin::parse("3s").unwrap().to_string(), "3s");
+        assert!(EventTimeMargin::new(Duration::from_millis(5_001)).is_err());
+    }
+
+    #[test]
+    fn a_wider_margin_accepts_a_file_modified_just_after_its_event() {
+        let fx = fixture();
+        put(&fx.src, "t/000000_0", b"written now");
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        // The event 2.5 s before the write: too late for 1 s, fine for 3 s.
+        let f = hive_ref(
+            &fx.src,
+            "t/000000_0",
+            Verify::NotNewerThanEvent {
+                time_ms: Some(now_ms - 2_500),
+            },
+        );
+        let err = store(&fx)
+            .fetch_unsynced(&f, Path::new(""), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--event-time-margin 1s"), "{err}");
+        let wide = store(&fx).with_event_time_margin(EventTimeMargin::parse("3s").unwrap());
+        let fetched = wide.fetch_unsynced(&f, Path::new(""), None);
+        assert!(fetched.is_ok(), "{:?}", fetched.err());
     }
 
     #[test]

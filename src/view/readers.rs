@@ -43,7 +43,9 @@
 //! request path), when a view is made, and by [`Readers::mark_quiet`]
 //! soon after a gap begins, so what is counted for a gap is what happened
 //! within it. Without schedstat (no `CONFIG_SCHED_INFO`, a process the
-//! daemon may not read) gaps are wall-clock pauses.
+//! daemon may not read) gaps are wall-clock pauses. A gap in which a
+//! thread of the process was seen in uninterruptible sleep (`D`: a disk
+//! read, a page of the mount) is never a pause.
 //!
 //! A session's view never moves. Membership: a process belongs to the
 //! session whose leader (the `stagefs run` process, which then executes
@@ -89,10 +91,16 @@ pub struct Busy {
     /// The parent (pid, its threads); `None` for init or an unreadable
     /// parent.
     pub parent: Option<(u32, ThreadTimes)>,
-    /// This daemon's own threads: while they wait for a CPU, a request
-    /// the process sent waits in the kernel's queue, and the process
-    /// looks idle while it waits for this daemon.
+    /// This daemon's request threads ([`request_thread_times`]): while
+    /// they wait for a CPU, a request the process sent waits in the
+    /// kernel's queue, and the process looks idle while it waits for
+    /// this daemon.
     pub daemon: ThreadTimes,
+    /// One of its own threads was blocked in the kernel when sampled
+    /// (state `D` in `/proc/<pid>/task/<tid>/stat`: waiting for a disk,
+    /// or for a FUSE request this daemon has not yet begun): inside work,
+    /// not pausing, though it neither runs nor waits for a CPU.
+    pub blocked: bool,
 }
 
 /// Where samples come from (`None`: unknown — no such process, or a
@@ -128,9 +136,12 @@ pub struct Activity {
     /// Its parent's threads' run and wait time, summed (a driver that
     /// computes while its child, the engine, waits for it).
     pub parent: Duration,
-    /// This daemon's threads' time waiting for a CPU, summed: time the
+    /// This daemon's request threads' time waiting for a CPU, summed: time the
     /// process may have spent blocked on a request not yet read.
     pub daemon_wait: Duration,
+    /// One of its own threads was blocked in the kernel (state `D`) at
+    /// either sample: the gap is not a pause.
+    pub blocked: bool,
 }
 
 impl Activity {
@@ -149,6 +160,7 @@ impl Activity {
             wait,
             parent,
             daemon_wait: grown(&now.daemon, &mark.daemon).1,
+            blocked: now.blocked || mark.blocked,
         }
     }
 }
@@ -212,6 +224,11 @@ pub fn decide(rule: &ViewRule, age: Duration, idle: Duration, act: Option<Activi
     // Samples closer than the hard gap tell nothing: keep (the gap then
     // restarts, and the next one is measured afresh).
     if a.span < rule.hard_gap {
+        return Decision::KeepBusy;
+    }
+    // A thread blocked in the kernel (a disk read, a FUSE request not
+    // yet begun) is inside work: never a pause, whatever the counters say.
+    if a.blocked {
         return Decision::KeepBusy;
     }
     let busy = a.run + a.wait + a.parent + a.daemon_wait;
@@ -305,17 +322,44 @@ pub fn proc_of_pid(pid: u32) -> Option<ProcId> {
     })
 }
 
+/// The thread ids of process `pid` (`/proc/<pid>/task`).
+fn tids_of(pid: u32) -> Option<Vec<u32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    Some(
+        tasks
+            .flatten()
+            .filter_map(|t| t.file_name().to_str().and_then(|t| t.parse().ok()))
+            .collect(),
+    )
+}
+
 /// Each thread's (id, run, wait) of process `pid`: fields 1 and 2
 /// (nanoseconds) of `/proc/<pid>/task/<tid>/schedstat`.
 fn thread_times(pid: u32) -> Option<ThreadTimes> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut out = Vec::new();
-    for task in tasks.flatten() {
-        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
-            continue;
-        };
-        // A thread that exited meanwhile is left out.
-        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+    times_of(pid, &tids_of(pid)?)
+}
+
+/// Whether one of the threads `tids` of process `pid` is in
+/// uninterruptible sleep (state `D`, field 3 of its `stat`; the command
+/// name before it may hold spaces and parentheses).
+fn any_blocked(pid: u32, tids: &[u32]) -> bool {
+    tids.iter().any(|tid| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+            .is_ok_and(|t| thread_state(&t) == Some('D'))
+    })
+}
+
+/// Field 3 of a `stat` line.
+fn thread_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// (id, run, wait) of the threads `tids` of process `pid`; a thread that
+/// exited meanwhile is left out. `None` without schedstat.
+fn times_of(pid: u32, tids: &[u32]) -> Option<ThreadTimes> {
+    let mut out = Vec::with_capacity(tids.len());
+    for &tid in tids {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")) else {
             continue;
         };
         let (run, wait) = parse_schedstat(&text)?;
@@ -324,10 +368,54 @@ fn thread_times(pid: u32) -> Option<ThreadTimes> {
     Some(out)
 }
 
+/// The threads of process `pid` whose name starts with `prefix`
+/// (`/proc/<pid>/task/<tid>/comm`).
+fn named_threads(pid: u32, prefix: &str) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .filter_map(|t| t.file_name().to_str().and_then(|t| t.parse().ok()))
+        .collect()
+}
+
+/// The names fuser gives the threads that read and answer this daemon's
+/// FUSE requests (`fuser-<n>`).
+const REQUEST_THREADS: &str = "fuser-";
+
+/// This daemon's request threads' times. While *they* wait for a CPU, a
+/// request a reader sent waits unread, and the reader looks idle while it
+/// waits for this daemon; the daemon's other threads (staging,
+/// publishing, GC, a test harness serving a mount in-process) keep no
+/// reader waiting, so their waits are not counted. The thread list is
+/// found by name and re-read once per [`RECHECK`].
+fn request_thread_times() -> ThreadTimes {
+    static FOUND: Mutex<Option<(Instant, Vec<u32>)>> = Mutex::new(None);
+    let me = std::process::id();
+    let tids = {
+        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+        match &*found {
+            Some((at, tids)) if at.elapsed() < RECHECK => tids.clone(),
+            _ => {
+                let tids = named_threads(me, REQUEST_THREADS);
+                *found = Some((Instant::now(), tids.clone()));
+                tids
+            }
+        }
+    };
+    times_of(me, &tids).unwrap_or_default()
+}
+
 /// A sample of `proc` and its parent from `/proc`. `None` when the
 /// process is gone or reused, or the kernel has no schedstat.
 pub fn proc_busy(proc: ProcId) -> Option<Busy> {
-    let own = thread_times(proc.pid)?;
+    let tids = tids_of(proc.pid)?;
+    let own = times_of(proc.pid, &tids)?;
+    let blocked = any_blocked(proc.pid, &tids);
     let stat = read_stat(proc.pid)?;
     // Checked after reading, so a pid reused meanwhile is not counted.
     if stat.start != proc.start || stat.exited {
@@ -345,11 +433,12 @@ pub fn proc_busy(proc: ProcId) -> Option<Busy> {
         // samples gaps: such a reader's gaps are wall-clock pauses.
         return Some(Busy::default());
     }
-    let daemon = thread_times(me).unwrap_or_default();
+    let daemon = request_thread_times();
     Some(Busy {
         own,
         parent,
         daemon,
+        blocked,
     })
 }
 
@@ -1229,6 +1318,7 @@ mod tests {
             wait: ms(wait),
             parent: ms(parent),
             daemon_wait: Duration::ZERO,
+            blocked: false,
         })
     }
 
@@ -1301,6 +1391,62 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_blocked_in_the_kernel_makes_a_gap_no_pause() {
+        assert_eq!(thread_state("12 (java) D 1 2 3"), Some('D'));
+        assert_eq!(thread_state("12 (a) S (b)) R 1 2"), Some('R'));
+        assert_eq!(thread_state("12 (sleep) S 1"), Some('S'));
+        assert_eq!(thread_state("garbage"), None);
+        let rule = ViewRule::default();
+        let blocked = |span: u64| {
+            let mut a = act(span, 0, 0, 0).unwrap();
+            a.blocked = true;
+            Some(a)
+        };
+        // Old view, long idle gap with no thread on a CPU: the hard and
+        // the quiet rule would move it, but a thread was waiting for a
+        // disk (or a page of the mount) the whole time.
+        assert_eq!(
+            decide(&rule, ms(60_000), ms(300), blocked(290)),
+            Decision::KeepBusy
+        );
+        assert_eq!(
+            decide(&rule, ms(60_000), ms(300), act(290, 0, 0, 0)),
+            Decision::Move
+        );
+        // This process's own threads are sampled, and none is blocked.
+        let me = proc_of_pid(std::process::id()).unwrap();
+        let tids = tids_of(me.pid).unwrap();
+        assert!(!tids.is_empty());
+        assert!(!any_blocked(me.pid, &[]));
+    }
+
+    #[test]
+    fn request_threads_are_found_by_name() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        // Not fuser's prefix: another test may sample this process.
+        let t = std::thread::Builder::new()
+            .name("stagefs-rq-test".into())
+            .spawn(move || {
+                tx.send(unsafe { libc::gettid() } as u32).unwrap();
+                let _ = stop_rx.recv();
+            })
+            .unwrap();
+        let tid = rx.recv().unwrap();
+        let me = std::process::id();
+        let found = named_threads(me, "stagefs-rq-");
+        let times = times_of(me, &found).expect("schedstat");
+        let _ = stop_tx.send(());
+        t.join().unwrap();
+        assert_eq!(found, vec![tid]);
+        assert_eq!(times.len(), 1);
+        assert_eq!(times[0].0, tid);
+        assert!(named_threads(me, "no-such-thread-").is_empty());
+        // A thread gone since it was found is left out, not an error.
+        assert_eq!(times_of(me, &[tid]), Some(vec![]));
+    }
+
+    #[test]
     fn schedstat_run_delay_is_the_second_field() {
         assert_eq!(
             parse_schedstat("123 4567 8\n"),
@@ -1313,7 +1459,7 @@ mod tests {
         let b = proc_busy(me).expect("this process");
         assert!(b.own.is_empty() && b.parent.is_none() && b.daemon.is_empty());
         // Another process: its threads, its parent (this process) and
-        // this daemon's threads.
+        // this daemon's request threads (none here: no mount is served).
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
@@ -1324,7 +1470,7 @@ mod tests {
         let _ = child.wait();
         assert_eq!(b.own.len(), 1, "sleep has one thread");
         assert_eq!(b.parent.as_ref().map(|p| p.0), Some(me.pid), "the parent");
-        assert!(!b.daemon.is_empty(), "this daemon's threads");
+        assert!(b.daemon.is_empty(), "no request threads: {:?}", b.daemon);
         // Threads count summed; a new thread wholly, a gone one not.
         let mark = vec![
             (1, ms(100), ms(10)),
@@ -1349,17 +1495,20 @@ mod tests {
             own: vec![],
             parent: Some((7, vec![(7, ms(10), ms(0))])),
             daemon: vec![(1, ms(0), ms(3))],
+            blocked: false,
         };
         let after = Busy {
             own: vec![],
             parent: Some((9, vec![(9, ms(500), ms(0))])),
             daemon: vec![],
+            blocked: false,
         };
         assert_eq!(Activity::between(&after, t1, &before, t0).parent, ms(0));
         let same = Busy {
             own: vec![],
             parent: Some((7, vec![(7, ms(40), ms(5))])),
             daemon: vec![(1, ms(9), ms(10))],
+            blocked: false,
         };
         let a = Activity::between(&same, t1, &before, t0);
         assert_eq!((a.span, a.parent, a.daemon_wait), (ms(100), ms(35), ms(7)));
@@ -1378,6 +1527,7 @@ mod tests {
                     own: vec![(1, Duration::ZERO, ms(d.load(Ordering::Relaxed)))],
                     parent: None,
                     daemon: vec![],
+                    blocked: false,
                 })
             }),
         );
@@ -1677,6 +1827,7 @@ mod tests {
                     own: vec![(1, ms(r2.load(Ordering::Relaxed)), Duration::ZERO)],
                     parent: None,
                     daemon: vec![],
+                    blocked: false,
                 })
             }),
         );

@@ -8,6 +8,11 @@
 //!   and are then reset (RST) both ways: a connection cut mid-file.
 //! - `SlowDown`: the next requests are answered `503 SlowDown` with S3's
 //!   XML error, without reaching the server (S3 throttling).
+//! - `GarbageVersions`: every ListObjectVersions request (`GET
+//!   /bucket?versions…`) is answered `200` with a body that is no listing;
+//!   everything else passes. A connection whose first request lists
+//!   versions gets the garbage for all its requests (stagefs sends those
+//!   through a client of their own, apart from the GETs of objects).
 //!
 //! A change of mode closes idle connections (FIN), so a client's pooled
 //! connection cannot bypass the new mode. `Drop` stops the proxy and resets
@@ -38,6 +43,10 @@ pub enum FaultMode {
     SlowDown {
         requests: u32,
     },
+    /// ListObjectVersions answered `200` with `body`; the rest passes.
+    GarbageVersions {
+        body: &'static str,
+    },
 }
 
 /// What the proxy did so far.
@@ -47,6 +56,8 @@ pub struct FaultStats {
     pub passed: u64,
     pub reset: u64,
     pub slowed: u64,
+    /// ListObjectVersions requests answered with garbage.
+    pub garbled: u64,
 }
 
 struct Shared {
@@ -62,6 +73,7 @@ struct Shared {
     passed: AtomicU64,
     reset: AtomicU64,
     slowed: AtomicU64,
+    garbled: AtomicU64,
 }
 
 pub struct FaultProxy {
@@ -108,6 +120,7 @@ impl FaultProxy {
             passed: AtomicU64::new(0),
             reset: AtomicU64::new(0),
             slowed: AtomicU64::new(0),
+            garbled: AtomicU64::new(0),
         });
         let accept = {
             let shared = Arc::clone(&shared);
@@ -139,6 +152,7 @@ impl FaultProxy {
             passed: s.passed.load(Ordering::SeqCst),
             reset: s.reset.load(Ordering::SeqCst),
             slowed: s.slowed.load(Ordering::SeqCst),
+            garbled: s.garbled.load(Ordering::SeqCst),
         }
     }
 
@@ -225,7 +239,7 @@ fn accept_loop(shared: Arc<Shared>) {
                         }
                     }
                 }
-                FaultMode::Pass | FaultMode::Refuse => {}
+                FaultMode::Pass | FaultMode::Refuse | FaultMode::GarbageVersions { .. } => {}
             }
             now
         };
@@ -241,13 +255,14 @@ fn accept_loop(shared: Arc<Shared>) {
                     answer_slow_down(client);
                 }
                 FaultMode::ResetAfter { bytes, .. } => {
-                    forward(&shared, client, Some(bytes));
+                    forward(&shared, client, Some(bytes), &[]);
                 }
+                FaultMode::GarbageVersions { body } => garble_versions(&shared, client, body),
                 // Refuse: accepted just before the listener closed.
                 FaultMode::Refuse => reset(&client),
                 FaultMode::Pass => {
                     shared.passed.fetch_add(1, Ordering::SeqCst);
-                    forward(&shared, client, None);
+                    forward(&shared, client, None, &[]);
                 }
             }
             shared.conns.lock().unwrap().retain(|(i, _)| *i != id);
@@ -255,17 +270,17 @@ fn accept_loop(shared: Arc<Shared>) {
     }
 }
 
-/// Reads one request (head and Content-Length body) and answers 503.
-fn answer_slow_down(mut client: TcpStream) {
-    let _ = client.set_read_timeout(Some(Duration::from_secs(10)));
-    let mut buf = Vec::new();
+/// Reads one request's head into `buf` (which may hold bytes already
+/// read); returns where the head ends and its Content-Length, or None at
+/// the end of the connection.
+fn read_head(client: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(usize, usize)> {
     let mut chunk = [0u8; 8192];
     let head_end = loop {
         if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break p + 4;
         }
         match client.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     };
@@ -275,6 +290,50 @@ fn answer_slow_down(mut client: TcpStream) {
         .find_map(|l| l.strip_prefix("content-length:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
+    Some((head_end, length))
+}
+
+/// Answers ListObjectVersions with `body` on a connection that starts
+/// with one (every request on it, until the client closes); forwards any
+/// other connection untouched.
+fn garble_versions(shared: &Shared, mut client: TcpStream, body: &str) {
+    let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut buf = Vec::new();
+    let Some((head_end, _)) = read_head(&mut client, &mut buf) else {
+        return;
+    };
+    let line = String::from_utf8_lossy(&buf[..head_end]);
+    let request_line = line.lines().next().unwrap_or("");
+    if !request_line.contains("?versions") {
+        shared.passed.fetch_add(1, Ordering::SeqCst);
+        forward(shared, client, None, &buf);
+        return;
+    }
+    loop {
+        let Some((head_end, length)) = read_head(&mut client, &mut buf) else {
+            return;
+        };
+        // A GET has no body; drop what belongs to this request.
+        buf.drain(..(head_end + length).min(buf.len()));
+        shared.garbled.fetch_add(1, Ordering::SeqCst);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/xml\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if client.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads one request (head and Content-Length body) and answers 503.
+fn answer_slow_down(mut client: TcpStream) {
+    let _ = client.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let Some((head_end, length)) = read_head(&mut client, &mut buf) else {
+        return;
+    };
     // Read the whole body: closing with unread bytes would send a reset.
     let mut have = buf.len() - head_end;
     while have < length {
@@ -293,16 +352,22 @@ fn answer_slow_down(mut client: TcpStream) {
     let _ = client.read(&mut chunk);
 }
 
-/// Copies both ways; with `reset_after`, resets both connections once that
-/// many bytes went from the server to the client.
-fn forward(shared: &Shared, client: TcpStream, reset_after: Option<u64>) {
-    let upstream = match TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(5)) {
+/// Copies both ways (`first`: bytes the client sent that were already
+/// read); with `reset_after`, resets both connections once that many
+/// bytes went from the server to the client.
+fn forward(shared: &Shared, client: TcpStream, reset_after: Option<u64>, first: &[u8]) {
+    let mut upstream = match TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(5)) {
         Ok(u) => u,
         Err(_) => {
             reset(&client);
             return;
         }
     };
+    let _ = client.set_read_timeout(None);
+    if !first.is_empty() && upstream.write_all(first).is_err() {
+        reset(&client);
+        return;
+    }
     let _ = upstream.set_nodelay(true);
     let (Ok(client_r), Ok(upstream_w)) = (client.try_clone(), upstream.try_clone()) else {
         reset(&client);

@@ -62,6 +62,10 @@ pub struct HiveConfig {
     /// Threads decoding messages ahead of the ingest thread (`ahead`);
     /// 0 decodes on the ingest thread.
     pub decode_threads: usize,
+    /// `--event-time-margin`: how much later than its event a file without
+    /// a checksum, read from HDFS or S3, may have been modified (the blob
+    /// store applies it: `stage::EventTimeMargin`).
+    pub event_time_margin: crate::stage::EventTimeMargin,
 }
 
 impl HiveConfig {
@@ -72,6 +76,7 @@ impl HiveConfig {
             poll_interval: Duration::from_millis(500),
             batch: 1000,
             decode_threads: super::ahead::default_threads(),
+            event_time_margin: crate::stage::EventTimeMargin::DEFAULT,
         }
     }
 }

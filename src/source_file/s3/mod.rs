@@ -41,7 +41,17 @@
 //!   [`PART_ATTEMPTS`] times in all, then the read fails naming the server
 //!   and the error, and the stager retries the file with its own backoff.
 //!
-//! Called through [`super::Location::open_with`] by the blob store's fetch.
+//! A file without a checksum whose current object is newer than its event
+//! may still be read as it was at the event when the bucket keeps
+//! versions ([`S3File::open_as_of`]): the versions of its key are listed
+//! ([`versions`], ListObjectVersions, which `object_store` does not
+//! offer), the one current at the moment chosen, and that version read
+//! exactly as above, every part pinned to its version id.
+//!
+//! Called through [`super::Location::open_with`] and
+//! [`super::Location::open_as_of`] by the blob store's fetch.
+
+pub mod versions;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -56,6 +66,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::client::HttpClient;
 use object_store::path::Path as ObjectPath;
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, RetryConfig,
@@ -313,6 +324,8 @@ impl Profile {
 pub struct S3Access {
     settings: S3Settings,
     clients: Mutex<HashMap<String, Arc<AmazonS3>>>,
+    /// For the requests `object_store` does not make ([`versions`]).
+    http: Mutex<Option<HttpClient>>,
 }
 
 impl S3Access {
@@ -320,6 +333,7 @@ impl S3Access {
         S3Access {
             settings,
             clients: Mutex::default(),
+            http: Mutex::default(),
         }
     }
 
@@ -348,9 +362,6 @@ impl S3Access {
         }
         let s = &self.settings;
         let timeout = s.request_timeout.max(Duration::from_millis(100));
-        let mut options = ClientOptions::new()
-            .with_timeout(timeout)
-            .with_connect_timeout(timeout.min(Duration::from_secs(10)));
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
             .with_region(&s.region)
@@ -364,7 +375,6 @@ impl S3Access {
                 retry_timeout: timeout,
             });
         if let Some(endpoint) = &s.endpoint {
-            options = options.with_allow_http(endpoint.starts_with("http://"));
             builder = builder
                 .with_endpoint(endpoint)
                 .with_virtual_hosted_style_request(false);
@@ -379,12 +389,29 @@ impl S3Access {
         }
         let made = Arc::new(
             builder
-                .with_client_options(options)
+                .with_client_options(self.client_options())
                 .build()
                 .map_err(|e| format!("S3 {}: cannot make a client: {e}", s.server()))?,
         );
         clients.insert(bucket.to_owned(), Arc::clone(&made));
         Ok(made)
+    }
+}
+
+impl S3Access {
+    /// The HTTP options of every request: the request timeout (at least
+    /// 100 ms), a connect timeout of at most 10 s, `http://` for an
+    /// endpoint that says so.
+    fn client_options(&self) -> ClientOptions {
+        let s = &self.settings;
+        let timeout = s.request_timeout.max(Duration::from_millis(100));
+        let options = ClientOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout.min(Duration::from_secs(10)));
+        match &s.endpoint {
+            Some(endpoint) => options.with_allow_http(endpoint.starts_with("http://")),
+            None => options,
+        }
     }
 }
 
@@ -412,16 +439,27 @@ enum RequestError {
     TimedOut(Duration),
     /// The object no longer has the ETag or version read first.
     Changed(String),
-    /// The answer is not what was asked for (length, range).
+    /// The answer is not what was asked for (length, range, a listing
+    /// that cannot be read).
     BadAnswer(String),
     Store(object_store::Error),
+    /// A request made here rather than by `object_store` ([`versions`])
+    /// got no answer: the connection failed, was reset or timed out.
+    Http(String),
+    /// A request made here was answered with an error: its HTTP status
+    /// and S3 error code (empty when the body has none).
+    Status {
+        status: u16,
+        code: String,
+    },
 }
 
 impl RequestError {
     /// Worth asking again: not an answer that will stay the same.
     fn is_transient(&self) -> bool {
         match self {
-            RequestError::TimedOut(_) | RequestError::BadAnswer(_) => true,
+            RequestError::TimedOut(_) | RequestError::BadAnswer(_) | RequestError::Http(_) => true,
+            RequestError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
             RequestError::Runtime(_) | RequestError::Changed(_) => false,
             RequestError::Store(e) => !matches!(
                 e,
@@ -445,6 +483,18 @@ impl RequestError {
                 (io::ErrorKind::Other, format!("changed while reading: {e}"))
             }
             RequestError::BadAnswer(e) => (io::ErrorKind::InvalidData, e),
+            RequestError::Http(e) => (io::ErrorKind::Other, e),
+            RequestError::Status { status, code } => (
+                match status {
+                    401 | 403 => io::ErrorKind::PermissionDenied,
+                    404 => io::ErrorKind::NotFound,
+                    _ => io::ErrorKind::Other,
+                },
+                match code.as_str() {
+                    "" => format!("answered {status}"),
+                    code => format!("answered {status} {code}"),
+                },
+            ),
             RequestError::Store(object_store::Error::Precondition { .. }) => (
                 io::ErrorKind::Other,
                 "changed while reading: the ETag read first no longer matches (412)".to_owned(),
@@ -688,6 +738,48 @@ impl S3File {
     /// for a larger one its first part (the rest of that response is not
     /// read).
     pub fn open(access: &S3Access, uri: &str) -> Result<S3File, SourceOpenError> {
+        S3File::open_version(access, uri, None)
+    }
+
+    /// Opens `uri` as it was at `at_ms` (ms since the epoch), in a bucket
+    /// that keeps versions: the newest version of its key last modified no
+    /// later than that ([`versions::version_at`]), read as [`S3File::open`]
+    /// reads the current one, every request pinned to that version id.
+    /// `Err` says why there is none to read (deleted by then, no version
+    /// that old, the listing failed), naming the server.
+    pub fn open_as_of(access: &S3Access, uri: &str, at_ms: i64) -> Result<S3File, String> {
+        let parsed = S3Uri::parse(uri)?;
+        let server = access.settings().server();
+        let listed = versions::versions_of(access, &parsed.bucket, &parsed.key).map_err(|e| {
+            e.into_io(&server, "listing the versions (ListObjectVersions)")
+                .to_string()
+        })?;
+        match versions::version_at(&listed, &parsed.key, at_ms) {
+            versions::AtMoment::Version(v) => {
+                let file = S3File::open_version(access, uri, Some(&v.version_id)).map_err(|e| {
+                    format!("the version current at its event ({}): {e}", v.version_id)
+                })?;
+                Ok(file)
+            }
+            versions::AtMoment::Deleted(marker) => Err(format!(
+                "the bucket keeps versions, and at its event ({at_ms} ms with the margin) the object was deleted (delete marker {} at {} ms)",
+                marker.version_id, marker.last_modified_ms
+            )),
+            versions::AtMoment::Nothing { oldest_ms: Some(oldest) } => Err(format!(
+                "the bucket keeps versions, but none as old as its event ({at_ms} ms with the margin): the oldest listed is from {oldest} ms"
+            )),
+            versions::AtMoment::Nothing { oldest_ms: None } => Err(format!(
+                "the bucket keeps versions, but lists none of this key as old as its event ({at_ms} ms with the margin)"
+            )),
+        }
+    }
+
+    /// Opens `uri`: the current object, or the version `version` of it.
+    fn open_version(
+        access: &S3Access,
+        uri: &str,
+        version: Option<&str>,
+    ) -> Result<S3File, SourceOpenError> {
         let uri = S3Uri::parse(uri)
             .map_err(|e| SourceOpenError::Io(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
         let settings = access.settings();
@@ -701,7 +793,10 @@ impl S3File {
         let timeout = settings.request_timeout;
         let mut attempt = 0;
         let (meta, first) = loop {
-            let fetched = wait(timeout, first_get(Arc::clone(&store), path.clone()));
+            let fetched = wait(
+                timeout,
+                first_get(Arc::clone(&store), path.clone(), version.map(str::to_owned)),
+            );
             match fetched {
                 Ok(got) => break got,
                 Err(RequestError::Store(object_store::Error::NotFound { .. })) => {
@@ -714,9 +809,17 @@ impl S3File {
                 Err(e) => return Err(SourceOpenError::Io(e.into_io(&server, "GET"))),
             }
         };
+        if let (Some(want), Some(got)) = (version, meta.version.as_deref()) {
+            if want != got {
+                return Err(SourceOpenError::Io(io::Error::other(format!(
+                    "S3 {server}: asked for version {want}, the answer is version {got}"
+                ))));
+            }
+        }
         let pin = Pin {
             etag: meta.e_tag.clone(),
-            version: meta.version.clone(),
+            // The version asked for, even if the answer did not name it.
+            version: meta.version.clone().or_else(|| version.map(str::to_owned)),
         };
         if meta.size > PART_BYTES && pin.etag.is_none() && pin.version.is_none() {
             return Err(SourceOpenError::Io(io::Error::other(format!(
@@ -824,9 +927,14 @@ impl fmt::Display for S3File {
 async fn first_get(
     store: Arc<AmazonS3>,
     path: ObjectPath,
+    version: Option<String>,
 ) -> Result<(ObjectMeta, Bytes), RequestError> {
+    let options = GetOptions {
+        version,
+        ..GetOptions::default()
+    };
     let result = store
-        .get_opts(&path, GetOptions::default())
+        .get_opts(&path, options)
         .await
         .map_err(RequestError::Store)?;
     let meta = result.meta.clone();
@@ -910,6 +1018,10 @@ impl SourceFile for S3File {
 
     fn etag(&self) -> Option<&str> {
         S3File::etag(self)
+    }
+
+    fn version(&self) -> Option<&str> {
+        S3File::version(self)
     }
 }
 
