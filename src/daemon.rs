@@ -147,6 +147,8 @@ pub struct HiveArgs {
     pub poll_ms: u64,
     /// `--bootstrap`: build the first state from the metastore's tables.
     pub bootstrap: bool,
+    /// `--catalog`: the metastore catalog replicated (empty: `hive`).
+    pub catalog: String,
 }
 
 impl ReplicateArgs {
@@ -320,6 +322,10 @@ impl ReplicateArgs {
         }
         let mut cfg = HiveConfig::new(rows.clone(), map);
         cfg.poll_interval = Duration::from_millis(self.hive.poll_ms.max(1));
+        if !self.hive.catalog.is_empty() {
+            cfg.catalog = crate::source::hive::adapter::catalog_name(&self.hive.catalog)
+                .map_err(DaemonError::Usage)?;
+        }
         Ok(Some(cfg))
     }
 }

@@ -246,6 +246,7 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
             source_map: s.source_map,
             poll_ms: s.hive_poll_ms,
             bootstrap: s.bootstrap,
+            catalog: s.catalog,
         },
         checkpoint_events: s.checkpoint_events,
         checkpoint_seconds: s.checkpoint_interval,
