@@ -376,6 +376,7 @@ public final class Launcher {
         t.setTableType("MANAGED_TABLE");
         t.setParameters(new HashMap<>());
         if (cmd.equals("create-acid-table")) {
+          hiveCapabilities();
           t.getParameters().put("transactional", "true");
           t.getParameters().put("transactional_properties", "insert_only");
         }
@@ -529,6 +530,21 @@ public final class Launcher {
 
   private String defaultCatalog() {
     return MetaStoreUtils.getDefaultCatalog(conf);
+  }
+
+  /**
+   * From the first transactional table on, this client declares the processor capabilities
+   * HiveServer2 declares for itself (Hive 4's metadata transformer refuses to create, and hides,
+   * ACID tables for a client without them). By reflection: 3.1.3's client has no capabilities.
+   */
+  private static void hiveCapabilities() throws Exception {
+    Class<?> c = HiveMetaStoreClient.class;
+    c.getMethod("setProcessorCapabilities", String[].class).invoke(null, (Object) new String[] {
+      "EXTWRITE", "EXTREAD", "HIVEBUCKET2", "HIVEFULLACIDREAD", "HIVEFULLACIDWRITE",
+      "HIVECACHEINVALIDATE", "HIVEMANAGESTATS", "HIVEMANAGEDINSERTWRITE",
+      "HIVEMANAGEDINSERTREAD", "HIVESQL", "HIVEMQT", "HIVEONLYMQTWRITE"
+    });
+    c.getMethod("setProcessorIdentifier", String.class).invoke(null, "HIVESERVER2");
   }
 
   /** {@code DB} or {@code DB@CAT}: {catalog, database}. */
