@@ -783,7 +783,7 @@ fn stagefs_follows_one_catalog_of_a_real_metastore_with_two() {
             &words(&["create-db", db, "repl-source"]),
         );
     }
-    let hive = Follower::start(&server, "hive", false);
+    let mut hive = Follower::start(&server, "hive", false);
     let mut spark = None;
     let rounds = if std::env::var_os("STAGEFS_LONG_TESTS").is_some() {
         6
@@ -841,7 +841,6 @@ fn stagefs_follows_one_catalog_of_a_real_metastore_with_two() {
         "the same tables in both catalogs"
     );
     assert_ne!(hive_end, spark_end, "the two catalogs hold different files");
-    let mut hive = hive;
     let mut spark = spark.expect("the spark follower started");
     let (hw, hs) = hive.finish(&oracles["hive"]);
     let (sw, ss) = spark.finish(&oracles["spark"]);

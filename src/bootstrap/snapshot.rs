@@ -598,6 +598,64 @@ mod tests {
     }
 
     #[test]
+    fn only_the_chosen_catalogs_databases_and_tables_are_read() {
+        // `sales.t` in catalog `hive` (DB_ID 1) and in `spark` (DB_ID 2).
+        let rows = || Rows {
+            dbs: vec![
+                vec![s("1"), s("sales"), s("hive")],
+                vec![s("2"), s("sales"), s("SPARK")],
+            ],
+            catalogs: Some(vec![vec![s("hive")], vec![s("spark")]]),
+            tbls: vec![
+                vec![s("7"), s("1"), s("t"), None, s("hdfs://nn/wh/sales.db/t")],
+                vec![
+                    s("8"),
+                    s("2"),
+                    s("t"),
+                    None,
+                    s("hdfs://nn/spark/sales.db/t"),
+                ],
+            ],
+            ..Rows::default()
+        };
+        for (cat, location) in [
+            ("hive", "hdfs://nn/wh/sales.db/t"),
+            ("spark", "hdfs://nn/spark/sales.db/t"),
+        ] {
+            let snap = assemble(rows(), cat).unwrap();
+            assert_eq!(snap.databases, vec!["sales"]);
+            assert_eq!(snap.tables.len(), 1, "{cat}");
+            assert_eq!(snap.tables[0].location.as_deref(), Some(location));
+        }
+        let Err(SnapshotError::Fatal(e)) = assemble(rows(), "other") else {
+            panic!("a catalog the metastore lacks");
+        };
+        assert!(
+            e.contains("no such catalog") && e.contains("hive, spark"),
+            "{e}"
+        );
+        // A database without a catalog where the schema has catalogs: bad input.
+        let mut bad = rows();
+        bad.dbs[1][2] = None;
+        assert!(matches!(
+            assemble(bad, "hive"),
+            Err(SnapshotError::Fatal(_))
+        ));
+        // No CTLGS (Hive 2): every database is `hive`'s, no other catalog.
+        let mut old = rows();
+        old.catalogs = None;
+        old.dbs = vec![vec![s("1"), s("sales")]];
+        old.tbls.pop();
+        assert_eq!(assemble(old, "hive").unwrap().tables.len(), 1);
+        let mut old = rows();
+        old.catalogs = None;
+        assert!(matches!(
+            assemble(old, "spark"),
+            Err(SnapshotError::Fatal(_))
+        ));
+    }
+
+    #[test]
     fn a_table_of_a_missing_database_is_an_error() {
         let rows = Rows {
             tbls: vec![vec![s("7"), s("5"), s("t"), None, None]],

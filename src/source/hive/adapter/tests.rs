@@ -1070,7 +1070,7 @@ fn flat_write(txn_id: i64, cat: Option<&str>, name: &str) -> super::super::model
 fn follow_catalog(catalog: &str) -> Result<Vec<String>, String> {
     // The same database and table in `hive` and in `spark`, written
     // alternately; a commit (no catalog) wrote into both.
-    let rows = vec![
+    let mut rows = vec![
         real_row(1, 1, Some("hive"), "", ""),
         real_row(1, 2, Some("spark"), "", ""),
         real_row(9, 3, Some("hive"), "", ""),
@@ -1082,7 +1082,6 @@ fn follow_catalog(catalog: &str) -> Result<Vec<String>, String> {
             &serde_json::json!({ "txnid": 7, "timestamp": 1 }),
         ),
     ];
-    let mut rows = rows;
     rows[6].event_id = 7;
     let source = TwoCatalogs {
         rows,
