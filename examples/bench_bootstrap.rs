@@ -192,7 +192,7 @@ fn bootstrap(
 /// bootstrap's first phase reads it.
 fn snapshot_child(url: &str) {
     let started = Instant::now();
-    match stagefs::bootstrap::snapshot::read(url) {
+    match stagefs::bootstrap::snapshot::read(url, "hive") {
         Ok(snap) => eprintln!(
             "snapshot_partitions={} snapshot_tables={} inner_seconds={:.3}",
             snap.partition_count(),

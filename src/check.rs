@@ -432,7 +432,7 @@ fn check_metrics(addr: &str) -> Finding {
 /// metastore's HDFS database locations go to `hdfs_roots`.
 fn check_events(args: &ReplicateArgs, hdfs_roots: &mut Vec<String>) -> Finding {
     match &args.hive.rows {
-        Some(HiveRows::Metastore(url)) => check_metastore(url, hdfs_roots),
+        Some(HiveRows::Metastore(url)) => check_metastore(url, &args.hive.catalog, hdfs_roots),
         Some(HiveRows::Files(path)) => {
             check_listable("events", "--hive-events", path, true).unwrap_or_else(|| {
                 Finding::ok("events", format!("--hive-events {}: readable", path.display()))
@@ -485,7 +485,7 @@ fn check_listable(name: &'static str, flag: &str, path: &Path, file_ok: bool) ->
     }
 }
 
-fn check_metastore(url: &str, hdfs_roots: &mut Vec<String>) -> Finding {
+fn check_metastore(url: &str, catalog: &str, hdfs_roots: &mut Vec<String>) -> Finding {
     const NAME: &str = "metastore";
     let timeouts = Timeouts {
         connect: REMOTE_TIMEOUT,
@@ -513,6 +513,20 @@ fn check_metastore(url: &str, hdfs_roots: &mut Vec<String>) -> Finding {
         Err(e) => return Finding::fail(NAME, e.to_string(), metastore_fix(&e)),
     };
     drop(source);
+    let catalog = if catalog.is_empty() {
+        crate::source::hive::adapter::DEFAULT_CATALOG
+    } else {
+        catalog
+    };
+    let known = crate::source::hive::metastore::catalogs(url, password.clone(), timeouts)
+        .and_then(|list| crate::source::hive::metastore::catalog_known(catalog, list.as_deref()));
+    if let Err(e) = known {
+        let fix = match &e {
+            RowSourceError::Fatal(_) => "give --catalog one of the catalogs named".to_owned(),
+            other => metastore_fix(other),
+        };
+        return Finding::fail(NAME, e.to_string(), fix);
+    }
     let mut session = match Session::open(&endpoint, timeouts, "stagefs check") {
         Ok(s) => s,
         Err(e) => {
@@ -538,7 +552,9 @@ fn check_metastore(url: &str, hdfs_roots: &mut Vec<String>) -> Finding {
     };
     Finding::ok(
         NAME,
-        format!("{shown}: logged in, {tls}, NOTIFICATION_LOG present, {txn}, {newest}"),
+        format!(
+            "{shown}: logged in, {tls}, NOTIFICATION_LOG present, {txn}, catalog {catalog}, {newest}"
+        ),
     )
 }
 

@@ -62,6 +62,10 @@ pub struct SourceArgs {
     /// How often to poll the Hive notification log, in milliseconds.
     #[arg(long = "hive-poll-ms", value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
     pub hive_poll_ms: u64,
+    /// The metastore catalog to replicate (`CTLGS`; Hive 2 has only
+    /// `hive`): rows and databases of other catalogs are skipped.
+    #[arg(long = "catalog", value_name = "NAME", default_value = "hive")]
+    pub catalog: String,
     /// Read the metastore password from this file (its first line); else
     /// it comes from STAGEFS_METASTORE_PASSWORD.
     #[arg(

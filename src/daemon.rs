@@ -149,6 +149,8 @@ pub struct HiveArgs {
     pub bootstrap: bool,
     /// `--event-time-margin`: see [`HiveConfig::event_time_margin`].
     pub event_time_margin: crate::stage::EventTimeMargin,
+    /// `--catalog`: the metastore catalog replicated (empty: `hive`).
+    pub catalog: String,
 }
 
 impl ReplicateArgs {
@@ -323,6 +325,10 @@ impl ReplicateArgs {
         let mut cfg = HiveConfig::new(rows.clone(), map);
         cfg.poll_interval = Duration::from_millis(self.hive.poll_ms.max(1));
         cfg.event_time_margin = self.hive.event_time_margin;
+        if !self.hive.catalog.is_empty() {
+            cfg.catalog = crate::source::hive::adapter::catalog_name(&self.hive.catalog)
+                .map_err(DaemonError::Usage)?;
+        }
         Ok(Some(cfg))
     }
 }

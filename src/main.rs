@@ -247,6 +247,7 @@ fn replicate_args(s: SourceArgs) -> ReplicateArgs {
             poll_ms: s.hive_poll_ms,
             event_time_margin: s.event_time_margin,
             bootstrap: s.bootstrap,
+            catalog: s.catalog,
         },
         checkpoint_events: s.checkpoint_events,
         checkpoint_seconds: s.checkpoint_interval,

@@ -39,7 +39,7 @@ use dbserver::{DbServer, Kind, PASSWORD};
 use real_hive_mount::{
     all_rows, check_walk, metastore_db, oracle_tables, walk_mount, Tables, Walkers, Within,
 };
-use servers::hms::{Encoder, Hive, RealMetastore};
+use servers::hms::{Encoder, Hive, ManagedTables, RealMetastore};
 use servers::MiniHdfs;
 use stagefs::source::hive::message::decode_message;
 use stagefs::source::hive::model::{FileUri, HiveMessage, NotificationRow, RowSource};
@@ -627,4 +627,396 @@ fn stagefs_follows_the_hive3_metastore_on_postgres() {
 #[test]
 fn stagefs_follows_the_real_metastore_on_mariadb() {
     stagefs_follows_the_real_metastore(Hive::V4, Kind::MariaDb, Encoder::Gzip);
+}
+
+// ---------------------------------------------------------------------------
+// Two catalogs with the same `db.table`, and insert-only ACID transactions.
+// ---------------------------------------------------------------------------
+
+/// A daemon following one catalog, its readers, and that catalog's
+/// oracle after each operation.
+struct Follower {
+    catalog: &'static str,
+    daemon: Daemon,
+    walkers: Option<Walkers>,
+    _tmp: tempfile::TempDir,
+}
+
+impl Follower {
+    fn start(server: &DbServer, catalog: &'static str, bootstrap: bool) -> Follower {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut args = DaemonArgs::under(tmp.path()).hive_metastore(HiveMetastoreArgs {
+            url: server.url("hive"),
+            password: PASSWORD.into(),
+            source_map: Vec::new(),
+            poll_ms: 50,
+        });
+        if catalog != "hive" {
+            args = args.arg("--catalog").arg(catalog);
+        }
+        if bootstrap {
+            args = args.arg("--bootstrap");
+        }
+        let daemon = Daemon::start(args);
+        let walkers = Some(Walkers::start(daemon.mnt(), 2));
+        Follower {
+            catalog,
+            daemon,
+            walkers,
+            _tmp: tmp,
+        }
+    }
+
+    /// Waits for `last`, stops the readers and checks every walk and the
+    /// final mount against `oracles`; returns (walks, distinct states).
+    fn finish(&mut self, oracles: &[(u64, Tables)]) -> (usize, usize) {
+        let last = oracles.last().expect("oracle").0;
+        let s = self.daemon.wait_status_for(
+            &format!("{}: visible >= {last}", self.catalog),
+            std::time::Duration::from_secs(120),
+            |s| visible(s) >= last,
+        );
+        let (seen, moved) = self.walkers.take().expect("walkers").finish();
+        assert_eq!(visible(&s), last, "{s}");
+        assert!(s["stalled"].is_null(), "{s}");
+        let bad: Vec<String> = seen
+            .iter()
+            .flat_map(|w| check_walk(oracles, w, Within::Table))
+            .collect();
+        let states: std::collections::BTreeSet<u64> = seen.iter().map(|w| w.state).collect();
+        eprintln!(
+            "catalog {}: {} walks at {} distinct states of {}, {moved} across a view move, {} anomalies",
+            self.catalog,
+            seen.len(),
+            states.len(),
+            oracles.len(),
+            bad.len()
+        );
+        assert!(
+            bad.is_empty(),
+            "catalog {}: {} anomalies, first: {:#?}",
+            self.catalog,
+            bad.len(),
+            &bad[..bad.len().min(5)]
+        );
+        let mnt = self.daemon.mnt().to_owned();
+        let _ = common::getxattr(&mnt, "user.stagefs.visible");
+        let end = walk_mount(&mnt).expect("a quiet mount's view holds");
+        assert_eq!(end.state, last);
+        assert_eq!(
+            &end.tables,
+            &oracles.last().expect("oracle").1,
+            "catalog {}: the mount against the source at {last}",
+            self.catalog
+        );
+        (seen.len(), states.len())
+    }
+}
+
+/// Runs one driver operation; pushes each catalog's oracle after it.
+fn apply_catalogs(
+    hms: &mut RealMetastore,
+    oracles: &mut BTreeMap<&'static str, Vec<(u64, Tables)>>,
+    op: &[String],
+) -> Value {
+    let words: Vec<&str> = op.iter().map(String::as_str).collect();
+    let reply = hms.call(&words).unwrap_or_else(|e| panic!("{e}"));
+    let id = reply["event_id"].as_u64().expect("event_id");
+    for (cat, list) in oracles.iter_mut() {
+        let first = list.is_empty();
+        let prev = list.last().map(|(i, _)| *i).unwrap_or(0);
+        assert!(first || id > prev, "{op:?} wrote no event");
+        let source = match (&reply["sources"], *cat) {
+            (Value::Null, "hive") => reply["source"].clone(),
+            // Not a catalog yet: nothing in it.
+            (Value::Null, _) => Value::Object(Default::default()),
+            (all, _) => all[*cat].clone(),
+        };
+        list.push((id, oracle_tables(&source)));
+    }
+    reply
+}
+
+fn words(op: &[&str]) -> Vec<String> {
+    op.iter().map(|w| (*w).to_owned()).collect()
+}
+
+/// Two catalogs, `hive` and `spark`, each with a database `sales` and a
+/// table `sales.t` (partitioned) and `sales.flat`, written alternately.
+/// One daemon follows `hive` (the default) from the start; another
+/// follows `spark` (`--catalog spark --bootstrap`), started while the
+/// driver writes. Each mount equals its catalog's oracle at every state
+/// its readers saw, and at the end.
+#[test]
+fn stagefs_follows_one_catalog_of_a_real_metastore_with_two() {
+    let kind = Kind::Postgres;
+    let server = DbServer::start(kind);
+    server.create_database("hive");
+    let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
+    // Managed tables stay managed: each under its database's location in
+    // its catalog (`/warehouse/sales.db`, `/catalogs/spark/sales.db`).
+    let mut hms = RealMetastore::start_with(
+        Hive::V4,
+        &metastore_db(kind, &server),
+        hdfs.uri(),
+        Encoder::Json,
+        ManagedTables::Kept,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("metastore ready: {}", hms.ready());
+    let dir = hms.scratch();
+    let file = |cat: &str, n: usize| {
+        let body: String = (0..(n % 5 + 1))
+            .map(|i| format!("{},{cat} file {n} row {i}\n", n * 10 + i))
+            .collect();
+        write_file(&dir, &format!("{cat}-{n}.csv"), &body)
+    };
+    let mut oracles: BTreeMap<&'static str, Vec<(u64, Tables)>> = BTreeMap::new();
+    oracles.insert("hive", Vec::new());
+    oracles.insert("spark", Vec::new());
+    apply_catalogs(&mut hms, &mut oracles, &words(&["state"]));
+    apply_catalogs(&mut hms, &mut oracles, &words(&["create-catalog", "spark"]));
+    for db in ["sales", "sales@spark"] {
+        apply_catalogs(
+            &mut hms,
+            &mut oracles,
+            &words(&["create-db", db, "repl-source"]),
+        );
+    }
+    let mut hive = Follower::start(&server, "hive", false);
+    let mut spark = None;
+    let rounds = if std::env::var_os("STAGEFS_LONG_TESTS").is_some() {
+        6
+    } else {
+        2
+    };
+    let mut n = 0;
+    for r in 0..rounds {
+        let mut ops: Vec<Vec<String>> = Vec::new();
+        for db in ["sales", "sales@spark"] {
+            if r == 0 {
+                ops.push(words(&["create-table", db, "t", "text", "dt"]));
+                ops.push(words(&["create-table", db, "flat", "text"]));
+            }
+            ops.push(words(&[
+                "add-partition",
+                db,
+                "t",
+                &format!("2024-01-0{}", r + 1),
+            ]));
+        }
+        for i in 0..3 {
+            for (cat, db) in [("hive", "sales"), ("spark", "sales@spark")] {
+                n += 1;
+                let f = file(cat, n);
+                let day = format!("2024-01-0{}", r + 1);
+                let op = match i {
+                    0 => vec!["insert", db, "t", "into", &f, &day],
+                    1 => vec!["insert", db, "flat", "into", &f],
+                    _ => vec!["insert", db, "t", "overwrite", &f, &day],
+                };
+                ops.push(words(&op));
+            }
+        }
+        if r > 0 {
+            // Only the hive catalog's partition goes: the other stays.
+            ops.push(words(&["drop-partition", "sales", "t", "2024-01-01"]));
+        }
+        for (k, op) in ops.iter().enumerate() {
+            apply_catalogs(&mut hms, &mut oracles, op);
+            if r == 0 && k == ops.len() / 2 {
+                // Bootstrap of the other catalog while the driver writes.
+                spark = Some(Follower::start(&server, "spark", true));
+            }
+        }
+    }
+    let (hive_end, spark_end) = (
+        &oracles["hive"].last().expect("oracle").1,
+        &oracles["spark"].last().expect("oracle").1,
+    );
+    eprintln!("hive at the end: {hive_end:?}\nspark at the end: {spark_end:?}");
+    assert_eq!(
+        hive_end.keys().collect::<Vec<_>>(),
+        spark_end.keys().collect::<Vec<_>>(),
+        "the same tables in both catalogs"
+    );
+    assert_ne!(hive_end, spark_end, "the two catalogs hold different files");
+    let mut spark = spark.expect("the spark follower started");
+    let (hw, hs) = hive.finish(&oracles["hive"]);
+    let (sw, ss) = spark.finish(&oracles["spark"]);
+    assert!(hs > 5 && ss > 5, "states seen: hive {hs}, spark {ss}");
+    assert!(hw > 0 && sw > 0);
+    let s = spark.daemon.status();
+    eprintln!("spark follower status: {s}");
+
+    // The rows: each names its catalog; the other catalog's are skipped.
+    let (_, rows) = all_rows(&server);
+    let cats: BTreeMap<Option<String>, usize> = rows.iter().fold(BTreeMap::new(), |mut m, r| {
+        *m.entry(r.cat_name.clone()).or_default() += 1;
+        m
+    });
+    eprintln!("rows by CAT_NAME: {cats:?}");
+    assert!(
+        cats.get(&Some("spark".into())).is_some_and(|&n| n > 5),
+        "{cats:?}"
+    );
+    drop(spark);
+    drop(hive);
+    drop(hms);
+}
+
+/// A catalog the metastore lacks stops the daemon at start with a reason.
+#[test]
+fn a_catalog_the_real_metastore_lacks_is_an_error_at_start() {
+    let kind = Kind::Postgres;
+    let server = DbServer::start(kind);
+    server.create_database("hive");
+    let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
+    let hms = RealMetastore::start(&metastore_db(kind, &server), hdfs.uri(), Encoder::Json)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let args = DaemonArgs::under(tmp.path())
+        .hive_metastore(HiveMetastoreArgs {
+            url: server.url("hive"),
+            password: PASSWORD.into(),
+            source_map: Vec::new(),
+            poll_ms: 50,
+        })
+        .arg("--catalog")
+        .arg("nosuch");
+    let mut d = Daemon::spawn(args);
+    let status = d
+        .wait_exit(std::time::Duration::from_secs(60))
+        .expect("the daemon exits");
+    assert!(!status.success());
+    let err = d.all_stderr();
+    assert!(
+        err.contains("--catalog nosuch: the metastore has no such catalog (catalogs in its CTLGS table: hive)"),
+        "{err}"
+    );
+    drop(hms);
+}
+
+/// Insert-only ACID tables written as HiveServer2 writes them: open_txns,
+/// allocate_table_write_ids, the file under `delta_W_W_0000/`,
+/// add_write_notification_log, commit_txn, and aborted transactions
+/// (their files on HDFS, never valid). Our listener writes the
+/// transaction rows as DbNotificationListener does. The daemon follows;
+/// every walk equals the oracle (committed write ids only) at its state.
+#[test]
+fn stagefs_follows_insert_only_transactions_on_the_real_metastore() {
+    let kind = Kind::Postgres;
+    let server = DbServer::start(kind);
+    server.create_database("hive");
+    let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
+    let mut hms = RealMetastore::start(&metastore_db(kind, &server), hdfs.uri(), Encoder::Json)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("metastore ready: {}", hms.ready());
+    let dir = hms.scratch();
+    let mut oracles: BTreeMap<&'static str, Vec<(u64, Tables)>> = BTreeMap::new();
+    oracles.insert("hive", Vec::new());
+    apply_catalogs(&mut hms, &mut oracles, &words(&["state"]));
+    for op in [
+        vec!["create-db", "acid", "repl-source"],
+        vec!["create-acid-table", "acid", "t", "text"],
+        vec!["create-acid-table", "acid", "p", "text", "dt"],
+        vec!["add-partition", "acid", "p", "2024-01-01"],
+    ] {
+        apply_catalogs(&mut hms, &mut oracles, &words(&op));
+    }
+    let mut follower = Follower::start(&server, "hive", false);
+    let rounds = if std::env::var_os("STAGEFS_LONG_TESTS").is_some() {
+        10
+    } else {
+        3
+    };
+    let mut last = Value::Null;
+    for r in 0..rounds {
+        for (k, (table, end)) in [
+            ("t", "commit"),
+            ("t", "abort"),
+            ("p", "commit"),
+            ("t", "commit"),
+            ("p", "abort"),
+            ("p", "commit"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let body: String = (0..(k + 1))
+                .map(|i| format!("{},round {r} op {k} row {i}\n", r * 100 + k * 10 + i))
+                .collect();
+            let f = write_file(&dir, &format!("acid-{r}-{k}.csv"), &body);
+            let mut op = vec!["acid-insert", "acid", table, end, &f];
+            if table == "p" {
+                op.push("2024-01-01");
+            }
+            last = apply_catalogs(&mut hms, &mut oracles, &words(&op));
+        }
+    }
+    let (walks, states) = follower.finish(&oracles["hive"]);
+    assert!(walks > 0 && states > 5, "{walks} walks at {states} states");
+
+    // The aborted transactions' files are on HDFS, hidden by the oracle.
+    let hidden: usize = ["acid.t", "acid.p"]
+        .iter()
+        .map(|t| {
+            let tn = &last["source"][*t];
+            let direct = tn["hidden"].as_array().map_or(0, Vec::len);
+            let parts: usize = tn["partitions"].as_array().map_or(0, |ps| {
+                ps.iter()
+                    .map(|p| p["hidden"].as_array().map_or(0, Vec::len))
+                    .sum()
+            });
+            direct + parts
+        })
+        .sum();
+    assert_eq!(hidden, 2 * rounds, "aborted files on HDFS: {last}");
+
+    // The rows Hive's transaction handler had our listener write.
+    let (mut source, rows) = all_rows(&server);
+    let mut types = BTreeMap::<String, usize>::new();
+    for row in &rows {
+        let n = types.entry(row.event_type.clone()).or_default();
+        *n += 1;
+        let first = *n == 1;
+        let m = decode_message(row).unwrap_or_else(|e| {
+            panic!(
+                "stagefs rejects row {} ({}): {e}",
+                row.event_id, row.event_type
+            )
+        });
+        if row.event_type.ends_with("_TXN") || row.event_type.starts_with("ALLOC_WRITE_ID") {
+            assert_eq!(row.cat_name, None, "{row:?}");
+            if first {
+                eprintln!("{} {}: {:?}", row.event_id, row.event_type, row.message);
+            }
+        }
+        if let HiveMessage::CommitTxn { txn_id } = m {
+            let writes = source.txn_writes(txn_id).expect("txn writes");
+            assert_eq!(writes.len(), 1, "transaction {txn_id}: {writes:?}");
+            for w in &writes {
+                if first {
+                    eprintln!("TXN_WRITE_NOTIFICATION_LOG of {txn_id}: {w:?}");
+                }
+                let write = stagefs::source::hive::message::decode_txn_write(w)
+                    .unwrap_or_else(|e| panic!("{w:?}: {e}"));
+                assert_eq!(write.files.len(), 1, "{write:?}");
+                let f = &write.files[0];
+                assert!(f.checksum.is_some() && f.cm_root.is_some(), "{f:?}");
+                assert!(
+                    f.subdir.as_deref().is_some_and(|s| s.starts_with("delta_")),
+                    "{f:?}"
+                );
+            }
+        }
+    }
+    eprintln!("event types: {types:?}");
+    let n = rounds * 6;
+    assert_eq!(types.get("OPEN_TXN"), Some(&n), "{types:?}");
+    assert_eq!(types.get("ALLOC_WRITE_ID_EVENT"), Some(&n), "{types:?}");
+    assert_eq!(types.get("COMMIT_TXN"), Some(&(rounds * 4)), "{types:?}");
+    assert_eq!(types.get("ABORT_TXN"), Some(&(rounds * 2)), "{types:?}");
+    drop(follower);
+    drop(hms);
 }

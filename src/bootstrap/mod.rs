@@ -390,7 +390,7 @@ impl Driver<'_> {
         let mut attempt = 0u32;
         loop {
             self.check_stop()?;
-            match snapshot::read(self.url) {
+            match snapshot::read(self.url, &self.cfg.hive.catalog) {
                 Ok(s) => return Ok(s),
                 Err(SnapshotError::Fatal(e)) => {
                     return Err(BootstrapError::Failed(format!(

@@ -102,13 +102,16 @@ const TIMEOUTS: Timeouts = Timeouts {
     statement: Duration::from_secs(300),
 };
 
-/// Reads one snapshot of the metastore at `url` (password as for polling).
-pub fn read(url: &str) -> Result<Snapshot, SnapshotError> {
+/// Reads one snapshot of catalog `catalog` of the metastore at `url`
+/// (password as for polling): only the databases whose `DBS.CTLG_NAME` is
+/// that catalog, when the schema has catalogs (`CTLGS`); a schema without
+/// them (Hive 2) has only `hive`. A catalog the metastore lacks is an error.
+pub fn read(url: &str, catalog: &str) -> Result<Snapshot, SnapshotError> {
     let ep = Endpoint::parse(url, std::env::var(PASSWORD_ENV).ok()).map_err(snapshot_error)?;
     let mut session = Session::open(&ep, TIMEOUTS, "stagefs-bootstrap")
         .map_err(|e| snapshot_error(ep.scrub(e)))?;
     let rows = read_rows(&mut session).map_err(|e| snapshot_error(ep.scrub(e)))?;
-    assemble(rows)
+    assemble(rows, catalog)
 }
 
 /// Unavailable stays worth retrying; anything else is fatal.
@@ -157,8 +160,10 @@ fn read_rows(session: &mut Session) -> Result<Rows, RowSourceError> {
 struct Rows {
     next_event_id: Option<String>,
     max_event_id: Option<String>,
-    /// DB_ID, NAME
+    /// DB_ID, NAME, and CTLG_NAME when the schema has catalogs.
     dbs: TextRows,
+    /// `CTLGS.NAME`, when the schema has that table (Hive 3 and later).
+    catalogs: Option<TextRows>,
     /// TBL_ID, DB_ID, TBL_NAME, TBL_TYPE, LOCATION
     tbls: TextRows,
     /// TBL_ID, PKEY_NAME, INTEGER_IDX
@@ -186,7 +191,7 @@ struct Rows {
 /// The queries, with `{T}` for a quoted table name and `{C}` for a quoted
 /// column: (table names used, text).
 const QUERIES: [&str; 6] = [
-    "SELECT {C:DB_ID}, {C:NAME} FROM {T:DBS}",
+    DBS_QUERY,
     "SELECT t.{C:TBL_ID}, t.{C:DB_ID}, t.{C:TBL_NAME}, t.{C:TBL_TYPE}, s.{C:LOCATION} \
      FROM {T:TBLS} t LEFT JOIN {T:SDS} s ON s.{C:SD_ID} = t.{C:SD_ID}",
     "SELECT {C:TBL_ID}, {C:PKEY_NAME}, {C:INTEGER_IDX} FROM {T:PARTITION_KEYS}",
@@ -196,6 +201,11 @@ const QUERIES: [&str; 6] = [
     "SELECT {C:TBL_ID}, {C:PARAM_KEY}, {C:PARAM_VALUE} FROM {T:TABLE_PARAMS} \
      WHERE LOWER({C:PARAM_KEY}) IN ('transactional', 'transactional_properties')",
 ];
+
+const DBS_QUERY: &str = "SELECT {C:DB_ID}, {C:NAME} FROM {T:DBS}";
+/// With catalogs (`CTLGS`): each database's catalog, and the catalogs.
+const DBS_CATALOG_QUERY: &str = "SELECT {C:DB_ID}, {C:NAME}, {C:CTLG_NAME} FROM {T:DBS}";
+const CATALOGS_QUERY: &str = "SELECT {C:NAME} FROM {T:CTLGS}";
 
 /// Read when the transaction tables exist ([`ACID_TABLES`]).
 const ACID_QUERIES: [&str; 4] = [
@@ -215,6 +225,8 @@ const ACID_TABLES: [&str; 3] = ["TXNS", "TXN_TO_WRITE_ID", "NEXT_WRITE_ID"];
 struct Optional {
     acid: bool,
     next_txn: bool,
+    /// `CTLGS` (and `DBS.CTLG_NAME`): Hive 3 and later.
+    catalogs: bool,
 }
 
 impl Optional {
@@ -222,6 +234,7 @@ impl Optional {
         Optional {
             acid: ACID_TABLES.iter().all(|t| has(t)),
             next_txn: has("NEXT_TXN_ID"),
+            catalogs: has("CTLGS"),
         }
     }
 
@@ -229,6 +242,10 @@ impl Optional {
     fn queries(self) -> Vec<&'static str> {
         let mut out = vec![SEQUENCE_QUERY, MAX_EVENT_QUERY];
         out.extend(QUERIES);
+        if self.catalogs {
+            out[2] = DBS_CATALOG_QUERY;
+            out.push(CATALOGS_QUERY);
+        }
         if self.acid {
             out.extend(ACID_QUERIES);
             if self.next_txn {
@@ -281,15 +298,35 @@ fn cell(row: &[Option<String>], i: usize) -> &Option<String> {
 }
 
 /// Joins the rows into databases, tables and partitions.
-fn assemble(rows: Rows) -> Result<Snapshot, SnapshotError> {
+fn assemble(rows: Rows, catalog: &str) -> Result<Snapshot, SnapshotError> {
     let event_id = match (&rows.next_event_id, &rows.max_event_id) {
         (Some(_), _) => int(&rows.next_event_id, "NOTIFICATION_SEQUENCE.NEXT_EVENT_ID")? - 1,
         (None, Some(_)) => int(&rows.max_event_id, "NOTIFICATION_LOG.EVENT_ID")?,
         (None, None) => 0,
     };
+    let catalogs = match &rows.catalogs {
+        Some(list) => Some(
+            list.iter()
+                .map(|r| Ok(text(cell(r, 0), "CTLGS.NAME")?.trim().to_ascii_lowercase()))
+                .collect::<Result<Vec<String>, SnapshotError>>()?,
+        ),
+        None => None,
+    };
+    crate::source::hive::metastore::catalog_known(catalog, catalogs.as_deref())
+        .map_err(snapshot_error)?;
     let mut db_names = BTreeMap::new();
+    // Databases of other catalogs, whose tables are skipped.
+    let mut elsewhere = std::collections::BTreeSet::new();
     for r in &rows.dbs {
-        db_names.insert(int(cell(r, 0), "DBS.DB_ID")?, text(cell(r, 1), "DBS.NAME")?);
+        let id = int(cell(r, 0), "DBS.DB_ID")?;
+        if catalogs.is_some() {
+            let cat = text(cell(r, 2), "DBS.CTLG_NAME")?;
+            if !cat.trim().eq_ignore_ascii_case(catalog) {
+                elsewhere.insert(id);
+                continue;
+            }
+        }
+        db_names.insert(id, text(cell(r, 1), "DBS.NAME")?);
     }
     let mut keys: BTreeMap<i64, Vec<(i64, String)>> = BTreeMap::new();
     for r in &rows.keys {
@@ -338,6 +375,9 @@ fn assemble(rows: Rows) -> Result<Snapshot, SnapshotError> {
     for r in &rows.tbls {
         let tbl_id = int(cell(r, 0), "TBLS.TBL_ID")?;
         let db_id = int(cell(r, 1), "TBLS.DB_ID")?;
+        if elsewhere.contains(&db_id) {
+            continue;
+        }
         let db = db_names.get(&db_id).cloned().ok_or_else(|| {
             SnapshotError::Fatal(format!(
                 "TBLS.TBL_ID {tbl_id} names DB_ID {db_id}, which DBS lacks"
@@ -459,6 +499,9 @@ fn fill(rows: &mut Rows, mut all: Vec<TextRows>, optional: Optional) {
     rows.parts = take();
     rows.vals = take();
     rows.params = take();
+    if optional.catalogs {
+        rows.catalogs = Some(take());
+    }
     rows.acid = optional.acid;
     if optional.acid {
         rows.txns = take();
@@ -507,7 +550,7 @@ mod tests {
             params: vec![vec![s("7"), s("TRANSACTIONAL"), s("TRUE")]],
             ..Rows::default()
         };
-        let snap = assemble(rows).unwrap();
+        let snap = assemble(rows, "hive").unwrap();
         assert_eq!(snap.event_id, 42);
         let t = &snap.tables[0];
         assert_eq!((t.db.as_str(), t.name.as_str()), ("sales", "orders"));
@@ -541,7 +584,7 @@ mod tests {
             ],
             ..Rows::default()
         };
-        let snap = assemble(rows).unwrap();
+        let snap = assemble(rows, "hive").unwrap();
         let acid = snap.tables[0].acid.as_ref().expect("ids of the ACID table");
         assert_eq!(acid.write_ids.high_watermark, 5);
         assert_eq!(acid.write_ids.open.iter().copied().collect::<Vec<_>>(), [4]);
@@ -555,11 +598,72 @@ mod tests {
     }
 
     #[test]
+    fn only_the_chosen_catalogs_databases_and_tables_are_read() {
+        // `sales.t` in catalog `hive` (DB_ID 1) and in `spark` (DB_ID 2).
+        let rows = || Rows {
+            dbs: vec![
+                vec![s("1"), s("sales"), s("hive")],
+                vec![s("2"), s("sales"), s("SPARK")],
+            ],
+            catalogs: Some(vec![vec![s("hive")], vec![s("spark")]]),
+            tbls: vec![
+                vec![s("7"), s("1"), s("t"), None, s("hdfs://nn/wh/sales.db/t")],
+                vec![
+                    s("8"),
+                    s("2"),
+                    s("t"),
+                    None,
+                    s("hdfs://nn/spark/sales.db/t"),
+                ],
+            ],
+            ..Rows::default()
+        };
+        for (cat, location) in [
+            ("hive", "hdfs://nn/wh/sales.db/t"),
+            ("spark", "hdfs://nn/spark/sales.db/t"),
+        ] {
+            let snap = assemble(rows(), cat).unwrap();
+            assert_eq!(snap.databases, vec!["sales"]);
+            assert_eq!(snap.tables.len(), 1, "{cat}");
+            assert_eq!(snap.tables[0].location.as_deref(), Some(location));
+        }
+        let Err(SnapshotError::Fatal(e)) = assemble(rows(), "other") else {
+            panic!("a catalog the metastore lacks");
+        };
+        assert!(
+            e.contains("no such catalog") && e.contains("hive, spark"),
+            "{e}"
+        );
+        // A database without a catalog where the schema has catalogs: bad input.
+        let mut bad = rows();
+        bad.dbs[1][2] = None;
+        assert!(matches!(
+            assemble(bad, "hive"),
+            Err(SnapshotError::Fatal(_))
+        ));
+        // No CTLGS (Hive 2): every database is `hive`'s, no other catalog.
+        let mut old = rows();
+        old.catalogs = None;
+        old.dbs = vec![vec![s("1"), s("sales")]];
+        old.tbls.pop();
+        assert_eq!(assemble(old, "hive").unwrap().tables.len(), 1);
+        let mut old = rows();
+        old.catalogs = None;
+        assert!(matches!(
+            assemble(old, "spark"),
+            Err(SnapshotError::Fatal(_))
+        ));
+    }
+
+    #[test]
     fn a_table_of_a_missing_database_is_an_error() {
         let rows = Rows {
             tbls: vec![vec![s("7"), s("5"), s("t"), None, None]],
             ..Rows::default()
         };
-        assert!(matches!(assemble(rows), Err(SnapshotError::Fatal(_))));
+        assert!(matches!(
+            assemble(rows, "hive"),
+            Err(SnapshotError::Fatal(_))
+        ));
     }
 }

@@ -700,6 +700,79 @@ impl Connection {
     }
 }
 
+/// The catalogs of the metastore at `url` (`CTLGS.NAME`, lower-cased, in
+/// name order), or None when its schema has no `CTLGS` (Hive 2: one
+/// catalog, `hive`). Read on a connection of its own.
+pub fn catalogs(
+    url: &str,
+    password: Option<String>,
+    timeouts: Timeouts,
+) -> Result<Option<Vec<String>>, RowSourceError> {
+    let ep = Endpoint::parse(url, password)?;
+    let read = || -> Result<Option<Vec<String>>, RowSourceError> {
+        let mut session = Session::open(&ep, timeouts, "stagefs-catalogs")?;
+        let tables = session.tables()?;
+        let Some(ctlgs) = session.table(&tables, "CTLGS") else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "SELECT {} FROM {}",
+            session.quote("NAME"),
+            session.quote(&ctlgs)
+        );
+        let mut names: Vec<String> = session
+            .query(&sql)?
+            .into_iter()
+            .filter_map(|r| r.into_iter().next().flatten())
+            .map(|n| n.trim().to_ascii_lowercase())
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(Some(names))
+    };
+    read().map_err(|e| ep.scrub(e))
+}
+
+/// Whether `catalog` is one the metastore's schema has (`catalogs`): an
+/// error naming the catalogs there are when it is not. Hive 2 schemas
+/// (no `CTLGS`) have only `hive`.
+pub fn catalog_known(catalog: &str, catalogs: Option<&[String]>) -> Result<(), RowSourceError> {
+    let default = [super::adapter::DEFAULT_CATALOG.to_owned()];
+    let (known, why) = match catalogs {
+        Some(list) => (list, "its CTLGS table"),
+        None => (&default[..], "a schema without CTLGS (Hive 2)"),
+    };
+    if known.iter().any(|c| c.eq_ignore_ascii_case(catalog)) {
+        return Ok(());
+    }
+    Err(RowSourceError::Fatal(format!(
+        "--catalog {catalog}: the metastore has no such catalog (catalogs in {why}: {})",
+        if known.is_empty() {
+            "none".to_owned()
+        } else {
+            known.join(", ")
+        }
+    )))
+}
+
+/// At start: the catalog followed exists in the metastore. A metastore
+/// that cannot be reached now is not an error here (polling retries it);
+/// it is logged, and the rows are filtered by the catalog all the same.
+pub fn check_catalog(
+    url: &str,
+    password: Option<String>,
+    catalog: &str,
+) -> Result<(), RowSourceError> {
+    match catalogs(url, password, Timeouts::default()) {
+        Ok(list) => catalog_known(catalog, list.as_deref()),
+        Err(RowSourceError::Unavailable(why)) => {
+            tracing::warn!(catalog, "cannot check that the catalog exists now: {why}");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// A connection opened as the polling one is (same login, timeouts and
 /// error classes), for a caller that runs its own statements and reads
 /// every value as text: the bootstrap's snapshot transaction

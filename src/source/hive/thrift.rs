@@ -694,6 +694,17 @@ pub fn table_from_struct(st: &ThriftStruct) -> Result<HiveTable, ThriftError> {
     })
 }
 
+/// A Thrift-JSON Table object's catalog: field 17 (`catName`, Hive 3 and
+/// later), None when absent.
+pub fn table_catalog_from_json(text: &str) -> Result<Option<String>, ThriftError> {
+    let st = parse_struct(text)?;
+    let f = Fields {
+        st: &st,
+        path: Vec::new(),
+    };
+    f.opt_str(17, "17 (catName)")
+}
+
 /// Partition: 1 values (list of str, in key order), 6 sd (2 location).
 pub fn partition_from_json(text: &str) -> Result<HivePartition, ThriftError> {
     let st = parse_struct(text)?;

@@ -66,6 +66,8 @@ pub struct HiveConfig {
     /// a checksum, read from HDFS or S3, may have been modified (the blob
     /// store applies it: `stage::EventTimeMargin`).
     pub event_time_margin: crate::stage::EventTimeMargin,
+    /// `--catalog`: the metastore catalog replicated (lower-case).
+    pub catalog: String,
 }
 
 impl HiveConfig {
@@ -77,8 +79,64 @@ impl HiveConfig {
             batch: 1000,
             decode_threads: super::ahead::default_threads(),
             event_time_margin: crate::stage::EventTimeMargin::DEFAULT,
+            catalog: DEFAULT_CATALOG.to_owned(),
         }
     }
+}
+
+/// Hive's default catalog, the only one of a metastore without `CTLGS`.
+pub const DEFAULT_CATALOG: &str = "hive";
+
+/// A `--catalog` name, checked and lower-cased as Hive stores catalog
+/// names (`CTLGS.NAME`, `NOTIFICATION_LOG.CAT_NAME`).
+pub fn catalog_name(name: &str) -> Result<String, String> {
+    let ok = !name.is_empty()
+        && name.len() <= 256
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !ok {
+        return Err(format!(
+            "--catalog {name:?}: a catalog name is 1 to 256 letters, digits, `_` or `-`"
+        ));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+/// Whether a `NOTIFICATION_LOG` row belongs to catalog `ours` (lower-case):
+/// its `CAT_NAME`, any case. A row without one is kept: Hive writes none
+/// on transaction events (OPEN_TXN, COMMIT_TXN, ABORT_TXN, ALLOC_WRITE_ID),
+/// which serve every catalog, nor on any row of a schema without catalogs
+/// (Hive 2, where everything is `hive`).
+pub fn row_in_catalog(row: &NotificationRow, ours: &str) -> bool {
+    match row.cat_name.as_deref().map(str::trim) {
+        Some(cat) if !cat.is_empty() => cat.eq_ignore_ascii_case(ours),
+        _ => true,
+    }
+}
+
+/// Whether a `TXN_WRITE_NOTIFICATION_LOG` row (which has no catalog
+/// column) wrote into a table of catalog `ours`: the `catName` of its
+/// `WNL_TABLE_OBJ`, `hive` when the object carries none (Hive before 3).
+pub fn write_in_catalog(row: &super::model::TxnWriteRow, ours: &str) -> Result<bool, String> {
+    let Some(obj) = row.table_obj.as_deref().filter(|t| !t.trim().is_empty()) else {
+        return Err(format!(
+            "the TXN_WRITE_NOTIFICATION_LOG row of {}.{} (transaction {}) has no WNL_TABLE_OBJ to tell its catalog by",
+            row.database, row.table, row.txn_id
+        ));
+    };
+    let cat = super::thrift::table_catalog_from_json(obj).map_err(|e| {
+        format!(
+            "the WNL_TABLE_OBJ of {}.{} (transaction {}): {e}",
+            row.database, row.table, row.txn_id
+        )
+    })?;
+    Ok(cat
+        .as_deref()
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .unwrap_or(DEFAULT_CATALOG)
+        .eq_ignore_ascii_case(ours))
 }
 
 /// Hive's value for a NULL or empty partition value.
@@ -104,6 +162,8 @@ pub struct HiveSource {
     txn_log: Option<bool>,
     /// Decodes the polled rows' messages on other threads.
     ahead: DecodeAhead,
+    /// `--catalog`: rows of other catalogs change nothing.
+    catalog: String,
     /// The batch after the one the last poll returned, read (and handed to
     /// the decoding threads) at that poll: the next poll returns it.
     next: Option<Batch>,
@@ -127,7 +187,9 @@ impl HiveSource {
         let rows: Box<dyn RowSource> = match &cfg.rows {
             HiveRows::Files(path) => Box::new(super::files::FileRows::open(path)?),
             HiveRows::Metastore(url) => {
-                super::metastore::connect(url, std::env::var(super::metastore::PASSWORD_ENV).ok())?
+                let password = std::env::var(super::metastore::PASSWORD_ENV).ok();
+                super::metastore::check_catalog(url, password.clone(), &cfg.catalog)?;
+                super::metastore::connect(url, password)?
             }
         };
         // The next batch is read while this one is decoded and journaled.
@@ -153,6 +215,7 @@ impl HiveSource {
             gap: None,
             txn_log: None,
             ahead: DecodeAhead::new(cfg.decode_threads, &cfg.source_map),
+            catalog: cfg.catalog.clone(),
             next: None,
         }
     }
@@ -332,9 +395,20 @@ impl Source for HiveSource {
     fn decode(&mut self, row: &NotificationRow, latest: &Tree) -> Result<Event, DecodeError> {
         let id = StateId(row.event_id as u64);
         let reject = |reason: String| DecodeError::Rejected(Rejection::of_event(id, reason));
-        let Decoded { message, files } = self
-            .ahead
-            .take(row)
+        let decoded = self.ahead.take(row);
+        if !row_in_catalog(row, &self.catalog) {
+            // Another catalog's row: not ours, whatever it holds.
+            if row.event_id <= 0 {
+                return Err(reject("EVENT_ID must be > 0".into()));
+            }
+            self.last_decoded = row.event_id;
+            return Ok(Event {
+                id,
+                time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
+                changes: Vec::new(),
+            });
+        }
+        let Decoded { message, files } = decoded
             .map_err(|e| reject(format!("cannot decode the {} message: {e}", row.event_type)))?;
         let txn_log = match &message {
             HiveMessage::CreateTable { .. }
@@ -373,6 +447,9 @@ impl Source for HiveSource {
                 };
                 let mut changes = Vec::new();
                 for w in &writes {
+                    if !write_in_catalog(w, &self.catalog).map_err(&reject)? {
+                        continue;
+                    }
                     let write = super::message::decode_txn_write(w).map_err(|e| {
                         reject(format!(
                             "cannot decode the TXN_WRITE_NOTIFICATION_LOG row of {}.{} (transaction {txn_id}): {e}",

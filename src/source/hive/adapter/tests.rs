@@ -984,3 +984,190 @@ fn decoding_ahead_keeps_id_order_and_stops_at_the_same_bad_row_as_decoding_inlin
         );
     }
 }
+
+/// Rows of a real Hive 4.0.1 metastore (tests/data/hive-real/): the row
+/// with `id`, renumbered `new_id`, its `CAT_NAME` set to `cat` (and, in
+/// the message, `from` replaced by `to`).
+fn real_row(id: i64, new_id: i64, cat: Option<&str>, from: &str, to: &str) -> NotificationRow {
+    let text = include_str!("../../../../tests/data/hive-real/postgres-json.jsonl");
+    let mut row: NotificationRow = text
+        .lines()
+        .map(|l| serde_json::from_str::<NotificationRow>(l).unwrap())
+        .find(|r| r.event_id == id)
+        .unwrap();
+    row.event_id = new_id;
+    row.nl_id = Some(new_id);
+    row.cat_name = cat.map(Into::into);
+    let message = row.message.as_deref().unwrap().replace(from, to);
+    row.message = Some(message.into());
+    row
+}
+
+/// Rows and the write rows of one transaction.
+struct TwoCatalogs {
+    rows: Vec<NotificationRow>,
+    writes: Vec<super::super::model::TxnWriteRow>,
+}
+
+impl RowSource for TwoCatalogs {
+    fn poll(&mut self, after: i64, limit: usize) -> Result<Vec<NotificationRow>, RowSourceError> {
+        Ok(rows_after(&self.rows, after, limit))
+    }
+    fn txn_writes(
+        &mut self,
+        txn_id: i64,
+    ) -> Result<Vec<super::super::model::TxnWriteRow>, RowSourceError> {
+        Ok(self
+            .writes
+            .iter()
+            .filter(|w| w.txn_id == txn_id)
+            .cloned()
+            .collect())
+    }
+    fn newest_event_id(&mut self) -> Result<Option<i64>, RowSourceError> {
+        Ok(self.rows.last().map(|r| r.event_id))
+    }
+    fn describe(&self) -> String {
+        "two catalogs".into()
+    }
+}
+
+/// The table object of the real CREATE_TABLE of `sales.flat`, in `cat`
+/// (field 17), or without a catalog.
+fn flat_table_obj(cat: Option<&str>) -> String {
+    let row = real_row(9, 9, Some("hive"), "", "");
+    let m: serde_json::Value = serde_json::from_str(row.message.as_deref().unwrap()).unwrap();
+    let mut obj: serde_json::Value =
+        serde_json::from_str(m["tableObjJson"].as_str().unwrap()).unwrap();
+    match cat {
+        Some(c) => obj["17"] = serde_json::json!({ "str": c }),
+        None => {
+            obj.as_object_mut().unwrap().remove("17");
+        }
+    }
+    obj.to_string()
+}
+
+fn flat_write(txn_id: i64, cat: Option<&str>, name: &str) -> super::super::model::TxnWriteRow {
+    let delta = "delta_0000001_0000001_0000";
+    super::super::model::TxnWriteRow {
+        wnl_id: Some(txn_id),
+        txn_id,
+        write_id: Some(1),
+        database: "sales".into(),
+        table: "flat".into(),
+        partition: None,
+        table_obj: Some(flat_table_obj(cat)),
+        partition_obj: None,
+        files: Some(format!(
+            "hdfs://127.0.0.1:33063/external/sales.db/flat/{delta}/{name}###{delta}"
+        )),
+        event_time: Some(1),
+    }
+}
+
+/// Follows `rows` for `catalog`: the files of `sales.flat` at the end.
+fn follow_catalog(catalog: &str) -> Result<Vec<String>, String> {
+    // The same database and table in `hive` and in `spark`, written
+    // alternately; a commit (no catalog) wrote into both.
+    let mut rows = vec![
+        real_row(1, 1, Some("hive"), "", ""),
+        real_row(1, 2, Some("spark"), "", ""),
+        real_row(9, 3, Some("hive"), "", ""),
+        real_row(9, 4, Some("spark"), "", ""),
+        real_row(10, 5, Some("hive"), "", ""),
+        real_row(10, 6, Some("spark"), "flat/000000_0", "flat/spark_0"),
+        json_row(
+            "COMMIT_TXN",
+            &serde_json::json!({ "txnid": 7, "timestamp": 1 }),
+        ),
+    ];
+    rows[6].event_id = 7;
+    let source = TwoCatalogs {
+        rows,
+        writes: vec![
+            flat_write(7, Some("hive"), "hive_acid"),
+            flat_write(7, Some("spark"), "spark_acid"),
+        ],
+    };
+    let mut cfg = HiveConfig::new(
+        HiveRows::Files("x".into()),
+        SourceMap::parse(&Vec::<String>::new()).unwrap(),
+    );
+    cfg.decode_threads = 0;
+    cfg.catalog = catalog.into();
+    let mut src = HiveSource::new(Box::new(source), &cfg, 0);
+    let mut v = Validator::new(Arc::new(Tree::empty()));
+    for r in src.poll(100).unwrap() {
+        let e = src.decode(&r, v.latest()).map_err(|e| format!("{e:?}"))?;
+        v.check(e, None, None).map_err(|r| r.to_string())?;
+    }
+    Ok(paths(v.latest(), "sales", "flat"))
+}
+
+#[test]
+fn only_the_chosen_catalogs_rows_and_transaction_writes_are_applied() {
+    assert_eq!(
+        follow_catalog("hive").unwrap(),
+        vec!["000000_0", "delta_0000001_0000001_0000/hive_acid"]
+    );
+    assert_eq!(
+        follow_catalog("spark").unwrap(),
+        vec!["delta_0000001_0000001_0000/spark_acid", "spark_0"]
+    );
+    // A catalog no row names: nothing but the commit, whose writes are
+    // of other catalogs.
+    assert_eq!(follow_catalog("other").unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn rows_without_a_catalog_are_kept_and_names_match_in_any_case() {
+    let mut r = row(1);
+    assert!(row_in_catalog(&r, "hive") && row_in_catalog(&r, "spark"));
+    r.cat_name = Some("".into());
+    assert!(row_in_catalog(&r, "spark"));
+    r.cat_name = Some("HIVE".into());
+    assert!(row_in_catalog(&r, "hive"));
+    assert!(!row_in_catalog(&r, "spark"));
+    // A write row's catalog is its table object's; without one, `hive`.
+    let w = flat_write(1, None, "x");
+    assert!(write_in_catalog(&w, "hive").unwrap());
+    assert!(!write_in_catalog(&w, "spark").unwrap());
+    let w = flat_write(1, Some("Spark"), "x");
+    assert!(write_in_catalog(&w, "spark").unwrap());
+    // Bad input is an error naming the row, never a panic.
+    let mut w = flat_write(1, Some("spark"), "x");
+    w.table_obj = None;
+    let err = write_in_catalog(&w, "spark").unwrap_err();
+    assert!(
+        err.contains("sales.flat") && err.contains("no WNL_TABLE_OBJ"),
+        "{err}"
+    );
+    w.table_obj = Some("{\"17\":{\"i32\":3}}".into());
+    let err = write_in_catalog(&w, "spark").unwrap_err();
+    assert!(err.contains("WNL_TABLE_OBJ of sales.flat"), "{err}");
+}
+
+#[test]
+fn catalog_names_are_checked_and_lower_cased() {
+    assert_eq!(catalog_name("Spark").unwrap(), "spark");
+    assert_eq!(catalog_name("my_cat-2").unwrap(), "my_cat-2");
+    for bad in ["", "a b", "x'y", "a.b", "ü"] {
+        assert!(catalog_name(bad).is_err(), "{bad:?}");
+    }
+    let list = vec!["hive".to_owned(), "spark".to_owned()];
+    assert!(crate::source::hive::metastore::catalog_known("spark", Some(&list)).is_ok());
+    let err = crate::source::hive::metastore::catalog_known("other", Some(&list))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no such catalog") && err.contains("hive, spark"),
+        "{err}"
+    );
+    // A schema without catalogs (Hive 2): only `hive`.
+    assert!(crate::source::hive::metastore::catalog_known("hive", None).is_ok());
+    let err = crate::source::hive::metastore::catalog_known("spark", None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("without CTLGS"), "{err}");
+}

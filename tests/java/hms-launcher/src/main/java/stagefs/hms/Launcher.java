@@ -28,6 +28,7 @@ import org.apache.hadoop.fs.RemoteIterator;
 import org.apache.hadoop.hive.metastore.HiveMetaStore;
 import org.apache.hadoop.hive.metastore.HiveMetaStoreClient;
 import org.apache.hadoop.hive.metastore.ReplChangeManager;
+import org.apache.hadoop.hive.metastore.api.Catalog;
 import org.apache.hadoop.hive.metastore.api.Database;
 import org.apache.hadoop.hive.metastore.api.FieldSchema;
 import org.apache.hadoop.hive.metastore.api.FireEventRequest;
@@ -37,8 +38,10 @@ import org.apache.hadoop.hive.metastore.api.Partition;
 import org.apache.hadoop.hive.metastore.api.SerDeInfo;
 import org.apache.hadoop.hive.metastore.api.StorageDescriptor;
 import org.apache.hadoop.hive.metastore.api.Table;
+import org.apache.hadoop.hive.metastore.api.TableValidWriteIds;
 import org.apache.hadoop.hive.metastore.conf.MetastoreConf;
 import org.apache.hadoop.hive.metastore.security.HadoopThriftAuthBridge;
+import org.apache.hadoop.hive.metastore.utils.MetaStoreUtils;
 
 /**
  * A real Hive metastore for stagefs's tests, driven over stdin/stdout.
@@ -72,7 +75,24 @@ import org.apache.hadoop.hive.metastore.security.HadoopThriftAuthBridge;
  *   <li>{@code drop-partition DB TBL VAL...}, {@code rename DB TBL NEWTBL}, {@code truncate DB
  *       TBL [VAL...]}, {@code drop-table DB TBL}, {@code drop-db DB [cascade]}
  *   <li>{@code state} (just the oracle), {@code quit}
+ *   <li>{@code create-catalog CAT}: a catalog located at {@code /catalogs/CAT} on the HDFS. A
+ *       {@code DB} argument of create-db, create-table, create-acid-table, add-partition, insert,
+ *       acid-insert, drop-partition and drop-table may be {@code DB@CAT}: that database of catalog
+ *       CAT (else of the default catalog, {@code hive}).
+ *   <li>{@code create-acid-table DB TBL text [PARTKEY...]}: an insert-only transactional table
+ *       ({@code transactional=true}, {@code transactional_properties=insert_only}).
+ *   <li>{@code acid-insert DB TBL commit|abort LOCALFILE [VAL...]}: what HiveServer2 does for an
+ *       INSERT into an insert-only table: open_txns, allocate_table_write_ids, the file written to
+ *       {@code delta_W_W_0000/000000_0} below the table or partition, add_write_notification_log
+ *       with the file, its HDFS checksum and its delta directory, then commit_txn (or abort_txns:
+ *       the file stays on HDFS, never valid).
  * </ul>
+ *
+ * <p>A transactional table's files in the oracle are those of committed write ids only (the
+ * metastore's valid write id list for the table: at most its high watermark, not open or
+ * aborted); the others are listed in {@code hidden}. With more than one catalog, an answer also
+ * carries {@code sources}: the oracle of each catalog by name ({@code source} is the default
+ * catalog's).
  *
  * <p>Exits when stdin closes or on quit; DIR is removed.
  */
@@ -282,7 +302,15 @@ public final class Launcher {
         reply = JSON.createObjectNode();
         reply.put("ok", true);
         reply.put("event_id", client.getCurrentNotificationEventId().getEventId());
-        reply.set("source", l.source());
+        reply.set("source", l.source(l.defaultCatalog()));
+        List<String> cats = new ArrayList<>(client.getCatalogs());
+        if (cats.size() > 1) {
+          Collections.sort(cats);
+          ObjectNode all = reply.putObject("sources");
+          for (String cat : cats) {
+            all.set(cat, l.source(cat));
+          }
+        }
       } catch (Throwable t) {
         t.printStackTrace();
         reply = JSON.createObjectNode();
@@ -304,9 +332,17 @@ public final class Launcher {
   private void run(List<String> w) throws Exception {
     String cmd = w.get(0);
     switch (cmd) {
+      case "create-catalog": {
+        need(w, 2);
+        client.createCatalog(new Catalog(w.get(1), conf.get("fs.defaultFS") + "/catalogs/"
+            + w.get(1)));
+        break;
+      }
       case "create-db": {
         need(w, 2);
-        Database db = new Database(w.get(1), "", null, new HashMap<>());
+        String[] cd = dbRef(w.get(1));
+        Database db = new Database(cd[1], "", null, new HashMap<>());
+        db.setCatalogName(cd[0]);
         if (w.size() > 2 && w.get(2).equals("repl-source")) {
           // A replication source (ALTER DATABASE ... SET DBPROPERTIES): the
           // metastore then recycles dropped and truncated files into cmroot.
@@ -328,14 +364,22 @@ public final class Launcher {
         client.dropDatabase(w.get(1), true, false,
             w.size() > 2 && w.get(2).equals("cascade"));
         break;
-      case "create-table": {
+      case "create-table":
+      case "create-acid-table": {
         need(w, 4);
+        String[] cd = dbRef(w.get(1));
         Table t = new Table();
-        t.setDbName(w.get(1));
+        t.setCatName(cd[0]);
+        t.setDbName(cd[1]);
         t.setTableName(w.get(2));
         t.setOwner("stagefs");
         t.setTableType("MANAGED_TABLE");
         t.setParameters(new HashMap<>());
+        if (cmd.equals("create-acid-table")) {
+          hiveCapabilities();
+          t.getParameters().put("transactional", "true");
+          t.getParameters().put("transactional_properties", "insert_only");
+        }
         StorageDescriptor sd = new StorageDescriptor();
         sd.setCols(new ArrayList<>(List.of(
             new FieldSchema("id", "int", null), new FieldSchema("v", "string", null))));
@@ -369,8 +413,10 @@ public final class Launcher {
       }
       case "add-partition": {
         need(w, 4);
-        Table t = client.getTable(w.get(1), w.get(2));
+        String[] cd = dbRef(w.get(1));
+        Table t = client.getTable(cd[0], cd[1], w.get(2));
         Partition p = new Partition();
+        p.setCatName(t.getCatName());
         p.setDbName(t.getDbName());
         p.setTableName(t.getTableName());
         p.setValues(new ArrayList<>(w.subList(3, w.size())));
@@ -381,10 +427,13 @@ public final class Launcher {
         client.add_partition(p);
         break;
       }
-      case "drop-partition":
+      case "drop-partition": {
         need(w, 4);
-        client.dropPartition(w.get(1), w.get(2), new ArrayList<>(w.subList(3, w.size())), true);
+        String[] cd = dbRef(w.get(1));
+        client.dropPartition(cd[0], cd[1], w.get(2), new ArrayList<>(w.subList(3, w.size())),
+            true);
         break;
+      }
       case "insert":
         need(w, 5);
         insert(w.get(1), w.get(2), w.get(3), new File(w.get(4)),
@@ -403,9 +452,16 @@ public final class Launcher {
             w.size() > 3 ? Collections.singletonList(partName(w.get(1), w.get(2),
                 w.subList(3, w.size()))) : null);
         break;
-      case "drop-table":
+      case "drop-table": {
         need(w, 3);
-        client.dropTable(w.get(1), w.get(2), true, false);
+        String[] cd = dbRef(w.get(1));
+        client.dropTable(cd[0], cd[1], w.get(2), true, false, false);
+        break;
+      }
+      case "acid-insert":
+        need(w, 5);
+        acidInsert(w.get(1), w.get(2), w.get(3), new File(w.get(4)),
+            new ArrayList<>(w.subList(5, w.size())));
         break;
       case "state":
         break;
@@ -434,17 +490,9 @@ public final class Launcher {
     } else {
       throw new IllegalArgumentException("mode must be into or overwrite: " + mode);
     }
-    Table t = client.getTable(db, tbl);
-    Path dir;
-    if (t.getPartitionKeysSize() > 0) {
-      if (vals.size() != t.getPartitionKeysSize()) {
-        throw new IllegalArgumentException("give a value for each partition key");
-      }
-      Partition p = client.getPartition(db, tbl, vals);
-      dir = new Path(p.getSd().getLocation());
-    } else {
-      dir = new Path(t.getSd().getLocation());
-    }
+    String[] cd = dbRef(db);
+    Table t = client.getTable(cd[0], cd[1], tbl);
+    Path dir = dirOf(t, vals);
     fs.mkdirs(dir);
     if (overwrite) {
       // Hive.replaceFiles -> cleanUpOneDirectoryForReplace: recycle, then delete.
@@ -471,7 +519,8 @@ public final class Launcher {
       data.addToFilesAddedChecksum(checksum);
     }
     FireEventRequest rq = new FireEventRequest(true, FireEventRequestData.insertData(data));
-    rq.setDbName(db);
+    rq.setCatName(cd[0]);
+    rq.setDbName(cd[1]);
     rq.setTableName(tbl);
     if (!vals.isEmpty()) {
       rq.setPartitionVals(vals);
@@ -479,16 +528,118 @@ public final class Launcher {
     client.fireListenerEvent(rq);
   }
 
-  /** Every table: its location, keys, partitions and files (length + HDFS checksum). */
-  private ObjectNode source() throws Exception {
+  private String defaultCatalog() {
+    return MetaStoreUtils.getDefaultCatalog(conf);
+  }
+
+  /**
+   * From the first transactional table on, this client declares the processor capabilities
+   * HiveServer2 declares for itself (Hive 4's metadata transformer refuses to create, and hides,
+   * ACID tables for a client without them). By reflection: 3.1.3's client has no capabilities.
+   */
+  private static void hiveCapabilities() throws Exception {
+    Class<?> c = HiveMetaStoreClient.class;
+    c.getMethod("setProcessorCapabilities", String[].class).invoke(null, (Object) new String[] {
+      "EXTWRITE", "EXTREAD", "HIVEBUCKET2", "HIVEFULLACIDREAD", "HIVEFULLACIDWRITE",
+      "HIVECACHEINVALIDATE", "HIVEMANAGESTATS", "HIVEMANAGEDINSERTWRITE",
+      "HIVEMANAGEDINSERTREAD", "HIVESQL", "HIVEMQT", "HIVEONLYMQTWRITE"
+    });
+    c.getMethod("setProcessorIdentifier", String.class).invoke(null, "HIVESERVER2");
+  }
+
+  /** {@code DB} or {@code DB@CAT}: {catalog, database}. */
+  private String[] dbRef(String ref) {
+    int at = ref.indexOf('@');
+    return at < 0
+        ? new String[] {defaultCatalog(), ref}
+        : new String[] {ref.substring(at + 1), ref.substring(0, at)};
+  }
+
+  /** The directory of a table, or of its partition with these values. */
+  private Path dirOf(Table t, List<String> vals) throws Exception {
+    if (t.getPartitionKeysSize() == 0) {
+      return new Path(t.getSd().getLocation());
+    }
+    if (vals.size() != t.getPartitionKeysSize()) {
+      throw new IllegalArgumentException("give a value for each partition key");
+    }
+    Partition p = client.getPartition(t.getCatName(), t.getDbName(), t.getTableName(), vals);
+    return new Path(p.getSd().getLocation());
+  }
+
+  /**
+   * An INSERT into an insert-only transactional table as HiveServer2 runs it (DbTxnManager,
+   * MoveTask, Hive.addWriteNotificationLog): a transaction, a write id for the table, the file
+   * under {@code delta_W_W_0000}, the write notification with the file's HDFS checksum and delta
+   * directory, then commit (or abort).
+   */
+  private void acidInsert(String db, String tbl, String end, File local, List<String> vals)
+      throws Exception {
+    if (!end.equals("commit") && !end.equals("abort")) {
+      throw new IllegalArgumentException("end must be commit or abort: " + end);
+    }
+    String[] cd = dbRef(db);
+    if (!cd[0].equals(defaultCatalog())) {
+      // 4.0.1's write notification request and transaction tables have no catalog.
+      throw new IllegalArgumentException("transactions write into the default catalog only");
+    }
+    Table t = client.getTable(cd[0], cd[1], tbl);
+    long txn = client.openTxn("stagefs");
+    long writeId = client.allocateTableWriteId(txn, cd[1], tbl);
+    String delta = String.format("delta_%07d_%07d_%04d", writeId, writeId, 0);
+    Path dir = new Path(dirOf(t, vals), delta);
+    fs.mkdirs(dir);
+    Path target = new Path(dir, "000000_0");
+    fs.copyFromLocalFile(false, true, new Path(local.getAbsolutePath()), target);
+
+    InsertEventRequestData data = new InsertEventRequestData();
+    data.setReplace(false);
+    FileStatus st = fs.getFileStatus(target);
+    data.addToFilesAdded(st.getPath().toString());
+    String checksum = ReplChangeManager.checksumFor(st.getPath(), fs);
+    if (checksum != null) {
+      data.addToFilesAddedChecksum(checksum);
+    }
+    // By reflection: 3.1.3 (the same source, tests/java/hms3-launcher) has no write
+    // notification log.
+    InsertEventRequestData.class.getMethod("addToSubDirectoryList", String.class)
+        .invoke(data, delta);
+    Class<?> rqc = Class.forName("org.apache.hadoop.hive.metastore.api.WriteNotificationLogRequest");
+    Object rq = rqc.getConstructor(long.class, long.class, String.class, String.class,
+        InsertEventRequestData.class).newInstance(txn, writeId, cd[1], tbl, data);
+    if (!vals.isEmpty()) {
+      rqc.getMethod("setPartitionVals", List.class).invoke(rq, vals);
+    }
+    client.getClass().getMethod("addWriteNotificationLog", rqc).invoke(client, rq);
+    if (end.equals("commit")) {
+      client.commitTxn(txn);
+    } else {
+      client.abortTxns(Collections.singletonList(txn));
+    }
+  }
+
+  /** A transactional table's valid write ids (null for any other table). */
+  private TableValidWriteIds writeIds(Table t) throws Exception {
+    String on = t.getParameters() == null ? null : t.getParameters().get("transactional");
+    if (on == null || !on.equalsIgnoreCase("true")) {
+      return null;
+    }
+    String full = t.getDbName() + "." + t.getTableName();
+    return client.getValidWriteIds(Collections.singletonList(full),
+        client.getValidTxns().writeToString()).get(0);
+  }
+
+  /** Every table of a catalog: its location, keys, partitions and files. */
+  private ObjectNode source(String cat) throws Exception {
     ObjectNode tables = JSON.createObjectNode();
-    List<String> dbs = new ArrayList<>(client.getAllDatabases());
+    List<String> dbs = new ArrayList<>(client.getAllDatabases(cat));
     Collections.sort(dbs);
     for (String db : dbs) {
-      List<String> names = new ArrayList<>(client.getAllTables(db));
+      List<String> names = new ArrayList<>(client.getAllTables(cat, db));
       Collections.sort(names);
       for (String name : names) {
-        Table t = client.getTable(db, name);
+        Table t = client.getTable(cat, db, name);
+        TableValidWriteIds ids = writeIds(t);
         ObjectNode tn = JSON.createObjectNode();
         tn.put("location", t.getSd().getLocation());
         tn.put("table_type", t.getTableType());
@@ -498,10 +649,10 @@ public final class Launcher {
           keys.add(k.getName());
         }
         if (t.getPartitionKeysSize() == 0) {
-          tn.set("files", files(t.getSd().getLocation(), tn.putArray("hidden")));
+          tn.set("files", files(t.getSd().getLocation(), tn.putArray("hidden"), ids));
         } else {
           ArrayNode parts = tn.putArray("partitions");
-          List<Partition> ps = client.listPartitions(db, name, (short) -1);
+          List<Partition> ps = client.listPartitions(cat, db, name, -1);
           ps.sort((a, b) -> String.join("/", a.getValues()).compareTo(
               String.join("/", b.getValues())));
           for (Partition p : ps) {
@@ -509,7 +660,7 @@ public final class Launcher {
             ArrayNode values = pn.putArray("values");
             p.getValues().forEach(values::add);
             pn.put("location", p.getSd().getLocation());
-            pn.set("files", files(p.getSd().getLocation(), pn.putArray("hidden")));
+            pn.set("files", files(p.getSd().getLocation(), pn.putArray("hidden"), ids));
           }
         }
         tables.set(db + "." + name, tn);
@@ -524,7 +675,8 @@ public final class Launcher {
    * Hive's FileUtils.HIDDEN_FILES_PATH_FILTER skips them, and their paths listed in {@code
    * hidden}.
    */
-  private ArrayNode files(String location, ArrayNode hidden) throws Exception {
+  private ArrayNode files(String location, ArrayNode hidden, TableValidWriteIds ids)
+      throws Exception {
     ArrayNode out = JSON.createArrayNode();
     Path dir = new Path(location);
     if (!fs.exists(dir)) {
@@ -539,7 +691,7 @@ public final class Launcher {
     String base = fs.makeQualified(dir).toUri().getPath();
     for (LocatedFileStatus st : all) {
       String rel = st.getPath().toUri().getPath().substring(base.length());
-      if (rel.contains("/_") || rel.contains("/.")) {
+      if (rel.contains("/_") || rel.contains("/.") || (ids != null && !committed(rel, ids))) {
         hidden.add(st.getPath().toString());
         continue;
       }
@@ -550,6 +702,27 @@ public final class Launcher {
       f.put("sha256", sha256(st.getPath()));
     }
     return out;
+  }
+
+  /**
+   * Whether a file of a transactional table ({@code /delta_A_B_S/name} below its location) was
+   * written by committed write ids only: each id from A to B at most the table's high watermark
+   * and not among its invalid (open or aborted) ids. A file outside a delta directory is not.
+   */
+  private static boolean committed(String rel, TableValidWriteIds ids) {
+    String[] parts = rel.split("/");
+    if (parts.length < 3 || !parts[parts.length - 2].startsWith("delta_")) {
+      return false;
+    }
+    String[] range = parts[parts.length - 2].split("_");
+    long lo = Long.parseLong(range[1]);
+    long hi = Long.parseLong(range[2]);
+    for (long id = lo; id <= hi; id++) {
+      if (id > ids.getWriteIdHighWaterMark() || ids.getInvalidWriteIds().contains(id)) {
+        return false;
+      }
+    }
+    return true;
   }
 
   /** The file's bytes as HDFS serves them, hashed (lower-case hex). */
