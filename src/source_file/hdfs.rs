@@ -42,7 +42,7 @@
 //!
 //! Called through [`super::Location::open`] by the blob store's fetch.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fs::File;
 use std::future::Future;
 use std::io;
@@ -267,23 +267,8 @@ impl Part {
     }
 }
 
-type PartTask = tokio::task::JoinHandle<Result<Part, RequestError>>;
-
-/// The parts of a file being read: the one copied from now, and the
-/// reads in flight after it.
-#[derive(Default)]
-struct Parts {
-    current: Option<(u64, Part)>,
-    ahead: VecDeque<(u64, PartTask)>,
-}
-
-impl Parts {
-    fn abort_ahead(&mut self) {
-        for (_, task) in self.ahead.drain(..) {
-            task.abort();
-        }
-    }
-}
+/// The part being copied and the reads in flight after it.
+type Parts = super::parts::PartsAhead<Part, Result<Part, RequestError>>;
 
 /// Reads bytes `range` of the file `reader` opened, as one part: refused
 /// unless exactly that many bytes come within [`REQUEST_TIMEOUT`].
@@ -388,17 +373,10 @@ impl HdfsFile {
     fn fetch_part(&self, parts: &mut Parts, index: u64) -> Result<Part, RequestError> {
         let rt = runtime().map_err(RequestError::Runtime)?;
         let count = (self.reader.file_length() as u64).div_ceil(PART_BYTES);
-        if parts.ahead.front().is_some_and(|(i, _)| *i != index) {
-            // Not the next part: not read in order; start again from here.
-            parts.abort_ahead();
-        }
-        let mut next = parts.ahead.back().map_or(index, |(i, _)| i + 1);
-        while next < count && parts.ahead.len() <= PARTS_AHEAD {
-            let task = rt.spawn(read_part(&self.reader, self.part_range(next)));
-            parts.ahead.push_back((next, task));
-            next += 1;
-        }
-        let Some((_, task)) = parts.ahead.pop_front() else {
+        let ahead = parts.take(index, count, PARTS_AHEAD, |next| {
+            Ok::<_, RequestError>(rt.spawn(read_part(&self.reader, self.part_range(next))))
+        })?;
+        let Some(task) = ahead else {
             return Err(RequestError::BadAnswer(format!(
                 "part {index} is past the end"
             )));
@@ -514,15 +492,6 @@ impl SourceFile for HdfsFile {
 
     fn local_file(&self) -> Option<&File> {
         None
-    }
-}
-
-impl Drop for HdfsFile {
-    fn drop(&mut self) {
-        self.parts
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .abort_ahead();
     }
 }
 

@@ -27,6 +27,7 @@
 
 pub mod hdfs;
 pub mod local;
+mod parts;
 pub mod s3;
 
 use std::fmt;

@@ -53,7 +53,7 @@
 
 pub mod versions;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::future::Future;
@@ -610,21 +610,9 @@ async fn get_part(
     Ok(bytes)
 }
 
-/// The parts of a large object being read: the one copied from now, and
-/// the ranged GETs in flight after it.
-#[derive(Default)]
-struct Parts {
-    current: Option<(u64, Bytes)>,
-    ahead: VecDeque<(u64, tokio::task::JoinHandle<Result<Bytes, RequestError>>)>,
-}
-
-impl Parts {
-    fn abort_ahead(&mut self) {
-        for (_, task) in self.ahead.drain(..) {
-            task.abort();
-        }
-    }
-}
+/// The part of a large object being copied and the ranged GETs in
+/// flight after it.
+type Parts = super::parts::PartsAhead<Bytes, Result<Bytes, RequestError>>;
 
 /// An object on S3 opened for reading: the version read first and what
 /// it takes to read the rest of it.
@@ -835,10 +823,7 @@ impl S3File {
             pin,
             identity: identity_of(&meta),
             request_timeout: timeout,
-            parts: Mutex::new(Parts {
-                current: Some((0, first)),
-                ahead: VecDeque::new(),
-            }),
+            parts: Mutex::new(Parts::holding(0, first)),
         })
     }
 
@@ -875,16 +860,8 @@ impl S3File {
     /// fails for a transient reason is asked again.
     fn fetch_part(&self, parts: &mut Parts, index: u64) -> Result<Bytes, RequestError> {
         let count = self.identity.size.div_ceil(PART_BYTES);
-        if parts.ahead.front().is_some_and(|(i, _)| *i != index) {
-            // Not the next part: not read in order; start again from here.
-            parts.abort_ahead();
-        }
-        let mut next = parts.ahead.back().map_or(index, |(i, _)| i + 1);
-        while next < count && parts.ahead.len() <= PARTS_AHEAD {
-            parts.ahead.push_back((next, self.spawn_part(next)?));
-            next += 1;
-        }
-        let Some((_, task)) = parts.ahead.pop_front() else {
+        let Some(task) = parts.take(index, count, PARTS_AHEAD, |next| self.spawn_part(next))?
+        else {
             return Err(RequestError::BadAnswer(format!(
                 "part {index} is past the end"
             )));
@@ -1022,15 +999,6 @@ impl SourceFile for S3File {
 
     fn version(&self) -> Option<&str> {
         S3File::version(self)
-    }
-}
-
-impl Drop for S3File {
-    fn drop(&mut self) {
-        self.parts
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .abort_ahead();
     }
 }
 
