@@ -91,10 +91,11 @@ pub struct Busy {
     /// The parent (pid, its threads); `None` for init or an unreadable
     /// parent.
     pub parent: Option<(u32, ThreadTimes)>,
-    /// This daemon's request threads ([`request_thread_times`]): while
-    /// they wait for a CPU, a request the process sent waits in the
-    /// kernel's queue, and the process looks idle while it waits for
-    /// this daemon.
+    /// This daemon's request threads ([`request_thread_times`]), each
+    /// thread's time inside handlers added to its time on a CPU: a
+    /// request the process sent waits unread in the kernel's queue only
+    /// while every one of them is busy, and the process then looks idle
+    /// while it waits for this daemon.
     pub daemon: ThreadTimes,
     /// One of its own threads was blocked in the kernel when sampled
     /// (state `D` in `/proc/<pid>/task/<tid>/stat`: waiting for a disk,
@@ -124,6 +125,22 @@ fn grown(now: &ThreadTimes, mark: &ThreadTimes) -> (Duration, Duration) {
     (run, wait)
 }
 
+/// The least growth of (run + wait) of any one thread present in both
+/// samples (zero when none is). Used for this daemon's request threads:
+/// the kernel hands a queued request to whichever of them reads next, so
+/// a request can only wait unread while every one is busy, and its wait
+/// is bounded by the least busy one's time — not by their sum, which
+/// grows with every other reader's requests on a busy host.
+fn least_grown(now: &ThreadTimes, mark: &ThreadTimes) -> Duration {
+    now.iter()
+        .filter_map(|(tid, r, w)| {
+            let (_, r0, w0) = mark.iter().find(|(t, ..)| t == tid)?;
+            Some(r.saturating_sub(*r0) + w.saturating_sub(*w0))
+        })
+        .min()
+        .unwrap_or_default()
+}
+
 /// What a process did between two samples: the input of [`decide`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Activity {
@@ -136,8 +153,11 @@ pub struct Activity {
     /// Its parent's threads' run and wait time, summed (a driver that
     /// computes while its child, the engine, waits for it).
     pub parent: Duration,
-    /// This daemon's request threads' time waiting for a CPU, summed: time the
-    /// process may have spent blocked on a request not yet read.
+    /// The least time any one of this daemon's request threads was busy
+    /// (on a CPU, waiting for one, or inside a handler): a request waits
+    /// unread in the kernel's queue only while all of them are busy, so
+    /// this bounds the time the process spent blocked on a request of its
+    /// own that this daemon had yet to read (see [`least_grown`]).
     pub daemon_wait: Duration,
     /// One of its own threads was blocked in the kernel (state `D`) at
     /// either sample: the gap is not a pause.
@@ -159,7 +179,7 @@ impl Activity {
             run,
             wait,
             parent,
-            daemon_wait: grown(&now.daemon, &mark.daemon).1,
+            daemon_wait: least_grown(&now.daemon, &mark.daemon),
             blocked: now.blocked || mark.blocked,
         }
     }
@@ -237,9 +257,9 @@ pub fn decide(rule: &ViewRule, age: Duration, idle: Duration, act: Option<Activi
         return Decision::Move;
     }
     // Time in which none of its own threads ran or waited to run, and
-    // this daemon was not waiting for a CPU (so the process was not
-    // blocked on a request of its own that this daemon had yet to read):
-    // at least the span less those summed times.
+    // some request thread of this daemon was idle (so the process was
+    // not blocked on a request of its own that this daemon had yet to
+    // read): at least the span less those times.
     if hard_due && a.span.saturating_sub(a.run + a.wait + a.daemon_wait) >= rule.hard_gap {
         return Decision::Move;
     }
@@ -387,12 +407,14 @@ fn named_threads(pid: u32, prefix: &str) -> Vec<u32> {
 /// FUSE requests (`fuser-<n>`).
 const REQUEST_THREADS: &str = "fuser-";
 
-/// This daemon's request threads' times. While *they* wait for a CPU, a
-/// request a reader sent waits unread, and the reader looks idle while it
-/// waits for this daemon; the daemon's other threads (staging,
-/// publishing, GC, a test harness serving a mount in-process) keep no
-/// reader waiting, so their waits are not counted. The thread list is
-/// found by name and re-read once per [`RECHECK`].
+/// This daemon's request threads' times, each thread's time inside
+/// handlers ([`handler_began`]) added to its run time. While *all* of
+/// them are busy — running, waiting for a CPU, or blocked in a handler
+/// (a disk read, a fetch) — a request a reader sent waits unread, and the
+/// reader looks idle while it waits for this daemon; the daemon's other
+/// threads (staging, publishing, GC, a test harness serving a mount
+/// in-process) keep no reader waiting, so they are not counted. The
+/// thread list is found by name and re-read once per [`RECHECK`].
 fn request_thread_times() -> ThreadTimes {
     static FOUND: Mutex<Option<(Instant, Vec<u32>)>> = Mutex::new(None);
     let me = std::process::id();
@@ -407,7 +429,98 @@ fn request_thread_times() -> ThreadTimes {
             }
         }
     };
-    times_of(me, &tids).unwrap_or_default()
+    let mut times = times_of(me, &tids).unwrap_or_default();
+    for (tid, run, _) in &mut times {
+        *run += handler_time(*tid);
+    }
+    times
+}
+
+/// One request thread's time inside handlers: the total of those ended,
+/// and the start of the one under way (nanoseconds since [`epoch`]; 0
+/// when none is).
+struct HandlerClock {
+    tid: u32,
+    total: AtomicU64,
+    since: AtomicU64,
+}
+
+/// Every thread that ever began a handler, found by id.
+static HANDLER_CLOCKS: Mutex<Vec<Arc<HandlerClock>>> = Mutex::new(Vec::new());
+
+/// A thread's entry in [`HANDLER_CLOCKS`], removed when the thread exits
+/// (so a reused thread id never finds a dead thread's clock).
+struct MyClock(Arc<HandlerClock>);
+
+impl Drop for MyClock {
+    fn drop(&mut self) {
+        lock(&HANDLER_CLOCKS).retain(|c| !Arc::ptr_eq(c, &self.0));
+    }
+}
+
+thread_local! {
+    static MY_CLOCK: MyClock = {
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() } as u32;
+        let clock = Arc::new(HandlerClock {
+            tid,
+            total: AtomicU64::new(0),
+            since: AtomicU64::new(0),
+        });
+        lock(&HANDLER_CLOCKS).push(Arc::clone(&clock));
+        MyClock(clock)
+    };
+}
+
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn since_epoch() -> u64 {
+    // At least 1: 0 means "not in a handler".
+    (epoch().elapsed().as_nanos() as u64).max(1)
+}
+
+/// The calling request thread begins handling a request: until
+/// [`handler_ended`], it cannot read another one, whether it runs or
+/// blocks (two relaxed stores; called by the fuse adapter on every request).
+pub fn handler_began() {
+    let now = since_epoch();
+    MY_CLOCK.with(|c| c.0.since.store(now, Ordering::Relaxed));
+}
+
+/// The calling request thread finished the request [`handler_began`] began.
+pub fn handler_ended() {
+    let now = since_epoch();
+    MY_CLOCK.with(|MyClock(c)| {
+        let since = c.since.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            c.total
+                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+        }
+    });
+}
+
+/// Thread `tid`'s time inside handlers so far, the one under way included.
+fn handler_time(tid: u32) -> Duration {
+    let clock = lock(&HANDLER_CLOCKS)
+        .iter()
+        .find(|c| c.tid == tid)
+        .map(Arc::clone);
+    let Some(c) = clock else {
+        return Duration::ZERO;
+    };
+    // `since` first: a handler ending between the two loads is then
+    // counted twice (an over-estimate keeps views), never missed.
+    let since = c.since.load(Ordering::Relaxed);
+    let total = c.total.load(Ordering::Relaxed);
+    let current = if since == 0 {
+        0
+    } else {
+        since_epoch().saturating_sub(since)
+    };
+    Duration::from_nanos(total + current)
 }
 
 /// A sample of `proc` and its parent from `/proc`. `None` when the
@@ -1447,6 +1560,46 @@ mod tests {
     }
 
     #[test]
+    fn a_request_waits_unread_no_longer_than_the_least_busy_request_thread() {
+        // Two request threads: one busy throughout (serving other
+        // readers), one idle for most of the gap: a request of this
+        // process would have been read by the idle one.
+        let mark = vec![(1, ms(100), ms(10)), (2, ms(50), ms(5))];
+        let now = vec![(1, ms(160), ms(50)), (2, ms(52), ms(6))];
+        assert_eq!(least_grown(&now, &mark), ms(3));
+        // Both busy: the less busy one bounds the wait.
+        let now = vec![(1, ms(160), ms(50)), (2, ms(130), ms(45))];
+        assert_eq!(least_grown(&now, &mark), ms(100));
+        // A thread only one sample has tells nothing; none in common: 0.
+        let now = vec![(1, ms(160), ms(50)), (3, ms(0), ms(0))];
+        assert_eq!(least_grown(&now, &mark), ms(100));
+        assert_eq!(least_grown(&vec![(3, ms(9), ms(9))], &mark), ms(0));
+    }
+
+    #[test]
+    fn a_request_thread_is_busy_while_inside_a_handler() {
+        let tid = unsafe { libc::gettid() } as u32;
+        handler_began();
+        std::thread::sleep(ms(20));
+        let under_way = handler_time(tid);
+        assert!(under_way >= ms(20), "{under_way:?}");
+        handler_ended();
+        let ended = handler_time(tid);
+        assert!(ended >= under_way, "{ended:?}");
+        std::thread::sleep(ms(20));
+        assert_eq!(handler_time(tid), ended, "no handler under way");
+        // A thread that exited leaves no clock behind.
+        let other = std::thread::spawn(|| {
+            handler_began();
+            handler_ended();
+            (unsafe { libc::gettid() }) as u32
+        })
+        .join()
+        .unwrap();
+        assert_eq!(handler_time(other), Duration::ZERO);
+    }
+
+    #[test]
     fn schedstat_run_delay_is_the_second_field() {
         assert_eq!(
             parse_schedstat("123 4567 8\n"),
@@ -1511,7 +1664,7 @@ mod tests {
             blocked: false,
         };
         let a = Activity::between(&same, t1, &before, t0);
-        assert_eq!((a.span, a.parent, a.daemon_wait), (ms(100), ms(35), ms(7)));
+        assert_eq!((a.span, a.parent, a.daemon_wait), (ms(100), ms(35), ms(16)));
     }
 
     /// Readers whose processes' wait for a CPU is what the test sets
