@@ -30,7 +30,8 @@ stop_load() {
   done
   loops=()
 }
-trap stop_load EXIT INT TERM
+trap stop_load EXIT
+trap 'exit 130' INT TERM
 
 sample_load() {
   while :; do
