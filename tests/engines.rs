@@ -103,7 +103,7 @@ impl Facts {
 /// A mount of `wh.facts` at state 11 and a writer overwriting one
 /// partition every `every` until the returned flag is set.
 struct Setup {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     d: Daemon,
     stop: Arc<AtomicBool>,
     writer: Option<thread::JoinHandle<u64>>,
@@ -135,7 +135,7 @@ impl Setup {
             e - 1
         });
         Setup {
-            _dir: dir,
+            dir,
             d,
             stop,
             writer: Some(writer),
@@ -145,8 +145,13 @@ impl Setup {
     /// Runs the helper (`engine` and its flags) to the end, within
     /// `timeout`; returns its summary and its per-query lines.
     fn run(&mut self, engine: &str, queries: u32, flags: &[&str], timeout: Duration) -> Summary {
+        let lines_path = self
+            .dir
+            .path()
+            .join(format!("queries-{engine}-{}.jsonl", flags.join("")));
         let mut cmd = Command::new("python3");
-        cmd.arg(HELPER)
+        cmd.env("QUERY_LINES", &lines_path)
+            .arg(HELPER)
             .arg(engine)
             .arg(self.d.mnt())
             .arg(queries.to_string())
@@ -166,7 +171,8 @@ impl Setup {
             started.elapsed(),
             status["readers"]
         );
-        let lines: Vec<Value> = stderr
+        let lines: Vec<Value> = std::fs::read_to_string(&lines_path)
+            .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect();

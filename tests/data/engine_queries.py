@@ -25,8 +25,10 @@ Usage:
 --hold reads the root's user.stagefs.hold before each query (the query
 boundary a long-lived session marks for exactness).
 
-Each query is one JSON line on stderr; the last line on stdout is the
-summary {"queries", "mixed", "failed", "states", "seconds"}.
+Each query is one JSON line on stderr, or in the file QUERY_LINES names
+(the JVM's own messages on stderr can run into a line there); the last
+line on stdout is the summary {"queries", "mixed", "failed", "states",
+"seconds"}.
 """
 
 import json
@@ -35,6 +37,7 @@ import sys
 import time
 
 PARTS = "abcdef"
+LINES = open(os.environ["QUERY_LINES"], "a") if os.environ.get("QUERY_LINES") else sys.stderr
 VARIANTS = 60
 
 
@@ -99,7 +102,7 @@ def run(queries, mount, n, use_hold, interval):
             failed += 1
             line["failed"] = f"{type(e).__name__}: {str(e)[:400]}"
         line["t1"] = round(time.time(), 3)
-        print(json.dumps(line), file=sys.stderr, flush=True)
+        print(json.dumps(line), file=LINES, flush=True)
         time.sleep(interval)
     summary = {
         "queries": n,
