@@ -272,6 +272,7 @@ struct Served<'a> {
 impl Drop for Served<'_> {
     fn drop(&mut self) {
         self.readers.served(self.pid);
+        readers::handler_ended();
     }
 }
 
@@ -281,6 +282,7 @@ impl StagefsFs {
     }
 
     fn request(&self, op: FuseOp, ino: u64, req: &Request) -> Handling<'_> {
+        readers::handler_began();
         self.view.readers().begin(req.pid());
         Handling {
             _timer: self.timer(op),

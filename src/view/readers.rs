@@ -27,10 +27,10 @@
 //!   query starts fresh);
 //! - once the view is `max_age` old, a gap of `poll_gap` that is not
 //!   computing moves it (a polling loop gets new states);
-//! - once the view is `hard_age` old, a gap holding at least `hard_gap`
-//!   in which none of the process's own threads ran or waited to run
-//!   moves it (whatever its parent did: the bound for a process that
-//!   keeps computing between short pauses);
+//! - a gap in which the process's own threads computed keeps the view at
+//!   any age (one long query on a starved host); its parent's computing
+//!   keeps it only until the view is `hard_age` old (the bound for a
+//!   process whose parent never rests);
 //! - reading the root's `user.stagefs.visible`, opening `.stagefs/status`
 //!   or changing a pin moves it at once (read-your-check);
 //! - reading the root's `user.stagefs.hold` moves it at once and *holds*
@@ -78,6 +78,9 @@ use crate::event::StateId;
 const RECHECK: Duration = Duration::from_secs(1);
 /// Cached processes not seen for this long are forgotten.
 const FORGET_PROC: Duration = Duration::from_secs(30);
+/// A view whose process made no request for this long is forgotten even
+/// while the process computes (its state is then no longer kept from GC).
+const FORGET_BUSY: Duration = Duration::from_secs(600);
 
 /// Per-thread totals of one process since each thread started: (thread
 /// id, time on a CPU, time runnable but waiting for one) — fields 1 and 2
@@ -91,10 +94,11 @@ pub struct Busy {
     /// The parent (pid, its threads); `None` for init or an unreadable
     /// parent.
     pub parent: Option<(u32, ThreadTimes)>,
-    /// This daemon's request threads ([`request_thread_times`]): while
-    /// they wait for a CPU, a request the process sent waits in the
-    /// kernel's queue, and the process looks idle while it waits for
-    /// this daemon.
+    /// This daemon's request threads ([`request_thread_times`]), each
+    /// thread's time inside handlers added to its time on a CPU: a
+    /// request the process sent waits unread in the kernel's queue only
+    /// while every one of them is busy, and the process then looks idle
+    /// while it waits for this daemon.
     pub daemon: ThreadTimes,
     /// One of its own threads was blocked in the kernel when sampled
     /// (state `D` in `/proc/<pid>/task/<tid>/stat`: waiting for a disk,
@@ -124,6 +128,22 @@ fn grown(now: &ThreadTimes, mark: &ThreadTimes) -> (Duration, Duration) {
     (run, wait)
 }
 
+/// The least growth of (run + wait) of any one thread present in both
+/// samples (zero when none is). Used for this daemon's request threads:
+/// the kernel hands a queued request to whichever of them reads next, so
+/// a request can only wait unread while every one is busy, and its wait
+/// is bounded by the least busy one's time — not by their sum, which
+/// grows with every other reader's requests on a busy host.
+fn least_grown(now: &ThreadTimes, mark: &ThreadTimes) -> Duration {
+    now.iter()
+        .filter_map(|(tid, r, w)| {
+            let (_, r0, w0) = mark.iter().find(|(t, ..)| t == tid)?;
+            Some(r.saturating_sub(*r0) + w.saturating_sub(*w0))
+        })
+        .min()
+        .unwrap_or_default()
+}
+
 /// What a process did between two samples: the input of [`decide`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Activity {
@@ -136,8 +156,11 @@ pub struct Activity {
     /// Its parent's threads' run and wait time, summed (a driver that
     /// computes while its child, the engine, waits for it).
     pub parent: Duration,
-    /// This daemon's request threads' time waiting for a CPU, summed: time the
-    /// process may have spent blocked on a request not yet read.
+    /// The least time any one of this daemon's request threads was busy
+    /// (on a CPU, waiting for one, or inside a handler): a request waits
+    /// unread in the kernel's queue only while all of them are busy, so
+    /// this bounds the time the process spent blocked on a request of its
+    /// own that this daemon had yet to read (see [`least_grown`]).
     pub daemon_wait: Duration,
     /// One of its own threads was blocked in the kernel (state `D`) at
     /// either sample: the gap is not a pause.
@@ -159,7 +182,7 @@ impl Activity {
             run,
             wait,
             parent,
-            daemon_wait: grown(&now.daemon, &mark.daemon).1,
+            daemon_wait: least_grown(&now.daemon, &mark.daemon),
             blocked: now.blocked || mark.blocked,
         }
     }
@@ -171,8 +194,11 @@ pub struct ViewRule {
     pub quiet_gap: Duration,
     pub poll_gap: Duration,
     pub max_age: Duration,
+    /// A parent's computing keeps a view at most this old; a view idle
+    /// this long whose process is not computing is forgotten.
     pub hard_age: Duration,
-    pub hard_gap: Duration,
+    /// Samples closer together than this tell nothing about a gap.
+    pub min_span: Duration,
     /// A gap in which the process's threads and its parent's were busy
     /// (running or waiting to run) for at least this share of it, in
     /// percent, is computing, not a pause.
@@ -191,7 +217,7 @@ impl Default for ViewRule {
             poll_gap: Duration::from_millis(40),
             max_age: Duration::from_secs(2),
             hard_age: Duration::from_secs(10),
-            hard_gap: Duration::from_millis(10),
+            min_span: Duration::from_millis(10),
             busy_percent: 25,
         }
     }
@@ -214,16 +240,15 @@ pub enum Decision {
 /// then the gap counts as a pause).
 pub fn decide(rule: &ViewRule, age: Duration, idle: Duration, act: Option<Activity>) -> Decision {
     let wall_due = idle >= rule.quiet_gap || (age >= rule.max_age && idle >= rule.poll_gap);
-    let hard_due = age >= rule.hard_age && idle >= rule.hard_gap;
-    if !wall_due && !hard_due {
+    if !wall_due {
         return Decision::Keep;
     }
     let Some(a) = act else {
         return Decision::Move;
     };
-    // Samples closer than the hard gap tell nothing: keep (the gap then
+    // Samples closer than this tell nothing: keep (the gap then
     // restarts, and the next one is measured afresh).
-    if a.span < rule.hard_gap {
+    if a.span < rule.min_span {
         return Decision::KeepBusy;
     }
     // A thread blocked in the kernel (a disk read, a FUSE request not
@@ -231,19 +256,23 @@ pub fn decide(rule: &ViewRule, age: Duration, idle: Duration, act: Option<Activi
     if a.blocked {
         return Decision::KeepBusy;
     }
-    let busy = a.run + a.wait + a.parent + a.daemon_wait;
-    let computing = busy.as_nanos() * 100 >= a.span.as_nanos() * u128::from(rule.busy_percent);
-    if wall_due && !computing {
-        return Decision::Move;
+    let busy_share =
+        |busy: Duration| busy.as_nanos() * 100 >= a.span.as_nanos() * u128::from(rule.busy_percent);
+    // Its own threads on a CPU or waiting for one, or blocked on a
+    // request of its own this daemon had yet to read: computing, at any
+    // age. A query that runs for a minute on a starved host stays on one
+    // state; a loop that computes through every gap without pausing
+    // stays too, until it pauses or reads `user.stagefs.visible`.
+    if busy_share(a.run + a.wait + a.daemon_wait) {
+        return Decision::KeepBusy;
     }
-    // Time in which none of its own threads ran or waited to run, and
-    // this daemon was not waiting for a CPU (so the process was not
-    // blocked on a request of its own that this daemon had yet to read):
-    // at least the span less those summed times.
-    if hard_due && a.span.saturating_sub(a.run + a.wait + a.daemon_wait) >= rule.hard_gap {
-        return Decision::Move;
+    // Its parent computing (a Python driver while its JVM waits) keeps a
+    // view only up to the hard age: the bound for a process whose parent
+    // never rests.
+    if age < rule.hard_age && busy_share(a.run + a.wait + a.daemon_wait + a.parent) {
+        return Decision::KeepBusy;
     }
-    Decision::KeepBusy
+    Decision::Move
 }
 
 /// A process, named so that a reused pid is a different one.
@@ -387,12 +416,14 @@ fn named_threads(pid: u32, prefix: &str) -> Vec<u32> {
 /// FUSE requests (`fuser-<n>`).
 const REQUEST_THREADS: &str = "fuser-";
 
-/// This daemon's request threads' times. While *they* wait for a CPU, a
-/// request a reader sent waits unread, and the reader looks idle while it
-/// waits for this daemon; the daemon's other threads (staging,
-/// publishing, GC, a test harness serving a mount in-process) keep no
-/// reader waiting, so their waits are not counted. The thread list is
-/// found by name and re-read once per [`RECHECK`].
+/// This daemon's request threads' times, each thread's time inside
+/// handlers ([`handler_began`]) added to its run time. While *all* of
+/// them are busy — running, waiting for a CPU, or blocked in a handler
+/// (a disk read, a fetch) — a request a reader sent waits unread, and the
+/// reader looks idle while it waits for this daemon; the daemon's other
+/// threads (staging, publishing, GC, a test harness serving a mount
+/// in-process) keep no reader waiting, so they are not counted. The
+/// thread list is found by name and re-read once per [`RECHECK`].
 fn request_thread_times() -> ThreadTimes {
     static FOUND: Mutex<Option<(Instant, Vec<u32>)>> = Mutex::new(None);
     let me = std::process::id();
@@ -407,7 +438,98 @@ fn request_thread_times() -> ThreadTimes {
             }
         }
     };
-    times_of(me, &tids).unwrap_or_default()
+    let mut times = times_of(me, &tids).unwrap_or_default();
+    for (tid, run, _) in &mut times {
+        *run += handler_time(*tid);
+    }
+    times
+}
+
+/// One request thread's time inside handlers: the total of those ended,
+/// and the start of the one under way (nanoseconds since [`epoch`]; 0
+/// when none is).
+struct HandlerClock {
+    tid: u32,
+    total: AtomicU64,
+    since: AtomicU64,
+}
+
+/// Every thread that ever began a handler, found by id.
+static HANDLER_CLOCKS: Mutex<Vec<Arc<HandlerClock>>> = Mutex::new(Vec::new());
+
+/// A thread's entry in [`HANDLER_CLOCKS`], removed when the thread exits
+/// (so a reused thread id never finds a dead thread's clock).
+struct MyClock(Arc<HandlerClock>);
+
+impl Drop for MyClock {
+    fn drop(&mut self) {
+        lock(&HANDLER_CLOCKS).retain(|c| !Arc::ptr_eq(c, &self.0));
+    }
+}
+
+thread_local! {
+    static MY_CLOCK: MyClock = {
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() } as u32;
+        let clock = Arc::new(HandlerClock {
+            tid,
+            total: AtomicU64::new(0),
+            since: AtomicU64::new(0),
+        });
+        lock(&HANDLER_CLOCKS).push(Arc::clone(&clock));
+        MyClock(clock)
+    };
+}
+
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn since_epoch() -> u64 {
+    // At least 1: 0 means "not in a handler".
+    (epoch().elapsed().as_nanos() as u64).max(1)
+}
+
+/// The calling request thread begins handling a request: until
+/// [`handler_ended`], it cannot read another one, whether it runs or
+/// blocks (two relaxed stores; called by the fuse adapter on every request).
+pub fn handler_began() {
+    let now = since_epoch();
+    MY_CLOCK.with(|c| c.0.since.store(now, Ordering::Relaxed));
+}
+
+/// The calling request thread finished the request [`handler_began`] began.
+pub fn handler_ended() {
+    let now = since_epoch();
+    MY_CLOCK.with(|MyClock(c)| {
+        let since = c.since.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            c.total
+                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+        }
+    });
+}
+
+/// Thread `tid`'s time inside handlers so far, the one under way included.
+fn handler_time(tid: u32) -> Duration {
+    let clock = lock(&HANDLER_CLOCKS)
+        .iter()
+        .find(|c| c.tid == tid)
+        .map(Arc::clone);
+    let Some(c) = clock else {
+        return Duration::ZERO;
+    };
+    // `since` first: a handler ending between the two loads is then
+    // counted twice (an over-estimate keeps views), never missed.
+    let since = c.since.load(Ordering::Relaxed);
+    let total = c.total.load(Ordering::Relaxed);
+    let current = if since == 0 {
+        0
+    } else {
+        since_epoch().saturating_sub(since)
+    };
+    Duration::from_nanos(total + current)
 }
 
 /// A sample of `proc` and its parent from `/proc`. `None` when the
@@ -799,7 +921,7 @@ impl Readers {
     fn count_busy_keep(&self, act: Option<Activity>) {
         self.busy_keeps.fetch_add(1, Ordering::Relaxed);
         let starved = act.is_some_and(|a| {
-            a.span >= self.rule.hard_gap
+            a.span >= self.rule.min_span
                 && a.wait.as_nanos() * 100 >= a.span.as_nanos() * u128::from(self.rule.busy_percent)
         });
         if starved {
@@ -1079,27 +1201,27 @@ impl Readers {
     }
 
     /// Periodic upkeep: forgets the views of exited processes and of
-    /// processes idle (no request) for the hard age, the holds of exited
-    /// holders, and stale caches; returns the sessions whose leader has
-    /// exited, for the caller to close.
+    /// processes idle (no request) for the hard age that are not
+    /// computing ([`Readers::rests`]; for [`FORGET_BUSY`] at most), the
+    /// holds of exited holders, and stale caches; returns the sessions
+    /// whose leader has exited, for the caller to close.
     ///
     /// A live process's view is not forgotten at the quiet gap: only the
     /// request that ends a gap can tell a pause from computing.
     pub fn maintain(&self, snap: &Snapshot) -> Vec<String> {
         let now = Instant::now();
-        let idle: Vec<ProcId> = {
+        let idle: Vec<ProcId> = lock(&self.views)
+            .iter()
+            .filter(|(_, v)| v.in_flight == 0 && now.duration_since(v.last) >= self.rule.quiet_gap)
+            .map(|(p, _)| *p)
+            .collect();
+        let forgotten: Vec<ProcId> = idle
+            .into_iter()
+            .filter(|p| !is_alive(*p) || self.rests(*p, now))
+            .collect();
+        if !forgotten.is_empty() {
             let mut views = lock(&self.views);
-            views.retain(|_, v| v.in_flight > 0 || now.duration_since(v.last) < self.rule.hard_age);
-            views
-                .iter()
-                .filter(|(_, v)| now.duration_since(v.last) >= self.rule.quiet_gap)
-                .map(|(p, _)| *p)
-                .collect()
-        };
-        let exited: Vec<ProcId> = idle.into_iter().filter(|p| !is_alive(*p)).collect();
-        if !exited.is_empty() {
-            let mut views = lock(&self.views);
-            for p in exited {
+            for p in forgotten {
                 views.remove(&p);
             }
         }
@@ -1122,6 +1244,36 @@ impl Readers {
             })
             .map(|(id, _)| id.clone())
             .collect()
+    }
+
+    /// Whether `proc`'s view, idle for at least the hard age, can be
+    /// forgotten (its next request then takes the newest state, and the
+    /// view no longer keeps its state from GC): only when the rule would
+    /// move it were a request to come now. A query engine computing for
+    /// more than the hard age between two requests of one query (Spark
+    /// planning on a starved host: 13 s measured at load 17) keeps it.
+    fn rests(&self, proc: ProcId, now: Instant) -> bool {
+        let (age, idle, mark, mark_at) = match lock(&self.views).get(&proc) {
+            Some(v) if v.in_flight == 0 => (
+                now.duration_since(v.taken),
+                now.duration_since(v.last),
+                v.mark.clone(),
+                v.mark_at,
+            ),
+            _ => return false,
+        };
+        if idle < self.rule.hard_age {
+            return false;
+        }
+        if idle >= FORGET_BUSY {
+            return true;
+        }
+        let sample = (self.busy)(proc);
+        let act = sample
+            .as_ref()
+            .zip(mark.as_ref())
+            .map(|(s, m)| Activity::between(s, Instant::now(), m, mark_at));
+        decide(&self.rule, age, idle, act) == Decision::Move
     }
 
     /// Trees that views and holds use: GC roots (their files stay
@@ -1339,12 +1491,12 @@ mod tests {
         assert_eq!(d(2_100, 60, act(50, 1, 0, 0)), Move);
         // ... unless it computed through the pause.
         assert_eq!(d(2_100, 60, act(50, 10, 5, 0)), KeepBusy);
-        // Past the hard age, a gap with 10 ms in which none of its threads
-        // ran or waited is enough; a gap busy throughout is not.
+        // Past the hard age, short gaps still keep it: a gap shorter
+        // than the poll gap is inside a query, however old the view.
         assert_eq!(d(10_500, 5, None), Keep);
-        assert_eq!(d(10_500, 15, None), Move);
-        assert_eq!(d(10_500, 15, act(12, 1, 0, 0)), Move);
-        assert_eq!(d(10_500, 15, act(12, 2, 1, 0)), KeepBusy);
+        assert_eq!(d(10_500, 15, None), Keep);
+        assert_eq!(d(10_500, 45, act(40, 1, 0, 0)), Move);
+        assert_eq!(d(10_500, 45, act(40, 8, 3, 0)), KeepBusy);
     }
 
     /// The gaps measured on real engines (docs/SEMANTICS.md "Readers"),
@@ -1373,15 +1525,21 @@ mod tests {
         assert_eq!(d(10_500, 400, act(390, 300, 85, 0)), KeepBusy);
         // Samples too close together to tell: kept, measured afresh.
         assert_eq!(d(900, 700, act(5, 0, 0, 0)), KeepBusy);
-        // A JVM idle for 15 ms mid-query on a loaded host, blocked on a
-        // request this daemon, waiting for a CPU itself, had not read
-        // yet (measured: Spark, load 12): not the hard rule's pause.
+        // A JVM idle for 15 ms mid-query, its view 10 s old on a host at
+        // load 17 (measured: Spark, whose queries then take 5–34 s):
+        // not a pause, whatever the view's age.
+        assert_eq!(d(39_000, 15, act(15, 0, 0, 0)), Keep);
+        assert_eq!(d(10_782, 30, act(30, 0, 17, 0)), Keep);
+        // The same JVM 99 ms without a request, a third of it waiting
+        // for a CPU (measured, mid-query): computing.
+        assert_eq!(d(10_782, 99, act(99, 0, 30, 0)), KeepBusy);
+        // Blocked on a request this daemon had yet to read.
         let blocked = Some(Activity {
-            daemon_wait: ms(9),
-            ..act(15, 0, 0, 0).unwrap()
+            daemon_wait: ms(19),
+            ..act(60, 0, 0, 0).unwrap()
         });
-        assert_eq!(d(39_000, 15, blocked), KeepBusy);
-        assert_eq!(d(39_000, 15, act(15, 0, 0, 0)), Move);
+        assert_eq!(d(39_000, 60, blocked), KeepBusy);
+        assert_eq!(d(39_000, 60, act(60, 0, 0, 0)), Move);
         // Likewise a quiet gap spent blocked on a starved daemon.
         let blocked = Some(Activity {
             daemon_wait: ms(100),
@@ -1444,6 +1602,46 @@ mod tests {
         assert!(named_threads(me, "no-such-thread-").is_empty());
         // A thread gone since it was found is left out, not an error.
         assert_eq!(times_of(me, &[tid]), Some(vec![]));
+    }
+
+    #[test]
+    fn a_request_waits_unread_no_longer_than_the_least_busy_request_thread() {
+        // Two request threads: one busy throughout (serving other
+        // readers), one idle for most of the gap: a request of this
+        // process would have been read by the idle one.
+        let mark = vec![(1, ms(100), ms(10)), (2, ms(50), ms(5))];
+        let now = vec![(1, ms(160), ms(50)), (2, ms(52), ms(6))];
+        assert_eq!(least_grown(&now, &mark), ms(3));
+        // Both busy: the less busy one bounds the wait.
+        let now = vec![(1, ms(160), ms(50)), (2, ms(130), ms(45))];
+        assert_eq!(least_grown(&now, &mark), ms(100));
+        // A thread only one sample has tells nothing; none in common: 0.
+        let now = vec![(1, ms(160), ms(50)), (3, ms(0), ms(0))];
+        assert_eq!(least_grown(&now, &mark), ms(100));
+        assert_eq!(least_grown(&vec![(3, ms(9), ms(9))], &mark), ms(0));
+    }
+
+    #[test]
+    fn a_request_thread_is_busy_while_inside_a_handler() {
+        let tid = unsafe { libc::gettid() } as u32;
+        handler_began();
+        std::thread::sleep(ms(20));
+        let under_way = handler_time(tid);
+        assert!(under_way >= ms(20), "{under_way:?}");
+        handler_ended();
+        let ended = handler_time(tid);
+        assert!(ended >= under_way, "{ended:?}");
+        std::thread::sleep(ms(20));
+        assert_eq!(handler_time(tid), ended, "no handler under way");
+        // A thread that exited leaves no clock behind.
+        let other = std::thread::spawn(|| {
+            handler_began();
+            handler_ended();
+            (unsafe { libc::gettid() }) as u32
+        })
+        .join()
+        .unwrap();
+        assert_eq!(handler_time(other), Duration::ZERO);
     }
 
     #[test]
@@ -1511,7 +1709,7 @@ mod tests {
             blocked: false,
         };
         let a = Activity::between(&same, t1, &before, t0);
-        assert_eq!((a.span, a.parent, a.daemon_wait), (ms(100), ms(35), ms(7)));
+        assert_eq!((a.span, a.parent, a.daemon_wait), (ms(100), ms(35), ms(16)));
     }
 
     /// Readers whose processes' wait for a CPU is what the test sets
@@ -1626,7 +1824,7 @@ mod tests {
             poll_gap: Duration::from_millis(20),
             max_age: Duration::from_millis(300),
             hard_age: Duration::from_millis(900),
-            hard_gap: Duration::from_millis(5),
+            min_span: Duration::from_millis(5),
             busy_percent: 25,
         }
     }
@@ -1659,7 +1857,7 @@ mod tests {
             poll_gap: Duration::from_millis(150),
             max_age: Duration::from_millis(300),
             hard_age: Duration::from_secs(3600),
-            hard_gap: Duration::from_millis(5),
+            min_span: Duration::from_millis(5),
             busy_percent: 25,
         };
         let (r, _delay) = simulated(rule);
@@ -1762,13 +1960,21 @@ mod tests {
         let (r, delay) = simulated(rule);
         let t = advance_time(&r, &delay, 25);
         assert!(t >= rule.max_age, "moved at {t:?}, before the max age");
-        // A process that waits for a CPU through most of every gap moves
-        // at the hard age, at the first gap with 5 ms (the quick rule's
-        // hard gap) in which it neither ran nor waited.
+        // A process that waits for a CPU through most of every gap is
+        // inside one long query, past the hard age too: it keeps its view
+        // until it really pauses.
         let rule = quick_rule();
         let (r, delay) = simulated(rule);
-        let t = advance_time(&r, &delay, 10);
-        assert!(t >= rule.hard_age, "moved at {t:?}, before the hard age");
+        assert_eq!(r.tree_for(me(), &snap_at(1)).state_id, StateId(1));
+        let start = Instant::now();
+        let mut since = start;
+        while start.elapsed() < rule.hard_age * 2 {
+            thread::sleep(Duration::from_millis(30));
+            starve(&delay, &mut since, 10);
+            assert_eq!(r.tree_for(me(), &snap_at(2)).state_id, StateId(1));
+        }
+        thread::sleep(rule.quiet_gap + ms(20));
+        assert_eq!(r.tree_for(me(), &snap_at(2)).state_id, StateId(2));
     }
 
     /// `user.stagefs.hold`: the holder and every process below it see the

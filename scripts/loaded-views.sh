@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The view-rule tests on a busy host (issue: "a view rule that holds for
+# real query engines and under load"): runs the real-engine, reader and
+# consistency tests while LOAD_PROCS busy loops (`yes > /dev/null`, default
+# 8) compete for the CPUs, RUNS times in a row, and says how each went and
+# what the load average was.
+#
+#   scripts/loaded-views.sh            # 1 run, 8 loops, debug build
+#   RUNS=5 scripts/loaded-views.sh     # five runs in a row
+#
+# Every test's whole output is kept under OUT (default a new temporary
+# folder, printed at the start), so a failure can be read in full.
+# Exit status: 0 when every test of every run passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS=${RUNS:-1}
+LOAD_PROCS=${LOAD_PROCS:-8}
+TESTS=${TESTS:-"engines readers consistency"}
+OUT=${OUT:-$(mktemp -d /tmp/stagefs-loaded.XXXXXX)}
+mkdir -p "$OUT"
+echo "loaded-views: outputs in $OUT" >&2
+
+cargo build --all-targets --quiet
+
+loops=()
+stop_load() {
+  for p in "${loops[@]:-}"; do
+    [ -n "$p" ] && kill "$p" 2>/dev/null || true
+  done
+  loops=()
+}
+trap stop_load EXIT INT TERM
+
+sample_load() {
+  while :; do
+    cut -d' ' -f1 /proc/loadavg >>"$1"
+    sleep 10
+  done
+}
+
+failed=0
+for run in $(seq 1 "$RUNS"); do
+  for _ in $(seq 1 "$LOAD_PROCS"); do
+    yes >/dev/null &
+    loops+=($!)
+  done
+  loadlog=$OUT/run$run.load
+  : >"$loadlog"
+  sample_load "$loadlog" &
+  loops+=($!)
+  started=$(date -u +%H:%M:%S)
+  summary=""
+  for t in $TESTS; do
+    log=$OUT/run$run.$t.log
+    if cargo test --quiet --test "$t" -- --nocapture >"$log" 2>&1; then
+      summary+=" $t:ok"
+    else
+      summary+=" $t:FAILED"
+      failed=1
+    fi
+    res=$(grep -E "^test result:" "$log" | tail -1 || true)
+    summary+="(${res#test result: })"
+  done
+  stop_load
+  range=$(sort -n "$loadlog" | sed -n '1p;$p' | paste -sd- -)
+  echo "run $run ($started-$(date -u +%H:%M:%S) UTC, $LOAD_PROCS loops, load $range):$summary"
+  grep -hE "FAILED|panicked" "$OUT"/run"$run".*.log | head -20 || true
+done
+exit "$failed"
