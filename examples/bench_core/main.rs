@@ -16,6 +16,8 @@
 //! - `s3-stage`  staging from S3 vs `rclone copy` (issue 29; `s3.rs`)
 //! - `s3-lag`  event → visible with the files on S3 vs on the local disk
 //!   (issue 29; `s3.rs`)
+//! - `s3-serve`, `s3-get`: a private SeaweedFS for scripts/bench/reader.py
+//!   and its baseline, GETs through the reader hosts' store (issue 30)
 //! - `hdfs-stage`  staging from HDFS vs `rclone copy` and `hdfs dfs -get`
 //!   (issue 29; `hdfs.rs`; what it shares with `s3-stage` is in `remote.rs`)
 //!
@@ -79,6 +81,9 @@ fn main() {
         "hive-stage" => hive::bench_stage(&opts),
         "s3-stage" => s3::bench_stage(&opts),
         "s3-lag" => s3::bench_lag(&opts),
+        // Helpers of scripts/bench/reader.py (`STORAGE=s3`).
+        "s3-serve" => s3::serve(&opts),
+        "s3-get" => s3::get_all(&opts),
         "hdfs-stage" => hdfs::bench_stage(&opts),
         _ => usage(),
     };

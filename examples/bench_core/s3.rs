@@ -309,3 +309,58 @@ fn lag_run(
     replica.stop();
     result
 }
+
+/// `s3-serve`: a private SeaweedFS with the bucket `bench` for a script
+/// (scripts/bench/reader.py with `STORAGE=s3`): prints the environment
+/// a stagefs process reaches it with (`AWS_…=…` lines, then `READY`) and
+/// serves until its stdin closes.
+pub fn serve(_o: &Opts) -> Res<()> {
+    let s3 = S3Server::start()?;
+    s3.create_bucket(BUCKET, false)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "AWS_ENDPOINT_URL={}", s3.endpoint())?;
+    writeln!(out, "AWS_ACCESS_KEY_ID={}", s3.access_key())?;
+    writeln!(out, "AWS_SECRET_ACCESS_KEY={}", s3.secret_key())?;
+    writeln!(out, "AWS_REGION={}", s3.region())?;
+    writeln!(out, "READY")?;
+    out.flush()?;
+    drop(out);
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut rest)?;
+    Ok(())
+}
+
+/// `s3-get --url URL --prefix P`: GETs every object under `P` at the
+/// publication `URL`, one after the other, through the store a reader
+/// host opens (`stagefs::publish::open_store`, the same S3 client), and
+/// prints `first <s>` (the first object's GET) and `all <s> <bytes>`.
+pub fn get_all(o: &Opts) -> Res<()> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStoreExt;
+    use stagefs::publish::ObjectStore;
+    let store = stagefs::publish::open_store(&o.str("url", ""))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let prefix = object_store::path::Path::from(o.str("prefix", "blobs"));
+    let mut paths: Vec<_> = rt
+        .block_on(store.list(Some(&prefix)).try_collect::<Vec<_>>())?
+        .into_iter()
+        .map(|m| m.location)
+        .collect();
+    paths.sort();
+    let t = Instant::now();
+    let mut first = None;
+    let mut bytes = 0;
+    for p in &paths {
+        bytes += rt
+            .block_on(async { store.get(p).await?.bytes().await })?
+            .len();
+        first.get_or_insert(t.elapsed());
+    }
+    let all = t.elapsed();
+    println!("first {:.6}", first.unwrap_or_default().as_secs_f64());
+    println!("all {:.6} {bytes} {}", all.as_secs_f64(), paths.len());
+    Ok(())
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reader host reads (docs/BENCHMARKS.md, "Reader hosts"): a 1 GiB file
-published to file://, read through `stagefs mount --from`.
+published to file:// (or, with STORAGE=s3, to a private SeaweedFS), read
+through `stagefs mount --from`.
 
 Measures, in one run:
 - cold read of the file through a fresh reader host vs reading the same
@@ -9,14 +10,35 @@ Measures, in one run:
 - warm read (cached) vs the same bytes on native disk.
 
     STAGEFS=target/release/stagefs scripts/bench/reader.py WORKDIR
+    STORAGE=s3 STAGEFS=… scripts/bench/reader.py WORKDIR
+
+With STORAGE=s3, `bench_core s3-serve` (BENCH_CORE, default
+target/release/examples/bench_core; `cargo build --release --example
+bench_core`) starts the SeaweedFS of the S3 benchmarks (tests/servers/),
+the file is published to s3://bench/pub, and the baseline is
+`bench_core s3-get`: every piece object GET one after the other through
+the store a reader host opens (the same S3 client); "one piece" is its
+first GET.
 
 Page caches are dropped before each cold measurement when run as root.
 """
 import hashlib, json, os, subprocess, sys, time
 
 BIN = os.environ.get("STAGEFS", "target/release/stagefs")
+BENCH_CORE = os.environ.get("BENCH_CORE", "target/release/examples/bench_core")
 SIZE = int(os.environ.get("SIZE_MIB", "1024")) << 20
+S3 = os.environ.get("STORAGE", "file") == "s3"
 work = os.path.abspath(sys.argv[1])
+env = dict(os.environ)
+server = None
+if S3:
+    server = subprocess.Popen([BENCH_CORE, "s3-serve"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    for line in server.stdout:
+        if line.strip() == "READY":
+            break
+        k, v = line.strip().split("=", 1)
+        env[k] = v
 src, events, pub = (os.path.join(work, d) for d in ("src", "events", "pub"))
 for d in (src, events):
     os.makedirs(d, exist_ok=True)
@@ -40,6 +62,7 @@ def read_all(path, bs=1 << 20):
 
 
 data_path = os.path.join(src, "big")
+url = "s3://bench/pub" if S3 else "file://" + pub
 publisher = None
 if not os.path.exists(data_path):
     h = hashlib.sha256()
@@ -59,24 +82,29 @@ if not os.path.exists(data_path):
     ]
     with open(os.path.join(events, "log-1.jsonl"), "w") as f:
         f.write("".join(json.dumps(l) + "\n" for l in lines))
+    subprocess.run(["rm", "-rf", pub, os.path.join(work, "state")])
+if S3 or not os.path.isdir(os.path.join(pub, "blobs")):
+    # A fresh server (S3) or folder: publish.
+    subprocess.run(["rm", "-rf", os.path.join(work, "state")])
     publisher = subprocess.Popen([BIN, "replicate", "--state", os.path.join(work, "state"),
                           "--source-root", src, "--events", events,
-                          "--publish", "file://" + pub], stderr=subprocess.DEVNULL)
+                          "--publish", url], stderr=subprocess.DEVNULL, env=env)
     want = SIZE // (8 << 20)
-    while len(os.listdir(os.path.join(pub, "blobs")) if os.path.isdir(os.path.join(pub, "blobs")) else []) < want:
+    while not S3 and len(os.listdir(os.path.join(pub, "blobs")) if os.path.isdir(os.path.join(pub, "blobs")) else []) < want:
         time.sleep(0.2)
     # The publisher keeps running until the end: the reader hosts wait
     # for the file's state to be published.
 
-pieces = sorted(os.path.join(pub, "blobs", n) for n in os.listdir(os.path.join(pub, "blobs")))
+pieces = [] if S3 else sorted(os.path.join(pub, "blobs", n) for n in os.listdir(os.path.join(pub, "blobs")))
 
 
 def mount(name):
     mnt, cache = os.path.join(work, name, "mnt"), os.path.join(work, name, "cache")
     subprocess.run(["rm", "-rf", os.path.join(work, name)])
     os.makedirs(mnt)
-    p = subprocess.Popen([BIN, "mount", mnt, "--from", "file://" + pub, "--cache", cache,
-                          "--cache-size", "4G", "--poll-ms", "200"], stderr=subprocess.DEVNULL)
+    p = subprocess.Popen([BIN, "mount", mnt, "--from", url, "--cache", cache,
+                          "--cache-size", "4G", "--poll-ms", "200"], stderr=subprocess.DEVNULL,
+                         env=env)
     f = os.path.join(mnt, "db", "t", "big")
     while not os.path.exists(f):
         time.sleep(0.05)
@@ -89,15 +117,24 @@ def umount(p, mnt):
 
 
 rows = []
-# Straight from storage: every piece object, in order.
-drop_caches()
-t = time.monotonic()
-n = sum(read_all(x) for x in pieces)
-direct = time.monotonic() - t
-drop_caches()
-t = time.monotonic()
-read_all(pieces[0])
-one_piece = time.monotonic() - t
+if S3:
+    # Published once a reader host shows the file.
+    umount(*mount("probe")[:2])
+    drop_caches()
+    out = subprocess.run([BENCH_CORE, "s3-get", "--url", url, "--prefix", "blobs"],
+                         env=env, capture_output=True, text=True, check=True).stdout.split()
+    one_piece, direct = float(out[1]), float(out[3])
+    assert int(out[4]) == SIZE, out
+else:
+    # Straight from storage: every piece object, in order.
+    drop_caches()
+    t = time.monotonic()
+    n = sum(read_all(x) for x in pieces)
+    direct = time.monotonic() - t
+    drop_caches()
+    t = time.monotonic()
+    read_all(pieces[0])
+    one_piece = time.monotonic() - t
 
 drop_caches()
 p, mnt, f = mount("cold")
@@ -133,12 +170,15 @@ native = time.monotonic() - t
 if publisher:
     publisher.terminate()
     publisher.wait()
+if server:
+    server.stdin.close()
+    server.wait()
 
 mib = SIZE / (1 << 20)
-print(f"load1 {os.getloadavg()[0]:.2f}  cpus {os.cpu_count()}  file {mib:.0f} MiB in {len(pieces)} pieces")
+print(f"load1 {os.getloadavg()[0]:.2f}  cpus {os.cpu_count()}  file {mib:.0f} MiB  storage {url}")
 print(f"cold read via reader host   {cold:7.3f} s  {mib / cold:8.0f} MiB/s")
 print(f"pieces straight from store  {direct:7.3f} s  {mib / direct:8.0f} MiB/s   ratio {direct / cold:.2f}x")
 print(f"first byte (fresh host)     {first * 1000:7.1f} ms")
-print(f"one piece read              {one_piece * 1000:7.1f} ms   ratio {first / one_piece:.1f}x")
+print(f"one piece {'GET ' if S3 else 'read'}              {one_piece * 1000:7.1f} ms   ratio {first / one_piece:.1f}x")
 print(f"warm read via reader host   {warm:7.3f} s  {mib / warm:8.0f} MiB/s")
 print(f"native disk (page cache)    {native:7.3f} s  {mib / native:8.0f} MiB/s   ratio {native / warm:.2f}x")

@@ -15,6 +15,11 @@
 //!   `blobs/`. Every piece is verified by its name, the piece list by its
 //!   name, and the list's name comes from the verified catalog, so the
 //!   assembled file needs no second hash.
+//! - Pieces are written `O_DIRECT` where the filesystem allows (not
+//!   through the page cache) and the pieces being read, verified, are
+//!   kept in memory by their [`Partial`] (the read-ahead window and the
+//!   pieces being read) and served from there; a piece no longer in
+//!   memory is read from the file.
 //!
 //! The cache makes room before it writes: the least recently used files
 //! go first, never a large file some open handle is reading. When no room
@@ -28,9 +33,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::SystemTime;
 
@@ -38,7 +43,7 @@ use object_store::ObjectStore;
 
 use crate::event::BlobId;
 use crate::publish::layout::{self, PIECE_SIZE};
-use crate::publish::load::{get_pieces, get_verified, LoadError};
+use crate::publish::load::{get_pieces, get_verified, get_verified_into, LoadError};
 use crate::publish::pieces::PieceList;
 
 /// Pieces fetched ahead of a read, in the background (8 MiB each).
@@ -46,6 +51,16 @@ pub const READ_AHEAD: usize = 4;
 
 /// Pieces `warm` fetches at once.
 const WARM_PARALLEL: usize = 4;
+
+/// Verified pieces a [`Partial`] keeps in memory for its reads: the
+/// read-ahead window and the pieces being read.
+const KEPT_PIECES: usize = READ_AHEAD + 2;
+
+/// Spare piece buffers a [`Partial`] keeps for its next fetches.
+const SPARE_BUFFERS: usize = 2;
+
+/// The alignment `O_DIRECT` writes need (of memory, offset and length).
+const DIRECT_ALIGN: usize = 4096;
 
 /// What the cache did (status, metrics).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -403,11 +418,58 @@ pub struct Partial {
     id: BlobId,
     list: PieceList,
     file: File,
+    /// The same file opened `O_DIRECT` (when the filesystem allows it):
+    /// pieces are written through it, not through the page cache. A
+    /// buffered write into fresh page-cache pages was the largest cost of
+    /// a cold read (docs/BENCHMARKS.md); the pieces being read are served
+    /// from memory instead ([`Partial::mem`]).
+    direct: Option<File>,
+    /// Cleared when the filesystem refuses a direct write (`EINVAL`).
+    direct_ok: AtomicBool,
     have: Mutex<File>,
     pieces: Mutex<Vec<Piece>>,
     changed: Condvar,
     /// The thread moving the filled file to `blobs/`.
     placing: Mutex<Option<std::thread::JoinHandle<()>>>,
+    mem: Mutex<Mem>,
+}
+
+/// A piece's bytes at a page-aligned address (as `O_DIRECT` needs).
+struct PieceBuf {
+    mem: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl PieceBuf {
+    fn new(capacity: usize) -> PieceBuf {
+        let mem = vec![0u8; capacity + DIRECT_ALIGN];
+        let start = mem.as_ptr().align_offset(DIRECT_ALIGN);
+        PieceBuf { mem, start, len: 0 }
+    }
+
+    fn capacity(&self) -> usize {
+        self.mem.len() - self.start
+    }
+
+    /// The first `len` bytes, to be filled (`len` at most the capacity).
+    fn fill(&mut self, len: usize) -> &mut [u8] {
+        self.len = len;
+        &mut self.mem[self.start..self.start + len]
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.mem[self.start..self.start + self.len]
+    }
+}
+
+/// A [`Partial`]'s pieces in memory: verified pieces, least recently
+/// used first, and buffers to reuse (fresh memory costs a page fault per
+/// page). Dropped with the `Partial` when its last reader closes.
+#[derive(Default)]
+struct Mem {
+    kept: Vec<(usize, Arc<PieceBuf>)>,
+    spare: Vec<PieceBuf>,
 }
 
 impl Partial {
@@ -451,14 +513,23 @@ impl Partial {
             }
         }
         let have = File::options().append(true).create(true).open(&have_path)?;
+        // tmpfs (before 6.6) and some others refuse O_DIRECT: buffered.
+        let direct = File::options()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .ok();
         Ok(Partial {
             id,
             list,
             file,
+            direct,
+            direct_ok: AtomicBool::new(true),
             have: Mutex::new(have),
             pieces: Mutex::new(pieces),
             changed: Condvar::new(),
             placing: Mutex::new(None),
+            mem: Mutex::new(Mem::default()),
         })
     }
 
@@ -482,7 +553,7 @@ impl Partial {
         let first = self.list.piece_at(offset);
         let last = self.list.piece_at(end - 1);
         for i in first..=last {
-            self.ensure(cache, i)?;
+            self.ensure(cache, i, true)?;
         }
         // After the read's own pieces: read-ahead never takes the room
         // the read needs.
@@ -490,9 +561,84 @@ impl Partial {
             cache,
             last + 1..(last + 1 + READ_AHEAD).min(self.list.pieces.len()),
         );
-        let mut buf = vec![0u8; (end - offset) as usize];
-        self.file.read_exact_at(&mut buf, offset)?;
+        let mut buf = Vec::with_capacity((end - offset) as usize);
+        for i in first..=last {
+            let r = self.list.range(i);
+            let (from, to) = (offset.max(r.start), end.min(r.end));
+            match self.kept(i) {
+                Some(p) => buf.extend_from_slice(
+                    &p.bytes()[(from - r.start) as usize..(to - r.start) as usize],
+                ),
+                // Present on disk (a restart's pieces, or one no longer
+                // in memory).
+                None => {
+                    let at = buf.len();
+                    buf.resize(at + (to - from) as usize, 0);
+                    self.file.read_exact_at(&mut buf[at..], from)?;
+                }
+            }
+        }
         Ok(buf)
+    }
+
+    /// Piece `i` from memory (marked most recently used).
+    fn kept(&self, i: usize) -> Option<Arc<PieceBuf>> {
+        let mut mem = lock(&self.mem);
+        let at = mem.kept.iter().position(|(k, _)| *k == i)?;
+        let entry = mem.kept.remove(at);
+        let p = Arc::clone(&entry.1);
+        mem.kept.push(entry);
+        Some(p)
+    }
+
+    /// A buffer for a piece of `len` bytes: a spare one when there is.
+    fn buffer(&self, len: usize) -> PieceBuf {
+        let mut mem = lock(&self.mem);
+        match mem.spare.iter().position(|b| b.capacity() >= len) {
+            Some(at) => mem.spare.swap_remove(at),
+            None => PieceBuf::new(len),
+        }
+    }
+
+    fn give_back(mem: &mut Mem, buf: PieceBuf) {
+        if mem.spare.len() < SPARE_BUFFERS {
+            mem.spare.push(buf);
+        }
+    }
+
+    /// Keeps verified piece `i` in memory, dropping the least recently
+    /// used beyond [`KEPT_PIECES`].
+    fn keep(&self, i: usize, buf: PieceBuf) {
+        let mut mem = lock(&self.mem);
+        mem.kept.push((i, Arc::new(buf)));
+        while mem.kept.len() > KEPT_PIECES {
+            let (_, old) = mem.kept.remove(0);
+            // Still being copied by a read: freed by it.
+            if let Ok(old) = Arc::try_unwrap(old) {
+                Self::give_back(&mut mem, old);
+            }
+        }
+    }
+
+    /// Writes a verified piece at `start`: its page-aligned part through
+    /// the `O_DIRECT` descriptor when there is one, the rest buffered.
+    fn write_piece(&self, data: &[u8], start: u64) -> std::io::Result<()> {
+        let mut direct_len = 0;
+        if let Some(direct) = &self.direct {
+            if self.direct_ok.load(Ordering::Relaxed) && start % DIRECT_ALIGN as u64 == 0 {
+                let len = data.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+                match direct.write_all_at(&data[..len], start) {
+                    Ok(()) => direct_len = len,
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        tracing::debug!("O_DIRECT refused, pieces written buffered: {e}");
+                        self.direct_ok.store(false, Ordering::Relaxed);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.file
+            .write_all_at(&data[direct_len..], start + direct_len as u64)
     }
 
     /// Fetches every missing piece (`WARM_PARALLEL` at a time) and moves
@@ -510,7 +656,7 @@ impl Partial {
                             if i >= n {
                                 return Ok(());
                             }
-                            self.ensure(cache, i)?;
+                            self.ensure(cache, i, false)?;
                         }
                     })
                 })
@@ -554,7 +700,7 @@ impl Partial {
             let spawned = std::thread::Builder::new()
                 .name("stagefs-read-ahead".into())
                 .spawn(move || {
-                    let r = part.fetch(&cache_, i).map(Some);
+                    let r = part.fetch(&cache_, i, true).map(Some);
                     part.settle(&cache_, i, r);
                 });
             if spawned.is_err() {
@@ -563,9 +709,9 @@ impl Partial {
         }
     }
 
-    /// Blocks until piece `i` is present: fetches it, or waits for the
-    /// fetch under way.
-    fn ensure(self: &Arc<Self>, cache: &BlobCache, i: usize) -> Result<(), FetchError> {
+    /// Blocks until piece `i` is present: fetches it (kept in memory for
+    /// reads when `keep`), or waits for the fetch under way.
+    fn ensure(self: &Arc<Self>, cache: &BlobCache, i: usize, keep: bool) -> Result<(), FetchError> {
         let claimed = {
             let mut p = lock(&self.pieces);
             loop {
@@ -585,7 +731,7 @@ impl Partial {
         let r = if claimed && self.verify_local(i) {
             Ok(None)
         } else {
-            self.fetch(cache, i).map(Some)
+            self.fetch(cache, i, keep).map(Some)
         };
         let ok = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
         self.settle(cache, i, r);
@@ -600,33 +746,41 @@ impl Partial {
             && layout::content_id(&buf) == self.list.pieces[i]
     }
 
-    /// Fetches, verifies and writes piece `i`: its length.
-    fn fetch(&self, cache: &BlobCache, i: usize) -> Result<u64, FetchError> {
+    /// Fetches, verifies and writes piece `i`, and keeps it in memory
+    /// for reads when `keep`: its length.
+    fn fetch(&self, cache: &BlobCache, i: usize, keep: bool) -> Result<u64, FetchError> {
         let piece = self.list.pieces[i];
         let range = self.list.range(i);
-        let bytes = cache.rt.block_on(get_verified(
+        let len = range.end - range.start;
+        let mut buf = self.buffer(len as usize);
+        if let Err(e) = cache.rt.block_on(get_verified_into(
             &*cache.store,
             &layout::blob(&piece),
             &piece,
-            u64::from(self.list.piece_size),
-        ))?;
-        if bytes.len() as u64 != range.end - range.start {
-            return Err(FetchError::Load(LoadError::Corrupt {
-                object: layout::blob(&piece).to_string(),
-                detail: "its length is not the piece's".into(),
-            }));
-        }
-        cache.make_room(bytes.len() as u64, Some(&self.id))?;
-        let written = self
-            .file
-            .write_all_at(&bytes, range.start)
-            .and_then(|_| lock(&self.have).write_all(&(i as u32).to_le_bytes()));
-        if let Err(e) = written {
-            cache.sub_bytes(bytes.len() as u64);
+            buf.fill(len as usize),
+        )) {
+            Self::give_back(&mut lock(&self.mem), buf);
             return Err(e.into());
         }
-        cache.fetched(bytes.len() as u64);
-        Ok(bytes.len() as u64)
+        if let Err(e) = cache.make_room(len, Some(&self.id)) {
+            Self::give_back(&mut lock(&self.mem), buf);
+            return Err(e);
+        }
+        let written = self
+            .write_piece(buf.bytes(), range.start)
+            .and_then(|_| lock(&self.have).write_all(&(i as u32).to_le_bytes()));
+        if let Err(e) = written {
+            cache.sub_bytes(len);
+            Self::give_back(&mut lock(&self.mem), buf);
+            return Err(e.into());
+        }
+        cache.fetched(len);
+        if keep {
+            self.keep(i, buf);
+        } else {
+            Self::give_back(&mut lock(&self.mem), buf);
+        }
+        Ok(len)
     }
 
     /// Records the outcome of piece `i`'s fetch and wakes its waiters;
@@ -828,6 +982,29 @@ mod piece_tests {
         assert_eq!(std::fs::read(cache.blob_path(&file)).unwrap(), content);
         assert_eq!(cache.report().fetched, 32, "each piece fetched once");
         assert!(cache.open_partial(&file).unwrap().is_none());
+    }
+
+    #[test]
+    fn reads_are_served_from_kept_pieces_and_from_the_file_once_dropped() {
+        let n = KEPT_PIECES * 2 + 3;
+        let (_dir, _rt, cache, file, content) = published(n, 1 << 30);
+        let part = cache.open_partial(&file).unwrap().unwrap();
+        // Reads across piece boundaries, in order, then the first pieces
+        // again: no longer in memory, read back from the file.
+        let step = 50_000;
+        let mut at = 0;
+        while at < content.len() {
+            let got = part.read_at(&cache, at as u64, step as u32).unwrap();
+            assert_eq!(got, content[at..(at + step).min(content.len())], "at {at}");
+            at += step;
+        }
+        assert!(part.kept(0).is_none());
+        assert_eq!(
+            part.read_at(&cache, 100, 200_000).unwrap(),
+            content[100..200_100]
+        );
+        assert!(lock(&part.mem).kept.len() <= KEPT_PIECES);
+        assert_eq!(cache.report().fetched, n as u64, "each piece fetched once");
     }
 
     #[test]

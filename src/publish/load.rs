@@ -98,6 +98,82 @@ pub async fn get_verified(
     Ok(bytes.to_vec())
 }
 
+/// Reads the immutable object `path` named by its content id, exactly
+/// `buf.len()` bytes long, into `buf`, hashing it as it arrives (each
+/// chunk while it is in the CPU's cache): a reader's pieces, straight
+/// into the buffer they are written and served from. A folder's object
+/// is read in place (no zeroed buffer of object_store's, no copy). On an
+/// error `buf` holds no verified content.
+pub async fn get_verified_into(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    id: &BlobId,
+    buf: &mut [u8],
+) -> Result<(), LoadError> {
+    use sha2::{Digest, Sha256};
+    /// Bytes read and hashed at a time from a folder.
+    const CHUNK: usize = 1 << 20;
+    let store_err = |source| LoadError::Store {
+        object: path.to_string(),
+        source,
+    };
+    let got = match store.get(path).await {
+        Ok(g) => g,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(LoadError::Missing {
+                object: path.to_string(),
+            })
+        }
+        Err(source) => return Err(store_err(source)),
+    };
+    let want = buf.len();
+    if got.meta.size != want as u64 || got.range.end - got.range.start != want as u64 {
+        return Err(LoadError::corrupt(
+            path,
+            format!("{} bytes, not the {want} expected", got.meta.size),
+        ));
+    }
+    let mut hash = Sha256::new();
+    match got.payload {
+        object_store::GetResultPayload::File(file, _) => {
+            use std::os::unix::fs::FileExt;
+            for (n, chunk) in buf.chunks_mut(CHUNK).enumerate() {
+                file.read_exact_at(chunk, got.range.start + (n * CHUNK) as u64)
+                    .map_err(|e| {
+                        store_err(object_store::Error::Generic {
+                            store: "LocalFileSystem",
+                            source: Box::new(e),
+                        })
+                    })?;
+                hash.update(&*chunk);
+            }
+        }
+        object_store::GetResultPayload::Stream(mut stream) => {
+            use futures::StreamExt;
+            let mut at = 0;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(store_err)?;
+                let Some(dest) = buf.get_mut(at..at + chunk.len()) else {
+                    return Err(LoadError::corrupt(path, "longer than its listed size"));
+                };
+                dest.copy_from_slice(&chunk);
+                hash.update(&chunk);
+                at += chunk.len();
+            }
+            if at != want {
+                return Err(LoadError::corrupt(path, "shorter than its listed size"));
+            }
+        }
+    }
+    if BlobId(hash.finalize().into()) != *id {
+        return Err(LoadError::corrupt(
+            path,
+            "its content does not match its name",
+        ));
+    }
+    Ok(())
+}
+
 /// Reads a head or state record.
 pub async fn get_record(
     store: &dyn ObjectStore,
