@@ -327,6 +327,14 @@ impl HiveSource {
         if !is_external(table) {
             return Ok(());
         }
+        // A translated table is written by Hive and Spark, with events, as
+        // a managed one: content that cannot be proven waits. A plain
+        // external table's files may be written by any tool, long after
+        // the partition was added and without an event: there the
+        // partition keeps what the events name (the table is in
+        // `not_in_log`), as it always did, rather than holding every later
+        // state back.
+        let waits = param(table, "TRANSLATED_TO_EXTERNAL");
         let mut mapped: usize = changes.iter().map(|c| c.files.len()).sum();
         for (i, (p, change)) in partitions.iter().zip(changes.iter_mut()).enumerate() {
             if files.get(i).is_some_and(|f| !f.is_empty()) {
@@ -343,8 +351,12 @@ impl HiveSource {
                     "{shown}: its ADD_PARTITION (event {}) names no files and no location to list",
                     at.event_id
                 );
-                change.files = vec![unproven_ref(at.event_id, mapped, &shown, why)];
-                mapped += 1;
+                if waits {
+                    change.files = vec![unproven_ref(at.event_id, mapped, &shown, why)];
+                    mapped += 1;
+                } else {
+                    tracing::info!(%why, "a plain external table's partition: shown as its events name it");
+                }
                 continue;
             };
             let listing = self.lister.list(location).map_err(|e| {
@@ -359,6 +371,14 @@ impl HiveSource {
                         format!("{shown}: a file listed at {location}: {e}"),
                     ))
                 })?,
+                Err(why) if !waits => {
+                    tracing::info!(
+                        partition = %shown,
+                        %why,
+                        "a plain external table's partition whose listing is unproven: shown as its events name it"
+                    );
+                    Vec::new()
+                }
                 Err(why) => {
                     let reason = format!(
                         "{shown}: its ADD_PARTITION (event {}) names no files (an external table) and its listing at {location} cannot be proven to be its content at the event: {why}",

@@ -1190,10 +1190,20 @@ impl ListAtSource for FakeLister {
     }
 }
 
+/// Which table an ADD_PARTITION without files is of.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Managed,
+    /// A plain external table.
+    External,
+    /// Hive 4's metadata transformer's (`TRANSLATED_TO_EXTERNAL`).
+    Translated,
+}
+
 /// Sample 03 (ADD_PARTITION day=2021-03-18, at 1616070330 s) with
-/// `partitionFiles` empty, its table external when `external`, as row 3
-/// after CREATE_DATABASE and CREATE_TABLE of that table.
-fn add_partition_without_files(external: bool) -> (Arc<Tree>, NotificationRow) {
+/// `partitionFiles` empty, its table of `kind`, as row 3 after
+/// CREATE_DATABASE and CREATE_TABLE of that table.
+fn add_partition_without_files(kind: Kind) -> (Arc<Tree>, NotificationRow) {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/hive-samples/03_add_partition.json"
@@ -1201,12 +1211,18 @@ fn add_partition_without_files(external: bool) -> (Arc<Tree>, NotificationRow) {
     .unwrap();
     let mut m: serde_json::Value = serde_json::from_str(&text).unwrap();
     m["partitionFiles"] = serde_json::json!([]);
-    if external {
+    if kind != Kind::Managed {
         m["tableType"] = "EXTERNAL_TABLE".into();
-        let obj = m["tableObjJson"].as_str().unwrap().replace(
+        let mut obj = m["tableObjJson"].as_str().unwrap().replace(
             r#""12":{"str":"MANAGED_TABLE"}"#,
             r#""12":{"str":"EXTERNAL_TABLE"}"#,
         );
+        if kind == Kind::Translated {
+            obj = obj.replace(
+                r#""9":{"map":["str","str",2,{"#,
+                r#""9":{"map":["str","str",3,{"TRANSLATED_TO_EXTERNAL":"TRUE","#,
+            );
+        }
         m["tableObjJson"] = obj.into();
     }
     let tree = apply_all(&[
@@ -1230,9 +1246,9 @@ fn add_partition_without_files(external: bool) -> (Arc<Tree>, NotificationRow) {
 
 fn decode_with(
     listing: Result<crate::source::hive::partition_listing::PartitionListing, String>,
-    external: bool,
+    kind: Kind,
 ) -> (Result<Event, DecodeError>, usize) {
-    let (tree, add) = add_partition_without_files(external);
+    let (tree, add) = add_partition_without_files(kind);
     let cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let lister = FakeLister {
@@ -1270,7 +1286,7 @@ fn an_external_tables_partition_without_files_is_listed_at_its_event() {
     }));
     // External: the listing's files, each checked again as not newer
     // than the event.
-    let (e, calls) = decode_with(Ok(unchanged.clone()), true);
+    let (e, calls) = decode_with(Ok(unchanged.clone()), Kind::Translated);
     let e = e.unwrap();
     assert_eq!(calls, 1);
     let files = &e.changes[0].files;
@@ -1286,7 +1302,7 @@ fn an_external_tables_partition_without_files_is_listed_at_its_event() {
         }
     );
     // Managed: an empty partition is what the event says; nothing listed.
-    let (e, calls) = decode_with(Ok(unchanged), false);
+    let (e, calls) = decode_with(Ok(unchanged.clone()), Kind::Managed);
     assert!(e.unwrap().changes[0].files.is_empty());
     assert_eq!(calls, 0);
     // Changed since the event: one reference that is never staged, whose
@@ -1295,7 +1311,7 @@ fn an_external_tables_partition_without_files_is_listed_at_its_event() {
         mtime_ms: event_ms + 5_000,
         entries: vec![],
     }));
-    let (e, _) = decode_with(Ok(changed), true);
+    let (e, _) = decode_with(Ok(changed.clone()), Kind::Translated);
     let files = &e.unwrap().changes[0].files;
     let Verify::Unproven { reason } = &files[0].verify else {
         panic!("{files:?}")
@@ -1310,8 +1326,15 @@ fn an_external_tables_partition_without_files_is_listed_at_its_event() {
         reason.contains("the partition directory was modified at 1616070335000 ms since the epoch, 5000 ms after event 3"),
         "{reason}"
     );
+    // A plain external table's partition: the listing when proven; else
+    // what the events name (nothing), as before listings: files written
+    // later by any tool hold no state back.
+    let (e, _) = decode_with(Ok(unchanged), Kind::External);
+    assert_eq!(e.unwrap().changes[0].files.len(), 1);
+    let (e, _) = decode_with(Ok(changed), Kind::External);
+    assert!(e.unwrap().changes[0].files.is_empty());
     // A listing that fails is tried again.
-    let (e, _) = decode_with(Err("HDFS nn: connection refused".into()), true);
+    let (e, _) = decode_with(Err("HDFS nn: connection refused".into()), Kind::Translated);
     assert!(
         matches!(&e, Err(DecodeError::Retry(m)) if m.contains("connection refused")),
         "{e:?}"
