@@ -167,6 +167,13 @@ pub enum Verify {
     /// Hive without a checksum, read through `--source-map`: staged as
     /// read, reported as unverified.
     None,
+    /// Hive: what stands in a partition whose files no event names and
+    /// whose listing at the source cannot be proven to be its content at
+    /// the event (`source::hive::partition_listing`). It is never staged:
+    /// every state holding it waits, with `reason` in status, and a later
+    /// state without it (the partition dropped or overwritten) may be
+    /// shown (SPEC §3 rule 2).
+    Unproven { reason: String },
 }
 
 impl Verify {
@@ -178,6 +185,7 @@ impl Verify {
             Verify::S3Etag { .. } => "s3-etag",
             Verify::NotNewerThanEvent { .. } => "not-newer-than-event",
             Verify::None => "none",
+            Verify::Unproven { .. } => "unproven",
         }
     }
 }
@@ -256,6 +264,7 @@ impl FileRef {
             Verify::Hdfs { .. }
             | Verify::S3Etag { .. }
             | Verify::NotNewerThanEvent { .. }
+            | Verify::Unproven { .. }
             | Verify::None => None,
         }
     }

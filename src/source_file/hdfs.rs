@@ -54,7 +54,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use hdfs_native::{Client, ClientBuilder, HdfsError};
 
-use super::{Identity, SourceFile, SourceOpenError, Stamp};
+use super::{DirTree, Identity, SourceFile, SourceOpenError, Stamp, TreeEntry};
 
 /// How long one request to a NameNode or DataNode may take before it is
 /// an error (retried by the stager with backoff). Longer than the fetch
@@ -439,6 +439,61 @@ pub fn list(uri: &str) -> Result<Vec<(String, Identity)>, String> {
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
+}
+
+/// The directory `uri` and everything below it ([`DirTree`]); None when
+/// it does not exist. Each directory's modification time is asked again
+/// after the recursive listing, so an entry created, deleted or renamed
+/// while it ran moves a time that the caller sees.
+pub fn list_tree(uri: &str) -> Result<Option<DirTree>, String> {
+    let parsed = HdfsUri::parse(uri.trim_end_matches('/'))?;
+    let client = client(&parsed)?;
+    let failed = |e: RequestError, what: &str| {
+        e.into_io(&parsed.authority, &format!("{what} {}", parsed.path))
+            .to_string()
+    };
+    let statuses = match wait(client.list_status(&parsed.path, true)) {
+        Ok(s) => s,
+        Err(RequestError::Hdfs(HdfsError::FileNotFound(_))) => return Ok(None),
+        Err(e) => return Err(failed(e, "listing")),
+    };
+    let below = format!("{}/", parsed.path);
+    let mut entries = Vec::with_capacity(statuses.len());
+    for status in &statuses {
+        let Some(rel) = status.path.strip_prefix(&below) else {
+            continue;
+        };
+        entries.push(TreeEntry {
+            rel: rel.to_owned(),
+            is_dir: status.isdir,
+            size: status.length as u64,
+            mtime_ms: i64::try_from(status.modification_time).unwrap_or(i64::MAX),
+        });
+    }
+    for entry in entries.iter_mut().filter(|e| e.is_dir) {
+        let path = format!("{below}{}", entry.rel);
+        match wait(client.get_file_info(&path)) {
+            Ok(now) => {
+                let now_ms = i64::try_from(now.modification_time).unwrap_or(i64::MAX);
+                entry.mtime_ms = entry.mtime_ms.max(now_ms);
+            }
+            // Gone since it was listed: a change after any event.
+            Err(RequestError::Hdfs(HdfsError::FileNotFound(_))) => entry.mtime_ms = i64::MAX,
+            Err(e) => return Err(failed(e, "asking the status of")),
+        }
+    }
+    let dir = match wait(client.get_file_info(&parsed.path)) {
+        Ok(dir) => dir,
+        Err(RequestError::Hdfs(HdfsError::FileNotFound(_))) => return Ok(None),
+        Err(e) => return Err(failed(e, "asking the status of")),
+    };
+    if !dir.isdir {
+        return Err(format!("{uri} is not a directory"));
+    }
+    Ok(Some(DirTree {
+        mtime_ms: i64::try_from(dir.modification_time).unwrap_or(i64::MAX),
+        entries,
+    }))
 }
 
 impl SourceFile for HdfsFile {

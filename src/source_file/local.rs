@@ -41,7 +41,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Component, Path};
 
-use super::{Identity, SourceFile, SourceOpenError, Stamp};
+use super::{DirTree, Identity, SourceFile, SourceOpenError, Stamp, TreeEntry};
 
 /// Flags the file is finally read with. `O_NONBLOCK` only matters for a
 /// non-regular file swapped in after the check (see the module docs).
@@ -365,6 +365,68 @@ fn owned(fd: RawFd) -> io::Result<OwnedFd> {
 fn cstring(bytes: &[u8]) -> Result<CString, SourceOpenError> {
     CString::new(bytes)
         .map_err(|e| SourceOpenError::Io(io::Error::new(io::ErrorKind::InvalidInput, e)))
+}
+
+/// The local directory `dir` and everything below it ([`DirTree`]); None
+/// when it does not exist. Symbolic links and special files are left out
+/// (the store never reads through them). Each directory's modification
+/// time is read after its entries, so a change made while listing shows.
+pub fn list_tree(dir: &Path) -> Result<Option<DirTree>, String> {
+    let mut entries = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), String::new())];
+    while let Some((d, rel)) = stack.pop() {
+        let listing = match std::fs::read_dir(&d) {
+            Ok(l) => l,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && rel.is_empty() => return Ok(None),
+            Err(e) => return Err(format!("listing {}: {e}", d.display())),
+        };
+        for entry in listing {
+            let entry = entry.map_err(|e| format!("listing {}: {e}", d.display()))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                return Err(format!("{}: a file name that is not UTF-8", d.display()));
+            };
+            let child = if rel.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let meta = match std::fs::symlink_metadata(entry.path()) {
+                Ok(m) => m,
+                Err(e) => return Err(format!("{}: {e}", entry.path().display())),
+            };
+            if meta.is_dir() {
+                stack.push((entry.path(), child));
+            } else if meta.is_file() {
+                entries.push(TreeEntry {
+                    rel: child,
+                    is_dir: false,
+                    size: meta.len(),
+                    mtime_ms: identity_of(&meta).mtime_ns.div_euclid(1_000_000),
+                });
+            }
+        }
+        // After the entries: a change made while they were read shows.
+        let meta = std::fs::symlink_metadata(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        if !meta.is_dir() {
+            return Err(format!("{} is not a directory", d.display()));
+        }
+        let mtime_ms = identity_of(&meta).mtime_ns.div_euclid(1_000_000);
+        // The listed directory's own time is read last of all, below.
+        if !rel.is_empty() {
+            entries.push(TreeEntry {
+                rel,
+                is_dir: true,
+                size: 0,
+                mtime_ms,
+            });
+        }
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(Some(DirTree {
+        mtime_ms: identity_of(&meta).mtime_ns.div_euclid(1_000_000),
+        entries,
+    }))
 }
 
 #[cfg(test)]

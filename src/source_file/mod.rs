@@ -214,6 +214,31 @@ pub enum Stamp {
     S3 { tag: [u8; 16] },
 }
 
+/// A directory and everything below it, as listed at one moment: what
+/// tells whether its content changed since a time (a directory's
+/// modification time moves with every create, delete and rename inside it
+/// on HDFS and local file systems).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirTree {
+    /// The directory's own modification time, in ms since the epoch, asked
+    /// after its entries were listed (so a change made while listing shows).
+    pub mtime_ms: i64,
+    /// Every file and directory below it, in no particular order.
+    pub entries: Vec<TreeEntry>,
+}
+
+/// One entry of a [`DirTree`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeEntry {
+    /// Its path below the listed directory (`000000_0`, `sub/000000_0`).
+    pub rel: String,
+    pub is_dir: bool,
+    pub size: u64,
+    /// Last modification in ms since the epoch; a directory's is asked
+    /// after its own entries were listed, as for [`DirTree::mtime_ms`].
+    pub mtime_ms: i64,
+}
+
 /// Why a source file could not be opened. The `Display` text is the reason
 /// shown in a stall (after the path).
 #[derive(Debug, thiserror::Error)]

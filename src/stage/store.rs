@@ -244,6 +244,14 @@ impl BlobStore {
         cm_root: Option<&Path>,
         sync: bool,
     ) -> Result<(FetchOutcome, Copied), StageError> {
+        if let Verify::Unproven { reason } = &file.verify {
+            // Nothing to read: no copy can stand for content that cannot
+            // be proven, so the state holding it waits (SPEC §3 rule 2).
+            return Err(StageError::Unavailable {
+                path: file.source_label().to_owned(),
+                detail: reason.clone(),
+            });
+        }
         let path_ok = match file.known() {
             Some(_) => is_valid_source_path(&file.path),
             // Hive files carry the absolute local path `--source-map` gave,

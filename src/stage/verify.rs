@@ -68,6 +68,7 @@ pub(super) fn stream_check(
         | Verify::S3Etag { .. }
         | Verify::NotNewerThanEvent { .. }
         | Verify::None => Ok(None),
+        Verify::Unproven { reason } => Err(reason.clone()),
         Verify::Hdfs { .. } => checks.stream_check(verify),
     }
 }
@@ -224,6 +225,7 @@ pub(super) fn check_version(
                 })
             }
         }
+        Verify::Unproven { reason } => Err(Newer::Other(reason.clone())),
         Verify::Sha256 { .. } | Verify::Hdfs { .. } | Verify::None => Ok(()),
     }
 }

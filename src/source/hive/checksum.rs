@@ -465,6 +465,7 @@ impl stage::SourceChecks for HdfsChecks {
             | Verify::S3Etag { .. }
             | Verify::NotNewerThanEvent { .. }
             | Verify::None => Ok(None),
+            Verify::Unproven { reason } => Err(reason.clone()),
         }
     }
 }

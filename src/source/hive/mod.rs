@@ -23,6 +23,7 @@ pub mod map;
 pub mod message;
 pub mod metastore;
 pub mod model;
+pub mod partition_listing;
 pub mod rows_ahead;
 pub mod thrift;
 pub mod tls;

@@ -35,6 +35,9 @@ use super::map::SourceMap;
 use super::model::{
     FileUri, HiveMessage, HivePartition, HiveTable, NotificationRow, RowSource, RowSourceError,
 };
+use super::partition_listing::{
+    listed_refs, prove_at_event, unproven_ref, AtEvent, ListAtSource, SourceLister,
+};
 use crate::catalog::{DirKind, Tree};
 use crate::event::{is_valid_name, Change, Event, FileRef, Op, StateId};
 use crate::source::{DecodeError, Position, Rejection, Source, SourceError};
@@ -167,6 +170,11 @@ pub struct HiveSource {
     /// The batch after the one the last poll returned, read (and handed to
     /// the decoding threads) at that poll: the next poll returns it.
     next: Option<Batch>,
+    /// Lists the partitions of external tables whose ADD_PARTITION names
+    /// no files (`partition_listing`).
+    lister: Box<dyn ListAtSource>,
+    /// `--event-time-margin`, for the proof of such a listing.
+    margin: crate::stage::EventTimeMargin,
 }
 
 /// Rows read from the row source and checked, not returned by a poll yet.
@@ -217,7 +225,17 @@ impl HiveSource {
             ahead: DecodeAhead::new(cfg.decode_threads, &cfg.source_map),
             catalog: cfg.catalog.clone(),
             next: None,
+            lister: Box::new(SourceLister {
+                map: cfg.source_map.clone(),
+            }),
+            margin: cfg.event_time_margin,
         }
+    }
+
+    /// Lists partitions with `lister` instead of at the source.
+    pub fn with_lister(mut self, lister: Box<dyn ListAtSource>) -> HiveSource {
+        self.lister = lister;
+        self
     }
 
     /// Reads the rows after `last_read`, checks their ids (stopping at a
@@ -289,6 +307,90 @@ impl HiveSource {
     /// (the notification log's cleaner purged events not read yet).
     pub fn gap(&self) -> Option<(i64, i64)> {
         self.gap
+    }
+
+    /// Fills the partitions an external table's ADD_PARTITION adds without
+    /// naming their files (`changes[i]` adds `partitions[i]`) from a
+    /// listing of their locations, or with an unproven reference when the
+    /// listing cannot be proven to be their content at the event
+    /// (`partition_listing`). A listing that fails is tried again, with
+    /// backoff, by the caller (`Retry`); status shows it as the source's
+    /// error meanwhile.
+    fn list_unnamed_partitions(
+        &mut self,
+        at: AtEvent,
+        table: &HiveTable,
+        partitions: &[HivePartition],
+        files: &[Vec<FileUri>],
+        changes: &mut [Change],
+    ) -> Result<(), DecodeError> {
+        if !is_external(table) {
+            return Ok(());
+        }
+        // A translated table is written by Hive and Spark, with events, as
+        // a managed one: content that cannot be proven waits. A plain
+        // external table's files may be written by any tool, long after
+        // the partition was added and without an event: there the
+        // partition keeps what the events name (the table is in
+        // `not_in_log`), as it always did, rather than holding every later
+        // state back.
+        let waits = param(table, "TRANSLATED_TO_EXTERNAL");
+        let mut mapped: usize = changes.iter().map(|c| c.files.len()).sum();
+        for (i, (p, change)) in partitions.iter().zip(changes.iter_mut()).enumerate() {
+            if files.get(i).is_some_and(|f| !f.is_empty()) {
+                continue;
+            }
+            let shown = format!(
+                "{}.{} partition ({})",
+                change.db,
+                change.table,
+                p.values.join(", ")
+            );
+            let Some(location) = p.location.as_deref().filter(|l| !l.trim().is_empty()) else {
+                let why = format!(
+                    "{shown}: its ADD_PARTITION (event {}) names no files and no location to list",
+                    at.event_id
+                );
+                if waits {
+                    change.files = vec![unproven_ref(at.event_id, mapped, &shown, why)];
+                    mapped += 1;
+                } else {
+                    tracing::info!(%why, "a plain external table's partition: shown as its events name it");
+                }
+                continue;
+            };
+            let listing = self.lister.list(location).map_err(|e| {
+                let msg = format!("listing {location}, {shown} at event {}: {e}", at.event_id);
+                self.error = Some(msg.clone());
+                DecodeError::Retry(msg)
+            })?;
+            change.files = match prove_at_event(&listing, at) {
+                Ok(found) => listed_refs(&self.map, at, location, mapped, &found).map_err(|e| {
+                    DecodeError::Rejected(Rejection::of_event(
+                        StateId(at.event_id as u64),
+                        format!("{shown}: a file listed at {location}: {e}"),
+                    ))
+                })?,
+                Err(why) if !waits => {
+                    tracing::info!(
+                        partition = %shown,
+                        %why,
+                        "a plain external table's partition whose listing is unproven: shown as its events name it"
+                    );
+                    Vec::new()
+                }
+                Err(why) => {
+                    let reason = format!(
+                        "{shown}: its ADD_PARTITION (event {}) names no files (an external table) and its listing at {location} cannot be proven to be its content at the event: {why}",
+                        at.event_id
+                    );
+                    tracing::warn!(%reason, "a partition's content is unproven; states holding it wait");
+                    vec![unproven_ref(at.event_id, mapped, location, reason)]
+                }
+            };
+            mapped += change.files.len();
+        }
+        Ok(())
     }
 
     /// Whether the source keeps `TXN_WRITE_NOTIFICATION_LOG` (asked once).
@@ -470,6 +572,20 @@ impl Source for HiveSource {
             }
             other => mapper.changes(other).map_err(&reject)?,
         };
+        let mut changes = changes;
+        if let HiveMessage::AddPartition {
+            table,
+            partitions,
+            files,
+        } = &message
+        {
+            let at = AtEvent {
+                event_id: row.event_id,
+                time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
+                margin: self.margin,
+            };
+            self.list_unnamed_partitions(at, table, partitions, files, &mut changes)?;
+        }
         if row.event_id <= 0 {
             return Err(reject("EVENT_ID must be > 0".into()));
         }
@@ -543,33 +659,46 @@ struct Mapper<'a> {
 
 /// Why the log does not carry `table`'s data, or None:
 /// - external tables (`tableType` EXTERNAL_TABLE, or the table parameter
-///   `EXTERNAL`=TRUE): Hive's events name none of their files;
+///   `EXTERNAL`=TRUE) other than those Hive 4's metadata transformer made
+///   of managed ones (`TRANSLATED_TO_EXTERNAL`=TRUE, written by Hive and
+///   Spark with their events, as managed tables are): whoever writes their
+///   files may write no event;
 /// - transactional tables (parameter `transactional`=true) when the source
 ///   has no `TXN_WRITE_NOTIFICATION_LOG` (`txn_log` false, Hive before
 ///   3.2 / 4.0): the files their transactions write are in no log.
 fn not_in_log(table: &HiveTable, txn_log: bool) -> Option<String> {
-    let param = |key: &str| {
-        table
-            .parameters
-            .iter()
-            .any(|(k, v)| k.eq_ignore_ascii_case(key) && v.trim().eq_ignore_ascii_case("true"))
-    };
-    let external = table
-        .table_type
-        .as_deref()
-        .is_some_and(|t| t.eq_ignore_ascii_case("EXTERNAL_TABLE"))
-        || param("EXTERNAL");
-    if external {
+    if is_external(table) && !param(table, "TRANSLATED_TO_EXTERNAL") {
         return Some(
-            "external table: Hive's events do not name its files; the mount shows only the files an event names"
+            "external table: files written into it without a Hive event are in no log; the mount \
+             shows the files events name, and those of a partition an event adds as listed at the \
+             source (when provably unchanged since the event)"
                 .to_owned(),
         );
     }
-    (!txn_log && param("transactional")).then(|| {
+    (!txn_log && param(table, "transactional")).then(|| {
         "transactional table on a metastore without TXN_WRITE_NOTIFICATION_LOG (Hive before 3.2 / 4.0): \
          the files its transactions write are in no log; the mount shows only the files an event names"
             .to_owned()
     })
+}
+
+/// Whether `table`'s parameter `key` (any case) is `true` (any case).
+fn param(table: &HiveTable, key: &str) -> bool {
+    table
+        .parameters
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case(key) && v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// An external table (`tableType` EXTERNAL_TABLE, or the table parameter
+/// `EXTERNAL`=TRUE): Hive's listener names none of its partitions' files
+/// in ADD_PARTITION.
+fn is_external(table: &HiveTable) -> bool {
+    table
+        .table_type
+        .as_deref()
+        .is_some_and(|t| t.eq_ignore_ascii_case("EXTERNAL_TABLE"))
+        || param(table, "EXTERNAL")
 }
 
 /// The files of a CREATE TABLE AS SELECT into a partitioned table, grouped

@@ -1171,3 +1171,172 @@ fn catalog_names_are_checked_and_lower_cased() {
         .to_string();
     assert!(err.contains("without CTLGS"), "{err}");
 }
+
+/// Lists every location as `listing` (or fails as `Err`), counting calls.
+struct FakeLister {
+    listing: Result<crate::source::hive::partition_listing::PartitionListing, String>,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ListAtSource for FakeLister {
+    fn list(
+        &self,
+        location: &str,
+    ) -> Result<crate::source::hive::partition_listing::PartitionListing, String> {
+        assert!(location.ends_with("/day=2021-03-18"), "{location}");
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.listing.clone()
+    }
+}
+
+/// Which table an ADD_PARTITION without files is of.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Managed,
+    /// A plain external table.
+    External,
+    /// Hive 4's metadata transformer's (`TRANSLATED_TO_EXTERNAL`).
+    Translated,
+}
+
+/// Sample 03 (ADD_PARTITION day=2021-03-18, at 1616070330 s) with
+/// `partitionFiles` empty, its table of `kind`, as row 3 after
+/// CREATE_DATABASE and CREATE_TABLE of that table.
+fn add_partition_without_files(kind: Kind) -> (Arc<Tree>, NotificationRow) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/hive-samples/03_add_partition.json"
+    ))
+    .unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    m["partitionFiles"] = serde_json::json!([]);
+    if kind != Kind::Managed {
+        m["tableType"] = "EXTERNAL_TABLE".into();
+        let mut obj = m["tableObjJson"].as_str().unwrap().replace(
+            r#""12":{"str":"MANAGED_TABLE"}"#,
+            r#""12":{"str":"EXTERNAL_TABLE"}"#,
+        );
+        if kind == Kind::Translated {
+            obj = obj.replace(
+                r#""9":{"map":["str","str",2,{"#,
+                r#""9":{"map":["str","str",3,{"TRANSLATED_TO_EXTERNAL":"TRUE","#,
+            );
+        }
+        m["tableObjJson"] = obj.into();
+    }
+    let tree = apply_all(&[
+        HiveMessage::CreateDatabase {
+            db: "tmp_db".into(),
+        },
+        HiveMessage::CreateTable {
+            table: table("tmp_db", "notification_test", &["day"]),
+            files: vec![],
+        },
+    ])
+    .unwrap();
+    let add = NotificationRow {
+        event_type: "ADD_PARTITION".into(),
+        event_time: Some(1616070330),
+        message: Some(m.to_string().into()),
+        ..row(3)
+    };
+    (tree, add)
+}
+
+fn decode_with(
+    listing: Result<crate::source::hive::partition_listing::PartitionListing, String>,
+    kind: Kind,
+) -> (Result<Event, DecodeError>, usize) {
+    let (tree, add) = add_partition_without_files(kind);
+    let cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let lister = FakeLister {
+        listing,
+        calls: Arc::clone(&calls),
+    };
+    let rows = Flaky {
+        rows: vec![add],
+        failures: 0,
+        txn_log: true,
+    };
+    let mut src = HiveSource::new(Box::new(rows), &cfg, 2).with_lister(Box::new(lister));
+    let got = src.poll(10).unwrap();
+    let e = src.decode(&got[0], &tree);
+    (e, calls.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+#[test]
+fn an_external_tables_partition_without_files_is_listed_at_its_event() {
+    use crate::source::hive::partition_listing::PartitionListing;
+    use crate::source_file::{DirTree, TreeEntry};
+    let event_ms = 1_616_070_330_000;
+    let entry = |rel: &str, is_dir: bool, mtime_ms: i64| TreeEntry {
+        rel: rel.into(),
+        is_dir,
+        size: 1,
+        mtime_ms,
+    };
+    let unchanged = PartitionListing::Tree(Some(DirTree {
+        mtime_ms: event_ms - 100,
+        entries: vec![
+            entry("part-00000-c000", false, event_ms - 200),
+            entry("_SUCCESS", false, event_ms - 100),
+        ],
+    }));
+    // External: the listing's files, each checked again as not newer
+    // than the event.
+    let (e, calls) = decode_with(Ok(unchanged.clone()), Kind::Translated);
+    let e = e.unwrap();
+    assert_eq!(calls, 1);
+    let files = &e.changes[0].files;
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0].name, "part-00000-c000");
+    assert!(files[0]
+        .path
+        .ends_with("notification_test/day=2021-03-18/part-00000-c000"));
+    assert_eq!(
+        files[0].verify,
+        Verify::NotNewerThanEvent {
+            time_ms: Some(event_ms)
+        }
+    );
+    // Managed: an empty partition is what the event says; nothing listed.
+    let (e, calls) = decode_with(Ok(unchanged.clone()), Kind::Managed);
+    assert!(e.unwrap().changes[0].files.is_empty());
+    assert_eq!(calls, 0);
+    // Changed since the event: one reference that is never staged, whose
+    // reason names the table, the partition and why.
+    let changed = PartitionListing::Tree(Some(DirTree {
+        mtime_ms: event_ms + 5_000,
+        entries: vec![],
+    }));
+    let (e, _) = decode_with(Ok(changed.clone()), Kind::Translated);
+    let files = &e.unwrap().changes[0].files;
+    let Verify::Unproven { reason } = &files[0].verify else {
+        panic!("{files:?}")
+    };
+    assert!(
+        reason.starts_with(
+            "tmp_db.notification_test partition (2021-03-18): its ADD_PARTITION (event 3)"
+        ),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("the partition directory was modified at 1616070335000 ms since the epoch, 5000 ms after event 3"),
+        "{reason}"
+    );
+    // A plain external table's partition: the listing when proven; else
+    // what the events name (nothing), as before listings: files written
+    // later by any tool hold no state back.
+    let (e, _) = decode_with(Ok(unchanged), Kind::External);
+    assert_eq!(e.unwrap().changes[0].files.len(), 1);
+    let (e, _) = decode_with(Ok(changed), Kind::External);
+    assert!(e.unwrap().changes[0].files.is_empty());
+    // A listing that fails is tried again.
+    let (e, _) = decode_with(Err("HDFS nn: connection refused".into()), Kind::Translated);
+    assert!(
+        matches!(&e, Err(DecodeError::Retry(m)) if m.contains("connection refused")),
+        "{e:?}"
+    );
+}
