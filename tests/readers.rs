@@ -789,6 +789,12 @@ fn duckdb_under_commits(views: bool, cwd_in_table: bool, queries: u32) -> (u32, 
     if !views {
         args.env.push(("STAGEFS_VIEWS".into(), "off".into()));
     }
+    // The working directory's moves (splices, invalidations) and the
+    // views' decisions, printed with a failure.
+    args.env.push((
+        "STAGEFS_LOG".into(),
+        "info,stagefs::fuse=debug,stagefs::view::readers=debug".into(),
+    ));
     let d = Daemon::start(args);
     d.wait_visible(3);
     let stop = Arc::new(AtomicBool::new(false));
@@ -854,6 +860,15 @@ print(mixed, failed, len(states))
         .filter_map(|x| x.parse().ok())
         .collect();
     assert_eq!(v.len(), 3, "reader output {text:?} {stderr}");
+    if v[1] > 0 {
+        for l in d
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("splice") || l.contains("inval") || l.contains(" view "))
+        {
+            eprintln!("  daemon: {l}");
+        }
+    }
     eprintln!(
         "duckdb views={views} cwd_in_table={cwd_in_table}: {} mixed, {} failed, {} states over {queries} queries\n{}",
         v[0],
