@@ -961,7 +961,8 @@ fn maintain_entries(view: &View, mountpoint: &Path, notifier: &fuser::Notifier, 
         let changed = !last_snapshot
             .as_ref()
             .is_some_and(|s| Arc::ptr_eq(s, &snapshot));
-        if changed || last_pass.elapsed() >= MAINTAIN_EVERY {
+        let due = view.take_dentries_due();
+        if changed || due || last_pass.elapsed() >= MAINTAIN_EVERY {
             last_snapshot = Some(snapshot);
             last_pass = Instant::now();
             for action in view.dentry_plan(mountpoint, || readers::cwds_under(mountpoint)) {
@@ -979,9 +980,11 @@ fn maintain_entries(view: &View, mountpoint: &Path, notifier: &fuser::Notifier, 
                     DentryAction::Splice { ino, path } => match std::fs::symlink_metadata(&path) {
                         Ok(md) if md.ino() == ino => view.spliced(ino),
                         Ok(md) => {
+                            view.splice_failed(ino);
                             debug!(path = %path.display(), ino, found = md.ino(), "splice found another inode")
                         }
                         Err(e) => {
+                            view.splice_failed(ino);
                             debug!(path = %path.display(), error = %e, "splice lookup failed")
                         }
                     },
@@ -1043,6 +1046,7 @@ pub fn mount(
         requests: opts.requests.clone(),
     };
     let view = Arc::clone(&fs.view);
+    view.set_mountpoint(&mountpoint);
     let via_fusermount = fusermount::needed();
     let session = if via_fusermount {
         // Not root: /dev/fuse may be closed to us and mount(2) is root's.

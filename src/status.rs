@@ -426,6 +426,11 @@ pub struct ReadersReport {
     /// CPU or waiting for one (`starved_keeps` are among them).
     #[serde(default)]
     pub busy_keeps: u64,
+    /// Moves the rule would have made that waited (one request each)
+    /// until the process's working directory, inside a table, was moved
+    /// off the table's live name to its snapshot path.
+    #[serde(default)]
+    pub cwd_keeps: u64,
     /// Table entries the mount asked the kernel to drop (old versions).
     pub dentry_invalidations: u64,
 }

@@ -100,6 +100,9 @@ pub struct LiveName {
     /// The adapter moved its dentry to that snapshot path (a working
     /// directory outlived the live name); reset by the next live lookup.
     pub spliced: bool,
+    /// The adapter's last attempt to move it there failed: a view move
+    /// no longer waits for it ([`crate::view::View::splice_failed`]).
+    pub splice_failed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -144,7 +147,15 @@ impl NodeTable {
     /// Records one kernel lookup of `ino`, reached in `state`. A later live
     /// lookup of a table refreshes its name (a renamed table keeps its
     /// node) and version; a lookup in a newer state moves `state` forward.
-    pub fn looked_up(&self, ino: u64, held: Held, live: Option<LiveName>, state: Option<StateId>) {
+    /// True when a live lookup found the directory moved to its snapshot
+    /// path (the kernel now moves it back to the live name).
+    pub fn looked_up(
+        &self,
+        ino: u64,
+        held: Held,
+        live: Option<LiveName>,
+        state: Option<StateId>,
+    ) -> bool {
         let mut shard = self.shard(ino);
         let entry = shard.entry(ino).or_insert_with(|| InodeEntry {
             held,
@@ -154,10 +165,13 @@ impl NodeTable {
             lookups: 0,
         });
         entry.lookups += 1;
+        let mut was_spliced = false;
         if live.is_some() {
+            was_spliced = entry.live.as_ref().is_some_and(|l| l.spliced);
             entry.live = live;
         }
         entry.state = entry.state.max(state);
+        was_spliced
     }
 
     /// Whether `ino`'s dentry sits at its snapshot path for a working
@@ -165,6 +179,14 @@ impl NodeTable {
     pub fn set_spliced_to(&self, ino: u64, spliced: bool) {
         if let Some(live) = self.shard(ino).get_mut(&ino).and_then(|e| e.live.as_mut()) {
             live.spliced = spliced;
+            live.splice_failed = false;
+        }
+    }
+
+    /// The adapter could not move `ino`'s dentry to its snapshot path.
+    pub fn set_splice_failed(&self, ino: u64) {
+        if let Some(live) = self.shard(ino).get_mut(&ino).and_then(|e| e.live.as_mut()) {
+            live.splice_failed = true;
         }
     }
 

@@ -317,6 +317,13 @@ pub struct View {
     state_source: std::sync::OnceLock<StateSourceFn>,
     /// A reader host's fetched content (unset on a replicating mount).
     fetched: std::sync::OnceLock<Arc<dyn FetchedBlobs>>,
+    /// Where the mount is (set by the adapter): working directories are
+    /// read as paths under it.
+    mountpoint: std::sync::OnceLock<PathBuf>,
+    /// A table directory the kernel references may have left its live
+    /// name, or must leave it before a reader's view moves: the adapter
+    /// plans its entries at once ([`View::take_dentries_due`]).
+    dentries_due: AtomicBool,
 }
 
 /// Loads a state this mount does not retain (None: not available).
@@ -372,7 +379,20 @@ impl View {
             released_holds: AtomicU64::new(0),
             state_source: std::sync::OnceLock::new(),
             fetched: std::sync::OnceLock::new(),
+            mountpoint: std::sync::OnceLock::new(),
+            dentries_due: AtomicBool::new(false),
         }
+    }
+
+    /// The mount's canonical path, set once by the adapter at mount.
+    pub fn set_mountpoint(&self, path: &Path) {
+        let _ = self.mountpoint.set(path.to_owned());
+    }
+
+    /// Whether a table directory's entry should be planned now rather
+    /// than at the next pass ([`View::dentry_plan`]); clears the request.
+    pub fn take_dentries_due(&self) -> bool {
+        self.dentries_due.swap(false, Ordering::Relaxed)
     }
 
     /// A reader host's content: large files open before they are whole.
@@ -454,8 +474,60 @@ impl View {
                 snap = self.catalog.snapshot();
             }
         }
-        let base = self.readers.tree_for(reader, &snap);
+        let base = self
+            .readers
+            .tree_for_unless(reader, &snap, |proc, to| self.strands_cwd(proc, to, &snap));
         Ok(Shown { snap, base })
+    }
+
+    /// Whether moving `proc`'s view to `to` would strand its working
+    /// directory (SPEC §3 rule 9): the directory is a table, or inside
+    /// one, whose dentry still sits at the table's live name, and `to`
+    /// answers another directory there. The process's next walk through
+    /// that name would make the kernel drop the dentry in use, and
+    /// `getcwd()` would fail until the adapter moved it to its snapshot
+    /// path. So the move waits (the view keeps its state for this
+    /// request) and the adapter is asked to move it now. Read only when
+    /// the rule would move a view, and only while such a table exists.
+    fn strands_cwd(&self, proc: readers::ProcId, to: &Tree, snap: &Snapshot) -> bool {
+        let Some(mount) = self.mountpoint.get() else {
+            return false;
+        };
+        // Pinned names answer the same in every view.
+        if snap.pins.root.is_some() {
+            return false;
+        }
+        let live_names = lock(&self.live_names).clone();
+        let mut at_live = Vec::new();
+        self.nodes.for_each(|ino, entry| {
+            let Some(live) = entry
+                .live
+                .as_ref()
+                .filter(|l| !l.spliced && !l.splice_failed)
+            else {
+                return;
+            };
+            let key = (Name::clone(&live.db), Name::clone(&live.table));
+            let pinned = snap
+                .pins
+                .tables
+                .contains_key(&format!("{}.{}", live.db, live.table));
+            let answers = to.table(&live.db, &live.table).map(|t| t.meta.id.0);
+            if live_names.get(&key) == Some(&ino) && !pinned && answers != Some(ino) {
+                at_live.push(mount.join(&*live.db).join(&*live.table));
+            }
+        });
+        if at_live.is_empty() {
+            return false;
+        }
+        let Some(cwd) = readers::cwd_of(proc.pid) else {
+            return false;
+        };
+        let stranded = at_live.iter().any(|table| cwd.starts_with(table));
+        if stranded {
+            self.dentries_due.store(true, Ordering::Relaxed);
+        }
+        stranded
     }
 
     /// Directories readers hold open, whose files must stay readable even
@@ -688,6 +760,12 @@ impl View {
         self.nodes.set_spliced_to(ino, true);
     }
 
+    /// The adapter's lookup of `ino`'s snapshot path did not move it
+    /// there: views stop waiting for it (the next pass tries again).
+    pub fn splice_failed(&self, ino: u64) {
+        self.nodes.set_splice_failed(ino);
+    }
+
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
     }
@@ -772,11 +850,19 @@ impl View {
                     table: name.into(),
                     tree: Arc::clone(tree),
                     spliced: false,
+                    splice_failed: false,
                 };
                 let state = Some(tree.state_id);
-                self.nodes
+                let was_spliced = self
+                    .nodes
                     .looked_up(ino, Held::Node(node), Some(live), state);
-                lock(&self.live_names).insert((db, name.into()), ino);
+                let before = lock(&self.live_names).insert((db, name.into()), ino);
+                // Another directory answered here (the kernel dropped the
+                // one it had: a working directory?), or a moved one came
+                // back: the adapter should look at once.
+                if was_spliced || before.is_some_and(|b| b != ino) {
+                    self.dentries_due.store(true, Ordering::Relaxed);
+                }
                 Ok(Entry {
                     attr,
                     entry_ttl: NO_TTL,
@@ -1319,6 +1405,7 @@ impl View {
             view_moves: r.view_moves,
             starved_keeps: r.starved_keeps,
             busy_keeps: r.busy_keeps,
+            cwd_keeps: r.cwd_keeps,
             dentry_invalidations: r.dentry_invalidations,
         };
         let sessions = crate::status::sessions_report(&snap.pins);

@@ -647,7 +647,16 @@ struct ReaderView {
     /// one is in flight the process is waiting for this daemon: whatever
     /// the clock says, it is not pausing between queries.
     in_flight: u32,
+    /// Since when a move waits for the process's working directory to
+    /// leave a live name ([`Readers::tree_for_unless`]).
+    cwd_wait: Option<Instant>,
 }
+
+/// How long a move waits at most for the adapter to move a working
+/// directory off its live name. It takes one maintenance pass, a few
+/// milliseconds (a failed attempt ends the wait at once); the limit is for
+/// a daemon starved of CPU for seconds, which must not freeze the view.
+const CWD_WAIT_LIMIT: Duration = Duration::from_secs(5);
 
 impl ReaderView {
     fn new(tree: Arc<Tree>, now: Instant, mark: Option<Busy>) -> ReaderView {
@@ -658,6 +667,7 @@ impl ReaderView {
             mark,
             mark_at: now,
             in_flight: 0,
+            cwd_wait: None,
         }
     }
 
@@ -717,6 +727,9 @@ pub struct Readers {
     busy_keeps: AtomicU64,
     /// Of those, the ones where its own wait for a CPU alone made it busy.
     starved_keeps: AtomicU64,
+    /// Moves the rule would have made that waited for the process's
+    /// working directory to leave its live name.
+    cwd_keeps: AtomicU64,
     invalidations: AtomicU64,
     /// Each process's `STAGEFS_STATE_ID` (rule 10), read once.
     jobs: Mutex<HashMap<ProcId, (Option<StateId>, Instant)>>,
@@ -744,6 +757,9 @@ pub struct ReadersSummary {
     /// Of those, the ones where the process's own wait for a CPU alone
     /// made the gap busy.
     pub starved_keeps: u64,
+    /// Moves that waited for the process's working directory to be moved
+    /// off its table's live name.
+    pub cwd_keeps: u64,
     /// Processes holding a view (`user.stagefs.hold`).
     pub holds: usize,
     /// Table entries the adapter asked the kernel to drop.
@@ -771,6 +787,7 @@ impl Readers {
             moves: AtomicU64::new(0),
             busy_keeps: AtomicU64::new(0),
             starved_keeps: AtomicU64::new(0),
+            cwd_keeps: AtomicU64::new(0),
             invalidations: AtomicU64::new(0),
             jobs: Mutex::new(HashMap::new()),
         }
@@ -829,6 +846,20 @@ impl Readers {
     /// (moved by the rule), else (not attributable, or views off) the
     /// newest visible state.
     pub fn tree_for(&self, reader: Reader, snap: &Snapshot) -> Arc<Tree> {
+        self.tree_for_unless(reader, snap, |_, _| false)
+    }
+
+    /// As [`Readers::tree_for`], but a move the rule would make to `to`
+    /// waits while `stranded(proc, to)` holds (the view keeps its state
+    /// for this request): the adapter has not yet moved the process's
+    /// working directory off a live name that would then answer another
+    /// directory (see `View::strands_cwd`).
+    pub fn tree_for_unless(
+        &self,
+        reader: Reader,
+        snap: &Snapshot,
+        stranded: impl Fn(ProcId, &Tree) -> bool,
+    ) -> Arc<Tree> {
         let Reader::Process(proc) = reader else {
             return Arc::clone(&snap.visible);
         };
@@ -899,6 +930,21 @@ impl Readers {
         } else {
             Arc::clone(&snap.visible)
         };
+        let waited_long = v
+            .cwd_wait
+            .is_some_and(|since| now.duration_since(since) >= CWD_WAIT_LIMIT);
+        if v.tree.state_id != tree.state_id && !waited_long && stranded(proc, &tree) {
+            v.cwd_wait.get_or_insert(now);
+            self.cwd_keeps.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                pid = proc.pid,
+                at = %v.tree.state_id,
+                to = %tree.state_id,
+                "view kept: its working directory is not yet moved off the live name"
+            );
+            v.last = now;
+            return Arc::clone(&v.tree);
+        }
         if v.tree.state_id != tree.state_id {
             self.moves.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(
@@ -1310,6 +1356,7 @@ impl Readers {
             view_moves: self.moves.load(Ordering::Relaxed),
             busy_keeps: self.busy_keeps.load(Ordering::Relaxed),
             starved_keeps: self.starved_keeps.load(Ordering::Relaxed),
+            cwd_keeps: self.cwd_keeps.load(Ordering::Relaxed),
             holds: holds.len(),
             dentry_invalidations: self.invalidations.load(Ordering::Relaxed),
         }
@@ -1343,6 +1390,22 @@ impl From<Activity> for ActivityMs {
 /// The working directories of every process we can see that lie under
 /// `mount` (readlink of `/proc/<pid>/cwd`; processes of other users are
 /// skipped when the daemon is not root).
+/// The working directory of process `pid`, as `/proc` names it; an
+/// unhashed one (its name taken by another directory) without the
+/// " (deleted)" mark.
+pub fn cwd_of(pid: u32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/cwd"))
+        .ok()
+        .map(without_deleted_mark)
+}
+
+fn without_deleted_mark(p: PathBuf) -> PathBuf {
+    match p.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+        Some(s) => PathBuf::from(s),
+        None => p,
+    }
+}
+
 pub fn cwds_under(mount: &Path) -> Vec<PathBuf> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -1355,12 +1418,7 @@ pub fn cwds_under(mount: &Path) -> Vec<PathBuf> {
         })
         .filter_map(|e| std::fs::read_link(e.path().join("cwd")).ok())
         // An unhashed directory reads as "<path> (deleted)".
-        .map(
-            |p| match p.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
-                Some(s) => PathBuf::from(s),
-                None => p,
-            },
-        )
+        .map(without_deleted_mark)
         .filter(|p| p.starts_with(mount))
         .collect()
 }
@@ -1417,6 +1475,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
     use std::thread;
 
     #[test]
@@ -1768,6 +1827,59 @@ mod tests {
             "a move went back"
         );
         assert_eq!(r.tree_for(me(), &new).state_id, StateId(30));
+    }
+
+    /// A move that would strand the process's working directory on a
+    /// live name waits for the adapter to move it (a burst stays where it
+    /// is), then happens at the next pause; a directory that is never
+    /// moved holds the view back for at most `CWD_WAIT_LIMIT`.
+    #[test]
+    fn a_move_waits_for_the_working_directory_to_leave_the_live_name() {
+        let (r, _delay) = simulated(ViewRule::default());
+        let stranded = AtomicBool::new(true);
+        let strands = |_: ProcId, to: &Tree| {
+            assert_eq!(to.state_id, StateId(2), "only a move is asked about");
+            stranded.load(Ordering::Relaxed)
+        };
+        assert_eq!(
+            r.tree_for_unless(me(), &snap_at(1), strands).state_id,
+            StateId(1)
+        );
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            r.tree_for_unless(me(), &snap_at(2), strands).state_id,
+            StateId(1)
+        );
+        assert_eq!(
+            r.tree_for_unless(me(), &snap_at(2), strands).state_id,
+            StateId(1)
+        );
+        assert_eq!(r.summary().cwd_keeps, 1);
+        // Moved off the live name: the next pause moves the view.
+        stranded.store(false, Ordering::Relaxed);
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            r.tree_for_unless(me(), &snap_at(2), strands).state_id,
+            StateId(2)
+        );
+        assert_eq!(r.summary().view_moves, 1);
+
+        // Never moved: the view waits no longer than the limit.
+        stranded.store(true, Ordering::Relaxed);
+        let started = Instant::now();
+        let mut at = StateId(2);
+        while at == StateId(2) {
+            thread::sleep(Duration::from_millis(300));
+            at = r
+                .tree_for_unless(me(), &snap_at(3), |_, _| stranded.load(Ordering::Relaxed))
+                .state_id;
+            assert!(
+                started.elapsed() < CWD_WAIT_LIMIT * 3,
+                "the view never moved"
+            );
+        }
+        assert_eq!(at, StateId(3));
+        assert!(started.elapsed() >= CWD_WAIT_LIMIT);
     }
 
     /// Simulates that of the time since `*since`, all but `pause_ms` was
