@@ -521,6 +521,21 @@ print("same", now == data)
     assert!(rest.contains("same True"), "{rest}");
 }
 
+/// Prints the daemon's log of working-directory moves, invalidations and
+/// view decisions (it runs with `DENTRY_LOG`).
+fn print_dentry_log(d: &Daemon) {
+    for l in d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("splice") || l.contains("inval") || l.contains(" view "))
+    {
+        eprintln!("  daemon: {l}");
+    }
+}
+
+/// `STAGEFS_LOG` for [`print_dentry_log`].
+const DENTRY_LOG: &str = "info,stagefs::fuse=debug,stagefs::view::readers=debug";
+
 /// The daemon's thread named `name` shares one CPU, at nice 19, with a
 /// busy process (`yes`) at nice 0 until the guard drops: it runs, but late
 /// (as every thread of a daemon on a host at load 10 and more). The busy
@@ -594,10 +609,7 @@ fn getcwd_keeps_working_while_the_view_moves_and_the_daemon_is_starved() {
     let t = TwoTables::new(&args);
     // The working directory's moves and the views' decisions, printed
     // with a failure.
-    args.env.push((
-        "STAGEFS_LOG".into(),
-        "info,stagefs::fuse=debug,stagefs::view::readers=debug".into(),
-    ));
+    args.env.push(("STAGEFS_LOG".into(), DENTRY_LOG.into()));
     let d = Daemon::start(args);
     d.wait_visible(5);
     let starved = StarvedThread::start(d.pid(), "stagefs-inval");
@@ -641,13 +653,7 @@ for f in failed[:5]:
         .collect();
     assert_eq!(v.len(), 2, "reader output {text:?}");
     if v[0] > 0 {
-        for l in d
-            .stderr()
-            .lines()
-            .filter(|l| l.contains("splice") || l.contains("inval") || l.contains(" view "))
-        {
-            eprintln!("  daemon: {l}");
-        }
+        print_dentry_log(&d);
     }
     assert_eq!(v[0], 0, "getcwd() or the read through it failed: {stderr}");
     // The scenario happened: the view moved, or a move waited for the
@@ -928,10 +934,7 @@ fn duckdb_under_commits(views: bool, cwd_in_table: bool, queries: u32) -> (u32, 
     }
     // The working directory's moves (splices, invalidations) and the
     // views' decisions, printed with a failure.
-    args.env.push((
-        "STAGEFS_LOG".into(),
-        "info,stagefs::fuse=debug,stagefs::view::readers=debug".into(),
-    ));
+    args.env.push(("STAGEFS_LOG".into(), DENTRY_LOG.into()));
     let d = Daemon::start(args);
     d.wait_visible(3);
     let stop = Arc::new(AtomicBool::new(false));
@@ -998,13 +1001,7 @@ print(mixed, failed, len(states))
         .collect();
     assert_eq!(v.len(), 3, "reader output {text:?} {stderr}");
     if v[1] > 0 {
-        for l in d
-            .stderr()
-            .lines()
-            .filter(|l| l.contains("splice") || l.contains("inval") || l.contains(" view "))
-        {
-            eprintln!("  daemon: {l}");
-        }
+        print_dentry_log(&d);
     }
     eprintln!(
         "duckdb views={views} cwd_in_table={cwd_in_table}: {} mixed, {} failed, {} states over {queries} queries\n{}",
