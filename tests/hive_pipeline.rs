@@ -692,3 +692,178 @@ fn a_write_row_after_its_commit_stops_replication_and_says_why() {
     );
     replica.stop();
 }
+
+/// ALTER TABLE archive EXCHANGE PARTITION … WITH TABLE orders, written as
+/// the real metastore writes it (an ADD_PARTITION naming the files at
+/// their new place, then one DROP_PARTITION per partition, consecutive
+/// ids): the replica makes the rows one event, so every state it keeps
+/// equals the writer's, none has a partition in both tables, and the
+/// moved files are read from the destination.
+#[test]
+fn an_exchange_partition_is_one_state_and_matches_the_writer() {
+    let src = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let root = src.path();
+    let (mut w, fx) = HiveFixture::writer(root, false);
+    let replica = Replica::start(fx.config(state.path())).unwrap();
+    let mut oracle = BTreeMap::new();
+    // Writes `changes` at the writer's next id; the exchange's drops take
+    // the ids after it, which hold the same content.
+    let mut write = |w: &mut HiveWriter, changes: Vec<Change>| {
+        let id = w.next_id() as u64;
+        let e = Event {
+            id: StateId(id),
+            time_ms: Some(1_700_000_000_000 + id as i64 * 1000),
+            changes,
+        };
+        w.write_event(&e).unwrap();
+        let last = w.next_id() as u64 - 1;
+        for s in id..=last {
+            oracle.insert(StateId(s), content(w.tree()));
+        }
+        wait_for(&format!("state {last}"), Duration::from_secs(20), || {
+            replica.catalog().snapshot().visible.state_id == StateId(last)
+        });
+        (id, last)
+    };
+    write(&mut w, vec![Change::new(Op::CreateDatabase, "sales", "")]);
+    for t in ["orders", "archive"] {
+        let mut create = Change::new(Op::CreateTable, "sales", t);
+        create.partition_keys = vec!["ds".into()];
+        write(&mut w, vec![create]);
+    }
+    let a = put_file(root, "sales/orders/ds=1/000000_0", b"a");
+    let b = put_file(root, "sales/orders/ds=1/000001_0", b"b");
+    let c = put_file(root, "sales/orders/ds=2/000000_0", b"c");
+    let d = put_file(root, "sales/orders/ds=3/000000_0", b"d");
+    write(
+        &mut w,
+        vec![change(
+            Op::AddPartition,
+            "orders",
+            Some("1"),
+            vec![a.clone(), b.clone()],
+        )],
+    );
+    write(
+        &mut w,
+        vec![change(
+            Op::AddPartition,
+            "orders",
+            Some("2"),
+            vec![c.clone()],
+        )],
+    );
+    write(
+        &mut w,
+        vec![change(
+            Op::AddPartition,
+            "orders",
+            Some("3"),
+            vec![d.clone()],
+        )],
+    );
+    // One partition, then two.
+    let (one, one_end) = write(
+        &mut w,
+        vec![
+            change(Op::AddPartition, "archive", Some("1"), vec![a, b]),
+            change(Op::DropPartition, "orders", Some("1"), vec![]),
+        ],
+    );
+    assert_eq!(one_end, one + 1);
+    let (two, two_end) = write(
+        &mut w,
+        vec![
+            change(Op::AddPartition, "archive", Some("2"), vec![c]),
+            change(Op::AddPartition, "archive", Some("3"), vec![d]),
+            change(Op::DropPartition, "orders", Some("2"), vec![]),
+            change(Op::DropPartition, "orders", Some("3"), vec![]),
+        ],
+    );
+    assert_eq!(two_end, two + 2);
+    let e = put_file(root, "sales/archive/ds=1/000002_0", b"e");
+    let (last, _) = write(
+        &mut w,
+        vec![change(Op::AddFiles, "archive", Some("1"), vec![e])],
+    );
+
+    // The rows: an ADD_PARTITION into archive, then the drops from orders.
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&fx.rows)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let shape: Vec<(i64, &str, &str)> = rows
+        .iter()
+        .filter(|r| r["EVENT_ID"].as_i64().unwrap() >= one as i64)
+        .map(|r| {
+            (
+                r["EVENT_ID"].as_i64().unwrap(),
+                r["EVENT_TYPE"].as_str().unwrap(),
+                r["TBL_NAME"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let one = one as i64;
+    assert_eq!(
+        shape,
+        vec![
+            (one, "ADD_PARTITION", "archive"),
+            (one + 1, "DROP_PARTITION", "orders"),
+            (one + 2, "ADD_PARTITION", "archive"),
+            (one + 3, "DROP_PARTITION", "orders"),
+            (one + 4, "DROP_PARTITION", "orders"),
+            (one + 5, "INSERT", "archive"),
+        ]
+    );
+    assert!(rows[one as usize - 1]["MESSAGE"]
+        .as_str()
+        .map(|m| serde_json::from_str::<serde_json::Value>(m).unwrap())
+        .map(|m| m["partitionFiles"][0]["files"][0]
+            .as_str()
+            .unwrap()
+            .to_owned())
+        .unwrap()
+        .contains("/sales.db/archive/ds=1/000000_0#"));
+
+    let snap = replica.catalog().snapshot();
+    assert_eq!(snap.visible.state_id, StateId(last));
+    assert!(snap.versions.len() > 1);
+    for (id, tree) in &snap.versions {
+        assert_eq!(Some(&content(tree)), oracle.get(id), "state {id}");
+        let t = content(tree);
+        let parts = |table: &str| -> std::collections::BTreeSet<String> {
+            t.get(table)
+                .map(|files| {
+                    files
+                        .iter()
+                        .map(|(p, _)| p.split('/').next().unwrap().to_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        assert!(
+            parts("sales.orders").is_disjoint(&parts("sales.archive")),
+            "state {id} has a partition in both tables: {t:?}"
+        );
+    }
+    let status = replica.status();
+    assert!(status.stalled.is_none(), "{:?}", status.stalled);
+    assert_eq!(
+        oracle[&StateId(last)]["sales.archive"]
+            .iter()
+            .map(|(p, _)| p.as_str())
+            .collect::<Vec<_>>(),
+        vec![
+            "ds=1/000000_0",
+            "ds=1/000001_0",
+            "ds=1/000002_0",
+            "ds=2/000000_0",
+            "ds=3/000000_0"
+        ]
+    );
+    assert!(oracle[&StateId(last)]
+        .get("sales.orders")
+        .is_none_or(|f| f.is_empty()));
+}

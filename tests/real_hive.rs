@@ -37,12 +37,13 @@ use serde_json::Value;
 use common::daemon::{visible, Daemon, DaemonArgs, HiveMetastoreArgs};
 use dbserver::{DbServer, Kind, PASSWORD};
 use real_hive_mount::{
-    all_rows, check_walk, metastore_db, oracle_tables, walk_mount, Tables, Walkers, Within,
+    all_rows, check_walk, metastore_db, oracle_tables, walk_mount, RealHive, Tables, Walkers,
+    Within,
 };
 use servers::hms::{Encoder, Hive, ManagedTables, RealMetastore};
 use servers::MiniHdfs;
 use stagefs::source::hive::message::decode_message;
-use stagefs::source::hive::model::{FileUri, HiveMessage, NotificationRow, RowSource};
+use stagefs::source::hive::model::{FileUri, HiveMessage, HiveTable, NotificationRow, RowSource};
 
 /// `db.table` → partition values (empty for an unpartitioned table) →
 /// file name → HDFS checksum.
@@ -93,10 +94,40 @@ fn oracle(source: &Value) -> Content {
     out
 }
 
-/// What the decoded notifications say the source holds.
-fn fold(messages: &[HiveMessage]) -> Content {
+/// Whether Hive's listener names no files of `table`'s added partitions
+/// (an external table, translated from managed by Hive 4's default or not).
+fn external(table: &HiveTable) -> bool {
+    let param = |k: &str| {
+        table
+            .parameters
+            .iter()
+            .any(|(key, v)| key.eq_ignore_ascii_case(k) && v.eq_ignore_ascii_case("true"))
+    };
+    table.table_type.as_deref() == Some("EXTERNAL_TABLE") || param("EXTERNAL")
+}
+
+/// What the decoded notifications (each with its event id) say the
+/// source holds. A partition an external table's ADD_PARTITION adds
+/// without naming its files gets what stagefs lists there at the event:
+/// the files the oracle shows in it after the driver's operation that
+/// wrote the event (`replies`, in order: the first whose event id is at
+/// least the row's). The operations after such an add leave the
+/// partition alone until that reply, so the oracle is its content at
+/// the event.
+fn fold(messages: &[(i64, HiveMessage)], replies: &[Value]) -> Content {
+    let listed = |event_id: i64, key: &str, values: &[String]| {
+        let reply = replies
+            .iter()
+            .find(|r| r["event_id"].as_i64().expect("event_id") >= event_id)
+            .expect("a reply after every event");
+        oracle(&reply["source"])
+            .get(key)
+            .and_then(|t| t.get(values))
+            .cloned()
+            .unwrap_or_default()
+    };
     let mut out = Content::new();
-    for m in messages {
+    for (event_id, m) in messages {
         match m {
             HiveMessage::CreateDatabase { .. } | HiveMessage::NoData { .. } => {}
             HiveMessage::CommitTxn { txn_id } => panic!("no transactions were run ({txn_id})"),
@@ -131,12 +162,16 @@ fn fold(messages: &[HiveMessage]) -> Content {
                 partitions,
                 files,
             } => {
-                let t = out
-                    .get_mut(&format!("{}.{}", table.db, table.name))
-                    .expect("table known");
+                let key = format!("{}.{}", table.db, table.name);
+                let t = out.get_mut(&key).expect("table known");
                 for (i, p) in partitions.iter().enumerate() {
-                    let fs = files.get(i).map(|f| file_entries(f).collect());
-                    t.insert(p.values.clone(), fs.unwrap_or_default());
+                    let named = files.get(i).filter(|f| !f.is_empty());
+                    let fs = match named {
+                        Some(f) => file_entries(f).collect(),
+                        None if external(table) => listed(*event_id, &key, &p.values),
+                        None => BTreeMap::new(),
+                    };
+                    t.insert(p.values.clone(), fs);
                 }
             }
             HiveMessage::AlterPartition {
@@ -200,8 +235,9 @@ fn write_file(dir: &std::path::Path, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
-/// The driver's operations; returns the last reply (event id + oracle).
-fn workload(hms: &mut RealMetastore) -> Value {
+/// The driver's operations; returns every reply (event id + oracle), in
+/// order.
+fn workload(hms: &mut RealMetastore) -> Vec<Value> {
     let dir = hms.scratch();
     let a = write_file(&dir, "a.csv", "1,one\n2,two\n");
     let b = write_file(&dir, "b.csv", "3,three\n");
@@ -232,21 +268,45 @@ fn workload(hms: &mut RealMetastore) -> Value {
         &["add-partition", "sales", "orders", "2024-01-03", "eu"],
         &["insert", "sales", "orders", "into", &a, "2024-01-03", "eu"],
         &["drop-partition", "sales", "orders", "2024-01-02", "us"],
+        // ALTER TABLE archive EXCHANGE PARTITION … WITH TABLE orders: a
+        // whole spec, then a partial one (every region of the day).
+        &["create-table", "sales", "archive", "text", "dt", "region"],
+        &[
+            "exchange",
+            "sales",
+            "orders",
+            "sales",
+            "archive",
+            "2024-01-01",
+            "eu",
+        ],
+        &["add-partition", "sales", "orders", "2024-01-03", "us"],
+        &["insert", "sales", "orders", "into", &c, "2024-01-03", "us"],
+        &[
+            "exchange",
+            "sales",
+            "orders",
+            "sales",
+            "archive",
+            "2024-01-03",
+        ],
+        &["insert", "sales", "archive", "into", &c, "2024-01-01", "eu"],
         &["rename", "sales", "flat", "flat2"],
         &["insert", "sales", "flat2", "overwrite", &b],
         &["create-table", "sales", "trunc", "text"],
         &["insert", "sales", "trunc", "into", &c],
         &["truncate", "sales", "trunc"],
     ];
-    let mut last = Value::Null;
+    let mut replies = Vec::new();
     let mut prev = hms.ready()["event_id"].as_i64().unwrap_or(0);
     for op in ops {
-        last = hms.call(op).unwrap_or_else(|e| panic!("{e}"));
-        let id = last["event_id"].as_i64().expect("event_id");
+        let reply = hms.call(op).unwrap_or_else(|e| panic!("{e}"));
+        let id = reply["event_id"].as_i64().expect("event_id");
         assert!(id > prev, "{op:?} wrote no notification ({prev} → {id})");
         prev = id;
+        replies.push(reply);
     }
-    last
+    replies
 }
 
 fn real_metastore_rows_decode_and_fold_to_the_source(hive: Hive, kind: Kind, encoder: Encoder) {
@@ -257,7 +317,8 @@ fn real_metastore_rows_decode_and_fold_to_the_source(hive: Hive, kind: Kind, enc
     let mut hms =
         RealMetastore::start_hive(hive, &db, hdfs.uri(), encoder).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("metastore ready: {}", hms.ready());
-    let last = workload(&mut hms);
+    let replies = workload(&mut hms);
+    let last = replies.last().expect("a reply").clone();
     let newest = last["event_id"].as_i64().expect("event_id");
 
     // The rows Hive wrote, through stagefs's own metastore source.
@@ -283,7 +344,7 @@ fn real_metastore_rows_decode_and_fold_to_the_source(hive: Hive, kind: Kind, enc
         );
         *types.entry(row.event_type.clone()).or_default() += 1;
         match decode_message(row) {
-            Ok(m) => messages.push(m),
+            Ok(m) => messages.push((row.event_id, m)),
             Err(e) => panic!(
                 "stagefs rejects Hive's row {} ({}): {e}\n{:?}",
                 row.event_id, row.event_type, row.message
@@ -303,7 +364,7 @@ fn real_metastore_rows_decode_and_fold_to_the_source(hive: Hive, kind: Kind, enc
         assert!(types.contains_key(t), "no {t} row among {types:?}");
     }
     // Every insert names its file with Hive's HDFS checksum and the cmroot.
-    for m in &messages {
+    for (_, m) in &messages {
         if let HiveMessage::Insert { files, .. } = m {
             assert!(!files.is_empty(), "{m:?}");
             for f in files {
@@ -314,7 +375,7 @@ fn real_metastore_rows_decode_and_fold_to_the_source(hive: Hive, kind: Kind, enc
         }
     }
     assert_eq!(
-        fold(&messages),
+        fold(&messages, &replies),
         oracle(&last["source"]),
         "the decoded log against the source"
     );
@@ -339,7 +400,8 @@ fn real_metastore_rows_decode_and_fold_to_the_source(hive: Hive, kind: Kind, enc
         let oracle_name = name.replace(".jsonl", "-source.json");
         std::fs::write(
             dir.join(oracle_name),
-            serde_json::to_string_pretty(&last).expect("oracle"),
+            serde_json::to_string_pretty(&serde_json::json!({ "replies": replies }))
+                .expect("oracle"),
         )
         .expect("write oracle");
     }
@@ -358,19 +420,23 @@ fn captured_real_rows_decode_and_fold_to_the_captured_source() {
         "hive3-postgres-json",
     ] {
         let text = std::fs::read_to_string(dir.join(format!("{name}.jsonl"))).expect("rows");
-        let reply: Value = serde_json::from_str(
+        let captured: Value = serde_json::from_str(
             &std::fs::read_to_string(dir.join(format!("{name}-source.json"))).expect("oracle"),
         )
         .expect("oracle JSON");
-        let messages: Vec<HiveMessage> = text
+        let replies = captured["replies"].as_array().expect("replies");
+        let messages: Vec<(i64, HiveMessage)> = text
             .lines()
             .map(|l| {
                 let row: NotificationRow = serde_json::from_str(l).expect("row JSON");
-                decode_message(&row).unwrap_or_else(|e| panic!("{name} {}: {e}", row.event_id))
+                let m =
+                    decode_message(&row).unwrap_or_else(|e| panic!("{name} {}: {e}", row.event_id));
+                (row.event_id, m)
             })
             .collect();
         assert!(messages.len() > 20, "{name}: {} rows", messages.len());
-        assert_eq!(fold(&messages), oracle(&reply["source"]), "{name}");
+        let last = replies.last().expect("a reply");
+        assert_eq!(fold(&messages, replies), oracle(&last["source"]), "{name}");
     }
 }
 
@@ -412,7 +478,7 @@ fn mount_round(r: usize, dir: &std::path::Path) -> Vec<Vec<String>> {
         write_file(dir, &format!("r{r}-{n}.csv"), &body)
     };
     let mut ops: Vec<Vec<&str>> = Vec::new();
-    let f: Vec<String> = (0..12).map(file).collect();
+    let f: Vec<String> = (0..15).map(file).collect();
     ops.push(vec!["create-db", &db, "repl-source"]);
     ops.push(vec!["create-table", &db, "flat", "parquet"]);
     ops.push(vec!["insert", &db, "flat", "into", &f[4]]);
@@ -471,6 +537,55 @@ fn mount_round(r: usize, dir: &std::path::Path) -> Vec<Vec<String>> {
         "eu",
     ]);
     ops.push(vec!["drop-partition", &db, "orders", "2024-01-02", "us"]);
+    // EXCHANGE PARTITION into `archive`: one partition, then every region
+    // of a day (a partial spec); the destination is written after it.
+    ops.push(vec!["create-table", &db, "archive", "text", "dt", "region"]);
+    ops.push(vec![
+        "exchange",
+        &db,
+        "orders",
+        &db,
+        "archive",
+        "2024-01-01",
+        "eu",
+    ]);
+    ops.push(vec!["add-partition", &db, "orders", "2024-01-04", "eu"]);
+    ops.push(vec!["add-partition", &db, "orders", "2024-01-04", "us"]);
+    ops.push(vec![
+        "insert",
+        &db,
+        "orders",
+        "into",
+        &f[12],
+        "2024-01-04",
+        "eu",
+    ]);
+    ops.push(vec![
+        "insert",
+        &db,
+        "orders",
+        "into",
+        &f[13],
+        "2024-01-04",
+        "us",
+    ]);
+    ops.push(vec![
+        "exchange",
+        &db,
+        "orders",
+        &db,
+        "archive",
+        "2024-01-04",
+    ]);
+    ops.push(vec![
+        "insert",
+        &db,
+        "archive",
+        "into",
+        &f[14],
+        "2024-01-01",
+        "eu",
+    ]);
     ops.push(vec!["truncate", &db, "orders", "2024-01-03", "eu"]);
     ops.push(vec!["rename", &db, "flat", "flat2"]);
     ops.push(vec!["insert", &db, "flat2", "overwrite", &f[9]]);
@@ -533,6 +648,8 @@ fn stagefs_follows_the_real_metastore(hive: Hive, kind: Kind, encoder: Encoder) 
     let mnt = d.mnt().to_owned();
 
     let walkers = Walkers::start(&mnt, 2);
+    // The oracles (indices) each exchange ended at.
+    let mut exchanges: Vec<usize> = Vec::new();
 
     for op in ops {
         if op[0] == "rename" {
@@ -547,10 +664,14 @@ fn stagefs_follows_the_real_metastore(hive: Hive, kind: Kind, encoder: Encoder) 
             );
         }
         apply(&mut hms, &mut oracles, &op);
-        if op[0] == "add-partition" && hive == Hive::V4 {
-            // A translated table's ADD_PARTITION names no files: stagefs
-            // lists the partition, which must not change before it does
-            // (docs/HIVE.md "Partitions an event adds without their files").
+        if op[0] == "exchange" {
+            exchanges.push(oracles.len() - 1);
+        }
+        if (op[0] == "add-partition" || op[0] == "exchange") && hive == Hive::V4 {
+            // A translated table's ADD_PARTITION names no files (also the
+            // one an exchange writes): stagefs lists the partition, which
+            // must not change before it does (docs/HIVE.md "Partitions an
+            // event adds without their files").
             let id = oracles.last().expect("oracle").0;
             d.wait_status_for(
                 &format!("visible >= {id} after an added partition"),
@@ -574,10 +695,29 @@ fn stagefs_follows_the_real_metastore(hive: Hive, kind: Kind, encoder: Encoder) 
     );
 
     // Every walk of the mount equals the source at its view's state-id.
-    let bad: Vec<String> = seen
+    let mut bad: Vec<String> = seen
         .iter()
         .flat_map(|w| check_walk(&oracles, w, Within::Table))
         .collect();
+    // An exchange is one metastore transaction: no walk inside it may show
+    // the partition in both tables (or in neither), only the whole mount
+    // before or after it.
+    let mut inside_exchange = 0;
+    for w in &seen {
+        for &k in &exchanges {
+            let ((lo, before), (hi, after)) = (&oracles[k - 1], &oracles[k]);
+            if *lo < w.state && w.state < *hi {
+                inside_exchange += 1;
+                if &w.tables != before && &w.tables != after {
+                    bad.push(format!(
+                        "view {} inside the exchange {lo}..{hi} is neither the source before nor after it: {:?}",
+                        w.state, w.tables
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("{inside_exchange} walks inside an exchange's events");
     let states: std::collections::BTreeSet<u64> = seen.iter().map(|w| w.state).collect();
     let reads: usize = seen.iter().map(|w| w.tables.len()).sum();
     eprintln!(
@@ -882,12 +1022,11 @@ fn stagefs_follows_one_catalog_of_a_real_metastore_with_two() {
 /// A catalog the metastore lacks stops the daemon at start with a reason.
 #[test]
 fn a_catalog_the_real_metastore_lacks_is_an_error_at_start() {
-    let kind = Kind::Postgres;
-    let server = DbServer::start(kind);
-    server.create_database("hive");
-    let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
-    let hms = RealMetastore::start(&metastore_db(kind, &server), hdfs.uri(), Encoder::Json)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let RealHive {
+        server,
+        hdfs: _hdfs,
+        hms,
+    } = RealHive::start(Kind::Postgres);
     let tmp = tempfile::tempdir().expect("tempdir");
     let args = DaemonArgs::under(tmp.path())
         .hive_metastore(HiveMetastoreArgs {
@@ -917,14 +1056,12 @@ fn a_catalog_the_real_metastore_lacks_is_an_error_at_start() {
 /// (their files on HDFS, never valid). Our listener writes the
 /// transaction rows as DbNotificationListener does. The daemon follows;
 /// every walk equals the oracle (committed write ids only) at its state.
-#[test]
-fn stagefs_follows_insert_only_transactions_on_the_real_metastore() {
-    let kind = Kind::Postgres;
-    let server = DbServer::start(kind);
-    server.create_database("hive");
-    let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
-    let mut hms = RealMetastore::start(&metastore_db(kind, &server), hdfs.uri(), Encoder::Json)
-        .unwrap_or_else(|e| panic!("{e}"));
+fn stagefs_follows_insert_only_transactions(kind: Kind) {
+    let RealHive {
+        server,
+        hdfs: _hdfs,
+        mut hms,
+    } = RealHive::start(kind);
     eprintln!("metastore ready: {}", hms.ready());
     let dir = hms.scratch();
     let mut oracles: BTreeMap<&'static str, Vec<(u64, Tables)>> = BTreeMap::new();
@@ -1035,6 +1172,18 @@ fn stagefs_follows_insert_only_transactions_on_the_real_metastore() {
     drop(hms);
 }
 
+#[test]
+fn stagefs_follows_insert_only_transactions_on_the_real_metastore() {
+    stagefs_follows_insert_only_transactions(Kind::Postgres);
+}
+
+/// The same on MariaDB (`schematool -dbType mysql`): the transaction
+/// handler's SQL, and our listener's rows written on its connection.
+#[test]
+fn stagefs_follows_insert_only_transactions_on_the_real_metastore_on_mariadb() {
+    stagefs_follows_insert_only_transactions(Kind::MariaDb);
+}
+
 /// Hive 4's default makes a managed table external
 /// (`TRANSLATED_TO_EXTERNAL`), and Hive names no files in its ADD_PARTITION
 /// rows: stagefs lists such a partition at the source and accepts the
@@ -1046,12 +1195,11 @@ fn stagefs_follows_insert_only_transactions_on_the_real_metastore() {
 /// status says why, and the partition's drop lets replication go on.
 #[test]
 fn a_partition_changed_after_its_event_is_never_shown_until_dropped() {
-    let kind = Kind::Postgres;
-    let server = DbServer::start(kind);
-    server.create_database("hive");
-    let mut hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
-    let mut hms = RealMetastore::start(&metastore_db(kind, &server), hdfs.uri(), Encoder::Json)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let RealHive {
+        server,
+        mut hdfs,
+        mut hms,
+    } = RealHive::start(Kind::Postgres);
     let first = hms.call(&["state"]).unwrap_or_else(|e| panic!("{e}"));
     let mut oracles: Vec<(u64, Tables)> = vec![(
         first["event_id"].as_u64().expect("event_id"),

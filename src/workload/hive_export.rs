@@ -12,8 +12,14 @@
 //! Besides native events, [`HiveWriter::write_event`] takes what only Hive
 //! does: a `create_table` followed by the files a CREATE TABLE AS SELECT
 //! wrote (one event, one CREATE_TABLE row), a partition rename
-//! ([`Op::RenamePartition`], an ALTER_PARTITION row) and external tables
-//! (a `create_table` or [`Op::MarkTable`] with `not_in_log` set).
+//! ([`Op::RenamePartition`], an ALTER_PARTITION row), external tables
+//! (a `create_table` or [`Op::MarkTable`] with `not_in_log` set) and an
+//! EXCHANGE PARTITION (one event: [`Op::AddPartition`] of each partition
+//! into the destination with its files, then [`Op::DropPartition`] of each
+//! from the source; written as Hive's metastore writes it, an
+//! ADD_PARTITION row naming the files at their place in the destination,
+//! then one DROP_PARTITION row per partition, at the event's id and the
+//! ids after it).
 //!
 //! Layout: the warehouse's files stay where the native workload wrote them
 //! (`hdfs://stagefs-demo:8020/warehouse/<path>` maps to the source root);
@@ -152,6 +158,7 @@ impl HiveWriter {
         }
         let secs = e.time_ms.map_or(0, |t| t / 1000);
         let mut text = String::new();
+        let exchange = exchange_shape(&e.changes);
         while self.next_id < id {
             let txn = self.next_txn;
             self.next_txn += 1;
@@ -167,6 +174,7 @@ impl HiveWriter {
             self.next_id += 1;
         }
         let (event_type, db, table, message) = match e.changes.as_slice() {
+            _ if exchange.is_some() => self.exchange_add(&e.changes, secs)?,
             [] => {
                 let txn = self.next_txn;
                 self.next_txn += 1;
@@ -194,6 +202,14 @@ impl HiveWriter {
             }
         };
         text.push_str(&self.row(id, secs, event_type, db, table, message));
+        let mut last = id;
+        if let Some(k) = exchange {
+            for drop in &e.changes[k..] {
+                last += 1;
+                let (event_type, db, table, message) = self.message(drop, secs)?;
+                text.push_str(&self.row(last, secs, event_type, db, table, message));
+            }
+        }
         self.out.write_all(text.as_bytes())?;
         self.out.flush()?;
         let (tree, _) = self
@@ -201,8 +217,67 @@ impl HiveWriter {
             .apply(e)
             .map_err(|err| other(format!("event {id} does not apply: {err}")))?;
         self.tree = tree;
-        self.next_id = id + 1;
+        self.next_id = last + 1;
         Ok(())
+    }
+
+    /// The ADD_PARTITION row of an EXCHANGE PARTITION (`changes` as
+    /// [`exchange_shape`] accepts them): every partition added to the
+    /// destination, each naming its files where Hive moved them (the
+    /// partition's directory below the destination's location; the bytes
+    /// are linked there, the native workload's copy is left where it is).
+    fn exchange_add(
+        &mut self,
+        changes: &[Change],
+        secs: i64,
+    ) -> io::Result<(&'static str, Option<String>, Option<String>, Value)> {
+        let adds = &changes[..changes.len() / 2];
+        let (db, t) = (adds[0].db.clone(), adds[0].table.clone());
+        let keys = self.keys(&db, &t)?;
+        let (mut specs, mut objs, mut files) = (Vec::new(), Vec::new(), Vec::new());
+        for c in adds {
+            let values: Vec<String> = keys
+                .iter()
+                .map(|k| {
+                    c.partition
+                        .as_ref()
+                        .and_then(|p| p.get(k))
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .collect();
+            let name = partition_name(&keys, &values);
+            let mut uris = Vec::with_capacity(c.files.len());
+            for f in &c.files {
+                let below = match &f.subdir {
+                    Some(sub) => format!("{sub}/{}", f.name),
+                    None => f.name.clone(),
+                };
+                let rel = format!("{db}.db/{t}/{name}/{below}");
+                uris.push(self.file_uri_at(f, f.subdir.as_deref(), &rel)?);
+            }
+            let spec: serde_json::Map<String, Value> = keys
+                .iter()
+                .zip(&values)
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            specs.push(Value::Object(spec));
+            objs.push(Value::String(partition_obj(&db, &t, &keys, &values)));
+            files.push(json!({"partitionName": name, "files": uris}));
+        }
+        let external = self.external(&db, &t);
+        Ok((
+            "ADD_PARTITION",
+            Some(db.clone()),
+            Some(t.clone()),
+            json!({
+                "server": "thrift://stagefs-demo:9083", "servicePrincipal": "", "db": db,
+                "table": t, "tableType": table_type(external),
+                "tableObjJson": table_obj(&db, &t, &keys, external),
+                "timestamp": secs, "partitions": specs, "partitionListJson": objs,
+                "partitionFiles": files,
+            }),
+        ))
     }
 
     /// Writes one transaction: a `TXN_WRITE_NOTIFICATION_LOG` row per
@@ -660,6 +735,30 @@ fn gzip_base64(text: &str) -> String {
     let _ = enc.write_all(text.as_bytes());
     let bytes = enc.finish().unwrap_or_default();
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// `Some(k)` when `changes` are an EXCHANGE PARTITION of `k` partitions:
+/// [`Op::AddPartition`] of each into one table, then [`Op::DropPartition`]
+/// of the same partitions, in the same order, from another table.
+fn exchange_shape(changes: &[Change]) -> Option<usize> {
+    let k = changes.len() / 2;
+    if k == 0 || changes.len() != 2 * k {
+        return None;
+    }
+    let (adds, drops) = changes.split_at(k);
+    let same = |a: &Change, b: &Change| (&a.db, &a.table) == (&b.db, &b.table);
+    let ok = adds
+        .iter()
+        .all(|a| a.op == Op::AddPartition && same(a, &adds[0]))
+        && drops
+            .iter()
+            .all(|d| d.op == Op::DropPartition && d.files.is_empty() && same(d, &drops[0]))
+        && !same(&adds[0], &drops[0])
+        && adds
+            .iter()
+            .zip(drops)
+            .all(|(a, d)| a.partition.is_some() && a.partition == d.partition);
+    ok.then_some(k)
 }
 
 fn location(db: &str, table: &str) -> String {

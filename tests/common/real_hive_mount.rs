@@ -17,7 +17,8 @@ use serde_json::Value;
 use crate::common;
 use crate::common::daemon::read_tree;
 use crate::dbserver::{DbServer, Kind, PASSWORD, USER};
-use crate::servers::hms::MetastoreDb;
+use crate::servers::hms::{Encoder, MetastoreDb, RealMetastore};
+use crate::servers::MiniHdfs;
 use stagefs::source::hive::metastore::{MetastoreSource, Timeouts};
 use stagefs::source::hive::model::{NotificationRow, RowSource};
 
@@ -41,6 +42,30 @@ pub fn all_rows(server: &DbServer) -> (MetastoreSource, Vec<NotificationRow>) {
         rows.extend(page);
     }
     (source, rows)
+}
+
+/// What most real-metastore tests start from: a private database server
+/// of `kind` with a database `hive`, a MiniDFSCluster of one DataNode and
+/// Hive 4.0.1's metastore on them (JSON encoder, Hive 4's default
+/// translation of managed tables). Bind the fields to locals
+/// (`let RealHive { server, hdfs, hms } = RealHive::start(kind);`): they
+/// stop when dropped, the metastore first, then HDFS, then the database
+/// (also when a test fails; a failed start stops what started before it).
+pub struct RealHive {
+    pub server: DbServer,
+    pub hdfs: MiniHdfs,
+    pub hms: RealMetastore,
+}
+
+impl RealHive {
+    pub fn start(kind: Kind) -> RealHive {
+        let server = DbServer::start(kind);
+        server.create_database("hive");
+        let hdfs = MiniHdfs::start(1).unwrap_or_else(|e| panic!("{e}"));
+        let hms = RealMetastore::start(&metastore_db(kind, &server), hdfs.uri(), Encoder::Json)
+            .unwrap_or_else(|e| panic!("{e}"));
+        RealHive { server, hdfs, hms }
+    }
 }
 
 /// `db.table` → path below the table (`k=v/…/name`) → sha256 hex.

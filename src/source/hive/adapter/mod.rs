@@ -19,7 +19,13 @@
 //!   transaction's `TXN_WRITE_NOTIFICATION_LOG` rows (none on a metastore
 //!   without that table, Hive before 3.2). Tables whose data the log does
 //!   not carry (external tables; transactional ones on such a metastore)
-//!   carry a `not_in_log` mark in the catalog, which status lists.
+//!   carry a `not_in_log` mark in the catalog, which status lists;
+//! - EXCHANGE PARTITION: the metastore writes, in one transaction, an
+//!   ADD_PARTITION on the destination table followed by one DROP_PARTITION
+//!   per partition on the source table. Those rows become one event (at
+//!   the ADD_PARTITION's id, the source's position after the last drop),
+//!   the drops' own events changing nothing, so no state shows the
+//!   partition in both tables; see [`exchange_drops`].
 //!
 //! Decoding of the rows themselves (encodings, Thrift-JSON, URIs) is the
 //! `message`/`thrift`/`uri` modules'; mapping a file URI to a [`FileRef`]
@@ -175,6 +181,14 @@ pub struct HiveSource {
     lister: Box<dyn ListAtSource>,
     /// `--event-time-margin`, for the proof of such a listing.
     margin: crate::stage::EventTimeMargin,
+    /// The DROP_PARTITION rows read right after an ADD_PARTITION row (by
+    /// the ADD_PARTITION's id): an EXCHANGE PARTITION's, when
+    /// [`exchange_drops`] says so at its decoding.
+    exchange_rows: BTreeMap<i64, Vec<NotificationRow>>,
+    /// `(add, last)`: the ADD_PARTITION `add` was decoded as an exchange
+    /// with the DROP_PARTITION rows after it up to `last`, which decode to
+    /// events without changes.
+    folded: Option<(i64, i64)>,
 }
 
 /// Rows read from the row source and checked, not returned by a poll yet.
@@ -229,6 +243,32 @@ impl HiveSource {
                 map: cfg.source_map.clone(),
             }),
             margin: cfg.event_time_margin,
+            exchange_rows: BTreeMap::new(),
+            folded: None,
+        }
+    }
+
+    /// Keeps, for each ADD_PARTITION row of `rows`, the DROP_PARTITION rows
+    /// that follow it at once (in `rows`, then in the batch read ahead): an
+    /// EXCHANGE PARTITION's drops, when its decoding says so. The rows of
+    /// one metastore transaction are committed together, so a batch cut
+    /// between them has the rest in the batch read ahead (a full batch);
+    /// when that read failed, the exchange is decoded as separate events.
+    fn note_exchanges(&mut self, rows: &[NotificationRow]) {
+        let ahead: &[NotificationRow] = self.next.as_ref().map_or(&[], |b| &b.rows);
+        for (i, add) in rows.iter().enumerate() {
+            if add.event_type != "ADD_PARTITION" {
+                continue;
+            }
+            let drops: Vec<NotificationRow> = rows[i + 1..]
+                .iter()
+                .chain(ahead)
+                .take_while(|r| r.event_type == "DROP_PARTITION" && r.cat_name == add.cat_name)
+                .cloned()
+                .collect();
+            if !drops.is_empty() {
+                self.exchange_rows.insert(add.event_id, drops);
+            }
         }
     }
 
@@ -491,6 +531,7 @@ impl Source for HiveSource {
                 _ => {}
             }
         }
+        self.note_exchanges(&batch.rows);
         Ok(batch.rows)
     }
 
@@ -498,6 +539,30 @@ impl Source for HiveSource {
         let id = StateId(row.event_id as u64);
         let reject = |reason: String| DecodeError::Rejected(Rejection::of_event(id, reason));
         let decoded = self.ahead.take(row);
+        // Rows up to an exchange's ADD_PARTITION are decoded: forget the
+        // drops kept for those before it.
+        self.exchange_rows = self.exchange_rows.split_off(&row.event_id);
+        if let Some((add, last)) = self.folded {
+            if row.event_id > add && row.event_id <= last {
+                // A drop of the exchange decoded at `add`: applied there.
+                if row.event_type != "DROP_PARTITION" {
+                    return Err(reject(format!(
+                        "event {} was read as a DROP_PARTITION of the EXCHANGE PARTITION at event {add}, and is now {}",
+                        row.event_id, row.event_type
+                    )));
+                }
+                if row.event_id == last {
+                    self.folded = None;
+                }
+                self.last_decoded = row.event_id;
+                return Ok(Event {
+                    id,
+                    time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
+                    changes: Vec::new(),
+                });
+            }
+            self.folded = None;
+        }
         if !row_in_catalog(row, &self.catalog) {
             // Another catalog's row: not ours, whatever it holds.
             if row.event_id <= 0 {
@@ -585,6 +650,31 @@ impl Source for HiveSource {
                 margin: self.margin,
             };
             self.list_unnamed_partitions(at, table, partitions, files, &mut changes)?;
+            if let Some(drops) = self.exchange_rows.remove(&row.event_id) {
+                if let Some((last, sources)) = exchange_drops(table, partitions, &drops) {
+                    let mut mapper = Mapper {
+                        map: &self.map,
+                        event_id: row.event_id,
+                        event_time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
+                        files: 0,
+                        tree: latest,
+                        txn_log,
+                        premapped: None,
+                    };
+                    for (source, values) in &sources {
+                        let drop = mapper
+                            .each_partition(Op::DropPartition, source, std::slice::from_ref(values))
+                            .map_err(|e| {
+                                reject(format!(
+                                    "the EXCHANGE PARTITION's DROP_PARTITION rows (events {}..{last}): {e}",
+                                    row.event_id + 1
+                                ))
+                            })?;
+                        changes.extend(drop);
+                    }
+                    self.folded = Some((row.event_id, last));
+                }
+            }
         }
         if row.event_id <= 0 {
             return Err(reject("EVENT_ID must be > 0".into()));
@@ -598,9 +688,13 @@ impl Source for HiveSource {
     }
 
     fn position_after(&self, row: &NotificationRow) -> Position {
-        Position::Hive {
-            hive_event_id: row.event_id,
-        }
+        // An exchange's rows are one event: after any of them the source
+        // continues after its last drop.
+        let hive_event_id = match self.folded {
+            Some((add, last)) if (add..last).contains(&row.event_id) => last,
+            _ => row.event_id,
+        };
+        Position::Hive { hive_event_id }
     }
 
     fn locate(&self, _row: &NotificationRow) -> (Option<String>, Option<u64>) {
@@ -636,6 +730,8 @@ impl Source for HiveSource {
         self.last_read = hive_event_id;
         self.broken = None;
         self.ahead.discard();
+        self.exchange_rows.clear();
+        self.folded = None;
         true
     }
 }
@@ -655,6 +751,63 @@ struct Mapper<'a> {
     /// ([`super::file_refs::premap_files`]): taken by the first [`Mapper::files`] call when it
     /// maps the same number of files from the event's first.
     premapped: Option<Vec<Result<FileRef, String>>>,
+}
+
+/// A partition an exchange moves: its source table and its values.
+type ExchangedFrom = (HiveTable, Vec<String>);
+
+/// When the DROP_PARTITION rows `drops`, read right after an ADD_PARTITION
+/// of `partitions` into `table`, are an EXCHANGE PARTITION's (ALTER TABLE
+/// `table` EXCHANGE PARTITION … WITH TABLE source): the id of its last
+/// drop, and for each partition the source table and its values. Hive's
+/// `exchange_partitions` adds the partitions to the destination and drops
+/// them from the source in one metastore transaction and writes, in it,
+/// one ADD_PARTITION (every partition, in order) and then one
+/// DROP_PARTITION per partition (the same values, in the same order) on
+/// the source table, a table other than `table` with the same partition
+/// keys. Anything else (another number of drops, other values, a drop of
+/// several partitions or of the same table) is not an exchange: None, and
+/// the rows are separate events. (Two unrelated changes shaped exactly
+/// like it would only lose the state between them, which no reader needs.)
+fn exchange_drops(
+    table: &HiveTable,
+    partitions: &[HivePartition],
+    drops: &[NotificationRow],
+) -> Option<(i64, Vec<ExchangedFrom>)> {
+    if partitions.is_empty() || drops.len() < partitions.len() {
+        return None;
+    }
+    let lower =
+        |keys: &[String]| -> Vec<String> { keys.iter().map(|k| k.to_ascii_lowercase()).collect() };
+    let mut out = Vec::with_capacity(partitions.len());
+    for (p, row) in partitions.iter().zip(drops) {
+        let HiveMessage::DropPartition {
+            table: source,
+            partitions: dropped,
+        } = super::message::decode_message(row).ok()?
+        else {
+            return None;
+        };
+        let same_table = source.db.eq_ignore_ascii_case(&table.db)
+            && source.name.eq_ignore_ascii_case(&table.name);
+        if same_table
+            || dropped.len() != 1
+            || dropped[0] != p.values
+            || lower(&source.partition_keys) != lower(&table.partition_keys)
+        {
+            return None;
+        }
+        if let Some((first, _)) = out.first() {
+            let first: &HiveTable = first;
+            if !(first.db.eq_ignore_ascii_case(&source.db)
+                && first.name.eq_ignore_ascii_case(&source.name))
+            {
+                return None;
+            }
+        }
+        out.push((source, p.values.clone()));
+    }
+    Some((drops[partitions.len() - 1].event_id, out))
 }
 
 /// Why the log does not carry `table`'s data, or None:

@@ -1340,3 +1340,257 @@ fn an_external_tables_partition_without_files_is_listed_at_its_event() {
         "{e:?}"
     );
 }
+
+/// The rows of a capture of the real metastore (tests/data/hive-real/).
+fn real_rows(name: &str) -> Vec<NotificationRow> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/hive-real")
+        .join(name);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("row JSON"))
+        .collect()
+}
+
+/// The files of the capture's tables in `tree` (`table/path`).
+fn sales(tree: &Tree) -> Vec<String> {
+    ["orders", "archive", "flat", "flat2", "gone", "trunc"]
+        .iter()
+        .flat_map(|t| {
+            paths(tree, "sales", t)
+                .into_iter()
+                .map(move |p| format!("{t}/{p}"))
+        })
+        .collect()
+}
+
+/// Every row of `rows` through the adapter (polls of `limit` rows) and
+/// the validator: each row's event, the position after it and the tree
+/// after it.
+fn follow(
+    rows: &[NotificationRow],
+    after: i64,
+    base: Arc<Tree>,
+    limit: usize,
+) -> Vec<(Event, Position, Arc<Tree>)> {
+    let mut cfg = HiveConfig::new(HiveRows::Files("x".into()), map());
+    cfg.batch = limit;
+    let flaky = Flaky {
+        rows: rows.to_vec(),
+        failures: 0,
+        txn_log: true,
+    };
+    let mut src = HiveSource::new(Box::new(flaky), &cfg, after);
+    let mut v = Validator::new(base);
+    let mut out = Vec::new();
+    loop {
+        let got = src.poll(limit).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        for r in &got {
+            let e = src
+                .decode(r, v.latest())
+                .unwrap_or_else(|e| panic!("event {}: {e:?}", r.event_id));
+            let pos = src.position_after(r);
+            v.check(e.clone(), None, None)
+                .unwrap_or_else(|e| panic!("event {}: {e}", r.event_id));
+            out.push((e, pos, Arc::clone(v.latest())));
+        }
+    }
+}
+
+/// ALTER TABLE archive EXCHANGE PARTITION … WITH TABLE orders as Hive
+/// 3.1.3's own DbNotificationListener logged it (the capture's events
+/// 19-20: one partition; 23-25: a partial spec, two partitions): an
+/// ADD_PARTITION on the destination naming the files at their new place,
+/// then one DROP_PARTITION per partition on the source, all in one
+/// metastore transaction. stagefs makes them one event at the
+/// ADD_PARTITION's id (the drops' events change nothing, the position
+/// after it is the last drop's), so no state has the partition in both
+/// tables; the same at any batch boundary, and after a restart.
+#[test]
+fn an_exchange_partitions_rows_are_one_event() {
+    let rows = real_rows("hive3-postgres-json.jsonl");
+    let kind = |id: i64| {
+        let r = rows.iter().find(|r| r.event_id == id).expect("row");
+        (r.event_type.as_str(), r.tbl_name.as_deref())
+    };
+    assert_eq!(kind(19), ("ADD_PARTITION", Some("archive")));
+    assert_eq!(kind(20), ("DROP_PARTITION", Some("orders")));
+    assert_eq!(kind(23), ("ADD_PARTITION", Some("archive")));
+    assert_eq!(kind(24), ("DROP_PARTITION", Some("orders")));
+    assert_eq!(kind(25), ("DROP_PARTITION", Some("orders")));
+    let parts = |tree: &Tree, t: &str| -> Vec<String> {
+        let mut dirs: Vec<String> = paths(tree, "sales", t)
+            .iter()
+            .map(|p| p.rsplit_once('/').map_or("", |(d, _)| d).to_owned())
+            .collect();
+        dirs.dedup();
+        dirs
+    };
+    // Batches cut anywhere: the drops are in the batch or in the one read
+    // ahead after a full batch.
+    for limit in [1000, 19, 23, 24, 2] {
+        let events = follow(&rows, 0, Arc::new(Tree::empty()), limit);
+        let at = |id: u64| &events[id as usize - 1];
+        let (add, pos, tree) = at(19);
+        let ops: Vec<(Op, &str)> = add
+            .changes
+            .iter()
+            .map(|c| (c.op, c.table.as_str()))
+            .collect();
+        assert_eq!(
+            ops,
+            vec![(Op::AddPartition, "archive"), (Op::DropPartition, "orders")],
+            "limit {limit}"
+        );
+        let file = &add.changes[0].files[0];
+        assert!(
+            file.path
+                .ends_with("/warehouse/sales.db/archive/dt=2024-01-01/region=eu/000000_0"),
+            "the file at its new place: {file:?}"
+        );
+        assert!(matches!(file.verify, Verify::Hdfs { .. }), "{file:?}");
+        assert_eq!(*pos, Position::Hive { hive_event_id: 20 }, "limit {limit}");
+        assert_eq!(parts(tree, "archive"), vec!["dt=2024-01-01/region=eu"]);
+        assert!(!parts(tree, "orders").contains(&"dt=2024-01-01/region=eu".to_owned()));
+        let (drop, pos, after) = at(20);
+        assert!(drop.changes.is_empty(), "{drop:?}");
+        assert_eq!(*pos, Position::Hive { hive_event_id: 20 });
+        assert_eq!(sales(after), sales(tree));
+
+        let (add, pos, tree) = at(23);
+        let ops: Vec<(Op, &str)> = add
+            .changes
+            .iter()
+            .map(|c| (c.op, c.table.as_str()))
+            .collect();
+        assert_eq!(
+            ops,
+            vec![
+                (Op::AddPartition, "archive"),
+                (Op::AddPartition, "archive"),
+                (Op::DropPartition, "orders"),
+                (Op::DropPartition, "orders"),
+            ],
+            "limit {limit}"
+        );
+        assert_eq!(*pos, Position::Hive { hive_event_id: 25 });
+        assert_eq!(
+            parts(tree, "archive"),
+            vec![
+                "dt=2024-01-01/region=eu",
+                "dt=2024-01-03/region=eu",
+                "dt=2024-01-03/region=us"
+            ]
+        );
+        assert!(
+            parts(tree, "orders").is_empty(),
+            "{:?}",
+            parts(tree, "orders")
+        );
+        for id in [24, 25] {
+            let (drop, pos, after) = at(id);
+            assert!(drop.changes.is_empty(), "{drop:?}");
+            assert_eq!(*pos, Position::Hive { hive_event_id: 25 });
+            assert_eq!(sales(after), sales(tree));
+        }
+        // Every other row is its own event.
+        assert_eq!(events.len(), rows.len());
+        let folded: Vec<u64> = events
+            .iter()
+            .filter(|(e, _, _)| e.changes.is_empty() && kind(e.id.0 as i64).0 == "DROP_PARTITION")
+            .map(|(e, _, _)| e.id.0)
+            .collect();
+        assert_eq!(folded, vec![20, 24, 25]);
+    }
+    // Drops beyond the batch read ahead (here two drops after a batch of
+    // one row) are not seen with their ADD_PARTITION: separate events, to
+    // the same end.
+    let whole = follow(&rows, 0, Arc::new(Tree::empty()), 1000);
+    let ones = follow(&rows, 0, Arc::new(Tree::empty()), 1);
+    assert_eq!(ones[19 - 1].0.changes.len(), 2, "one partition: one event");
+    assert!(ones[20 - 1].0.changes.is_empty());
+    assert_eq!(
+        ones[23 - 1].0.changes.len(),
+        2,
+        "two partitions: added alone"
+    );
+    assert_eq!(ones[24 - 1].0.changes[0].op, Op::DropPartition);
+    assert_eq!(ones[25 - 1].0.changes[0].op, Op::DropPartition);
+    assert_eq!(
+        sales(&ones.last().expect("events").2),
+        sales(&whole.last().expect("events").2)
+    );
+    // A restart after the exchange's event (journaled with the position
+    // after its last drop) reads on from there, and ends where a run
+    // without a restart ends.
+    let (_, pos, tree) = &whole[22];
+    assert_eq!(*pos, Position::Hive { hive_event_id: 25 });
+    let rest = follow(&rows, 25, Arc::clone(tree), 1000);
+    assert_eq!(rest.first().map(|(e, _, _)| e.id), Some(StateId(26)));
+    let end = |events: &[(Event, Position, Arc<Tree>)]| sales(&events.last().expect("events").2);
+    assert_eq!(end(&rest), end(&whole));
+    assert!(!end(&whole).is_empty());
+}
+
+/// Hive 4.0.1's exchange (our listener writing what the metastore fires,
+/// tests/data/hive-real/postgres-json.jsonl) has the same shape: the
+/// ADD_PARTITION's partitions (none of their files named: the translated
+/// tables are external) are those the DROP_PARTITIONs after it drop from
+/// another table with the same keys. Rows of other shapes are no exchange.
+#[test]
+fn exchange_drops_are_the_drops_of_the_added_partitions_from_another_table() {
+    let rows = real_rows("postgres-json.jsonl");
+    let msg = |id: i64| {
+        super::super::message::decode_message(rows.iter().find(|r| r.event_id == id).expect("row"))
+            .expect("decodes")
+    };
+    let after = |id: i64| -> Vec<NotificationRow> {
+        rows.iter().filter(|r| r.event_id > id).cloned().collect()
+    };
+    let HiveMessage::AddPartition {
+        table, partitions, ..
+    } = msg(23)
+    else {
+        panic!("event 23 adds partitions")
+    };
+    assert_eq!(partitions.len(), 2);
+    let (last, sources) = exchange_drops(&table, &partitions, &after(23)).expect("an exchange");
+    assert_eq!(last, 25);
+    assert_eq!(
+        sources
+            .iter()
+            .map(|(t, v)| format!("{}.{} {}", t.db, t.name, v.join("/")))
+            .collect::<Vec<_>>(),
+        vec!["sales.orders 2024-01-03/eu", "sales.orders 2024-01-03/us"]
+    );
+    let (last, _) = exchange_drops(&table, &partitions[..1], &after(23)).expect("one");
+    assert_eq!(last, 24);
+    // The drops in another order, too few, or of other values: no exchange.
+    let mut swapped = after(23);
+    swapped.swap(0, 1);
+    assert!(exchange_drops(&table, &partitions, &swapped).is_none());
+    assert!(exchange_drops(&table, &partitions, &after(24)).is_none());
+    // Event 15 adds orders' (2024-01-03, eu); event 17 drops another
+    // partition of the same table.
+    let HiveMessage::AddPartition {
+        table, partitions, ..
+    } = msg(15)
+    else {
+        panic!("event 15 adds a partition")
+    };
+    assert!(exchange_drops(&table, &partitions, &after(16)).is_none());
+    // A drop of the same partition of the same table is no exchange.
+    let HiveMessage::AddPartition {
+        table, partitions, ..
+    } = msg(19)
+    else {
+        panic!("event 19 adds a partition")
+    };
+    let mut same = table.clone();
+    same.name = "orders".into();
+    assert!(exchange_drops(&same, &partitions, &after(19)).is_none());
+}

@@ -74,6 +74,10 @@ import org.apache.hadoop.hive.metastore.utils.MetaStoreUtils;
  *       HDFS checksum.
  *   <li>{@code drop-partition DB TBL VAL...}, {@code rename DB TBL NEWTBL}, {@code truncate DB
  *       TBL [VAL...]}, {@code drop-table DB TBL}, {@code drop-db DB [cascade]}
+ *   <li>{@code exchange SRCDB SRCTBL DESTDB DESTTBL VAL...}: ALTER TABLE DESTTBL EXCHANGE
+ *       PARTITION (spec) WITH TABLE SRCTBL (the values name the leading partition keys): the
+ *       metastore moves the partition directory from the source table to the destination on HDFS
+ *       and fires ADD_PARTITION on the destination, DROP_PARTITION on the source.
  *   <li>{@code state} (just the oracle), {@code quit}
  *   <li>{@code create-catalog CAT}: a catalog located at {@code /catalogs/CAT} on the HDFS. A
  *       {@code DB} argument of create-db, create-table, create-acid-table, add-partition, insert,
@@ -458,6 +462,10 @@ public final class Launcher {
         client.dropTable(cd[0], cd[1], w.get(2), true, false, false);
         break;
       }
+      case "exchange":
+        need(w, 6);
+        exchange(w.get(1), w.get(2), w.get(3), w.get(4), new ArrayList<>(w.subList(5, w.size())));
+        break;
       case "acid-insert":
         need(w, 5);
         acidInsert(w.get(1), w.get(2), w.get(3), new File(w.get(4)),
@@ -526,6 +534,41 @@ public final class Launcher {
       rq.setPartitionVals(vals);
     }
     client.fireListenerEvent(rq);
+  }
+
+  /**
+   * ALTER TABLE DESTDB.DESTTBL EXCHANGE PARTITION (k1=v1, ...) WITH TABLE SRCDB.SRCTBL as
+   * HiveServer2 runs it (AlterTableExchangePartitionAnalyzer, then
+   * Hive.exchangeTablePartitions): the values name the leading partition keys (a partial spec
+   * exchanges every partition below it), transactional tables are refused as HiveServer2 refuses
+   * them, and one exchange_partitions call does the rest: the metastore moves the partitions'
+   * directory on HDFS from the source table's location to the destination's and, in one
+   * metastore transaction, adds them to the destination and drops them from the source.
+   */
+  private void exchange(String srcDb, String srcTbl, String destDb, String destTbl,
+      List<String> vals) throws Exception {
+    String[] src = dbRef(srcDb);
+    String[] dest = dbRef(destDb);
+    Table source = client.getTable(src[0], src[1], srcTbl);
+    Table target = client.getTable(dest[0], dest[1], destTbl);
+    for (Table t : new Table[] {source, target}) {
+      String on = t.getParameters() == null ? null : t.getParameters().get("transactional");
+      if (on != null && on.equalsIgnoreCase("true")) {
+        // ErrorMsg.EXCHANGE_PARTITION_NOT_ALLOWED_WITH_TRANSACTIONAL_TABLES
+        throw new IllegalArgumentException(
+            "Exchange partition is not allowed with transactional tables");
+      }
+    }
+    if (vals.isEmpty() || vals.size() > source.getPartitionKeysSize()) {
+      throw new IllegalArgumentException("give values for 1 to "
+          + source.getPartitionKeysSize() + " leading partition keys");
+    }
+    Map<String, String> spec = new java.util.LinkedHashMap<>();
+    for (int i = 0; i < vals.size(); i++) {
+      spec.put(source.getPartitionKeys().get(i).getName(), vals.get(i));
+    }
+    // HiveServer2 calls the catalog-less overload, which names the default catalog.
+    client.exchange_partitions(spec, src[0], src[1], srcTbl, dest[0], dest[1], destTbl);
   }
 
   private String defaultCatalog() {
