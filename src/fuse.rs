@@ -988,6 +988,7 @@ fn maintain_entries(view: &View, mountpoint: &Path, notifier: &fuser::Notifier, 
                 }
             }
             view.maintain_readers();
+            view.prune_blob_files();
         }
         // Every few milliseconds: each reader's gap gets its CPU-wait
         // mark near its start (see `Readers::mark_quiet`).
