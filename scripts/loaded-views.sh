@@ -21,7 +21,8 @@ OUT=${OUT:-$(mktemp -d /tmp/stagefs-loaded.XXXXXX)}
 mkdir -p "$OUT"
 echo "loaded-views: outputs in $OUT" >&2
 
-cargo build --all-targets --quiet
+# The tests' own profile, built before the load starts.
+cargo test --no-run --quiet $(printf -- "--test %s " $TESTS)
 
 loops=()
 stop_load() {

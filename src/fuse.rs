@@ -956,6 +956,7 @@ pub struct Mounted {
 fn maintain_entries(view: &View, mountpoint: &Path, notifier: &fuser::Notifier, ended: &Ended) {
     let mut last_snapshot = None;
     let mut last_pass = Instant::now();
+    let mut last_prune = Instant::now();
     while !*ended.lock() {
         let snapshot = view.catalog().snapshot();
         let changed = !last_snapshot
@@ -991,6 +992,12 @@ fn maintain_entries(view: &View, mountpoint: &Path, notifier: &fuser::Notifier, 
                 }
             }
             view.maintain_readers();
+            // An fstat per kept descriptor: at most every pass interval,
+            // however often commits come.
+            if last_prune.elapsed() >= MAINTAIN_EVERY {
+                last_prune = Instant::now();
+                view.prune_blob_files();
+            }
         }
         // Every few milliseconds: each reader's gap gets its CPU-wait
         // mark near its start (see `Readers::mark_quiet`).

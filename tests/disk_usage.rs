@@ -197,3 +197,60 @@ fn no_open_file_reads_after_its_version_is_collected() {
         visible(s) >= 6 && !old_blob.exists()
     });
 }
+
+/// The daemon keeps the descriptors of blobs it opened, for the next OPEN
+/// of the same file (docs/SEMANTICS.md "What a plain process gets"); once
+/// GC removed such a blob, the kept descriptor is closed within a
+/// maintenance pass, so a closed file keeps no removed blob's disk space.
+#[test]
+fn a_closed_file_keeps_no_descriptor_of_its_collected_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path()).retain(1);
+    let state = args.state.clone();
+    let w = EventWriter::new(&args);
+    w.append(json!({"id": 1, "op": "create_database", "db": "default"}));
+    w.append(json!({"id": 2, "op": "create_table", "db": "default", "table": "blah"}));
+    let rel = "default/blah/000000_0";
+    let first = content(3);
+    let f = w.put_file(rel, &first);
+    w.append(json!({"id": 3, "op": "add_files", "db": "default", "table": "blah", "files": [f]}));
+    let d = Daemon::start(args);
+    d.wait_visible(3);
+    let mut got = Vec::new();
+    File::open(d.join(rel))
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
+    assert_eq!(got, first);
+    let blob = blob_path(&state, &sha256_hex(&first));
+    let blob = blob.canonicalize().unwrap();
+    let fds = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .collect()
+    };
+    assert!(
+        fds().contains(&blob),
+        "the daemon keeps the descriptor of the file it opened"
+    );
+    // Two overwrites: the first content's version leaves retention and
+    // GC removes its blob.
+    let mut prev = first;
+    for id in 4..=5 {
+        w.retire(rel, &prev);
+        let bytes = content(id);
+        let f = w.put_file(rel, &bytes);
+        w.append(json!({"id": id, "op": "replace_files", "db": "default", "table": "blah", "files": [f]}));
+        prev = bytes;
+    }
+    d.wait_visible(5);
+    d.wait_status("GC removed the first blob", |_| !blob.exists());
+    let deleted = std::path::PathBuf::from(format!("{} (deleted)", blob.display()));
+    poll(
+        "the kept descriptor of the removed blob closed",
+        std::time::Duration::from_secs(10),
+        || (!fds().iter().any(|p| *p == deleted || *p == blob)).then_some(()),
+        || format!("{:?}", fds()),
+    );
+}

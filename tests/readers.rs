@@ -285,6 +285,166 @@ fn eight_concurrent_reader_processes_each_see_one_state_per_join() {
     assert!(states > 1, "the readers should have seen commits");
 }
 
+/// Joins both tables `$2` times under directory `$1` (`.` from a working
+/// directory at the database level, `MOUNT/db` from elsewhere), in one
+/// process: lines of `table/name=id`, `---` after each join.
+const JOIN_IN_ONE_PROCESS: &str = r#"
+import os, sys
+base, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    for t in ("left", "right"):
+        d = os.path.join(base, t)
+        for f in sorted(os.listdir(d)):
+            with open(os.path.join(d, f)) as fh:
+                print(f"{t}/{f}={fh.readline().strip()}")
+    print("---", flush=True)
+"#;
+
+/// The kernel's dentry cache is shared by every process of the host, so a
+/// live table name (`MOUNT/db/<table>`) that one reader's walk left cached
+/// would answer every other reader's next walk without asking the daemon
+/// (docs/SEMANTICS.md "Readers": why root- and database-level names have
+/// entry TTL 0). Many new processes join the two tables while commits run
+/// in bursts (every 2 ms for 300 ms, then 300 ms without, so that every
+/// view also settles on one state): plain processes from the mount root,
+/// plain processes whose working directory is `MOUNT/db` (their walks
+/// never pass the root), and jobs (`STAGEFS_STATE_ID=N`, SPEC §3 rule 10,
+/// N the newest visible state or one well behind it) started by a plain
+/// shell from that working directory, so the job's own first request is a
+/// table lookup. Every plain join must be one source state and every job
+/// must read exactly state N: a table entry cached for another reader
+/// answering any of these walks fails it.
+#[test]
+fn no_walk_takes_a_table_entry_cached_for_another_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path()).retain(4000);
+    let t = TwoTables::new(&args);
+    let d = Daemon::start(args);
+    d.wait_visible(5);
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(Arc::clone(&stop));
+    let writer = {
+        let stop = Arc::clone(&stop);
+        let mut t = t;
+        thread::spawn(move || {
+            let mut last = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let burst = Instant::now();
+                while burst.elapsed() < Duration::from_millis(300) {
+                    last = t.step();
+                    thread::sleep(Duration::from_millis(2));
+                }
+                thread::sleep(Duration::from_millis(300));
+            }
+            last
+        })
+    };
+    let db = d.join("db");
+    let seen_visible = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let workers: Vec<_> = (0..3)
+        .map(|w| {
+            let (mnt, db) = (d.mnt().to_path_buf(), db.clone());
+            let seen_visible = Arc::clone(&seen_visible);
+            thread::spawn(move || {
+                let mut failures = Vec::new();
+                let mut jobs = 0;
+                for round in 0..24 {
+                    let visible: u64 = getxattr(&mnt, "user.stagefs.visible")
+                        .expect("visible")
+                        .parse()
+                        .expect("id");
+                    let out = match (w + round) % 3 {
+                        0 => Command::new("python3")
+                            .args(["-c", JOIN_IN_ONE_PROCESS])
+                            .arg(&db)
+                            .arg("3")
+                            .output(),
+                        1 => Command::new("python3")
+                            .args(["-c", JOIN_IN_ONE_PROCESS, ".", "3"])
+                            .current_dir(&db)
+                            .output(),
+                        _ => {
+                            // Every other job at a state well behind.
+                            let n = {
+                                let mut s = seen_visible.lock().unwrap();
+                                s.push(visible);
+                                let back = s.len().saturating_sub(6);
+                                if round % 2 == 0 {
+                                    s[back]
+                                } else {
+                                    visible
+                                }
+                            };
+                            jobs += 1;
+                            let out = Command::new("sh")
+                                .args([
+                                    "-c",
+                                    r#"cd "$1" && STAGEFS_STATE_ID="$2" python3 -c "$3" . 3"#,
+                                    "sh",
+                                ])
+                                .arg(&db)
+                                .arg(n.to_string())
+                                .arg(JOIN_IN_ONE_PROCESS)
+                                .output()
+                                .expect("job");
+                            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                            let want = |t: u64| if t % 2 == n % 2 { n } else { n - 1 };
+                            let (l, r) = (want(0), want(1));
+                            for (i, read) in
+                                text.split("---\n").filter(|r| !r.is_empty()).enumerate()
+                            {
+                                if consistent(read) != Ok((l, r)) {
+                                    failures.push(format!(
+                                        "job at {n}, join {i}: wanted left {l} right {r}:\n{read}"
+                                    ));
+                                }
+                            }
+                            if !out.status.success() || text.matches("---\n").count() != 3 {
+                                failures.push(format!(
+                                    "job at {n} failed: {}",
+                                    String::from_utf8_lossy(&out.stderr)
+                                ));
+                            }
+                            continue;
+                        }
+                    }
+                    .expect("reader");
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    for (i, read) in text.split("---\n").filter(|r| !r.is_empty()).enumerate() {
+                        if let Err(e) = consistent(read) {
+                            failures.push(format!("plain, join {i}: {e}\n{read}"));
+                        }
+                    }
+                    if !out.status.success() || text.matches("---\n").count() != 3 {
+                        failures.push(format!(
+                            "plain reader failed: {}",
+                            String::from_utf8_lossy(&out.stderr)
+                        ));
+                    }
+                }
+                (failures, jobs)
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    let mut jobs = 0;
+    for w in workers {
+        let (f, j) = w.join().expect("worker");
+        failures.extend(f);
+        jobs += j;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let last = writer.join().expect("writer");
+    eprintln!("readers: {}", d.status()["readers"]);
+    eprintln!("72 processes ({jobs} jobs), source wrote up to {last}");
+    assert!(
+        failures.is_empty(),
+        "{} walks saw another reader's table: {}",
+        failures.len(),
+        failures[..failures.len().min(3)].join("\n")
+    );
+}
+
 #[test]
 fn stagefs_run_children_share_one_state_and_it_is_released_after() {
     session_children_share_one_state(false);

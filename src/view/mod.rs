@@ -22,6 +22,7 @@
 //! - Handles own what they were opened on (see `handles`).
 //! - Nothing here writes except pins, which go through `Catalog::set_pin`.
 
+mod blob_files;
 mod handles;
 mod inodes;
 pub mod readers;
@@ -324,6 +325,8 @@ pub struct View {
     /// name, or must leave it before a reader's view moves: the adapter
     /// plans its entries at once ([`View::take_dentries_due`]).
     dentries_due: AtomicBool,
+    /// Descriptors of blobs recently opened, reused by the next OPEN.
+    blob_files: blob_files::BlobFiles,
 }
 
 /// Loads a state this mount does not retain (None: not available).
@@ -381,6 +384,7 @@ impl View {
             fetched: std::sync::OnceLock::new(),
             mountpoint: std::sync::OnceLock::new(),
             dentries_due: AtomicBool::new(false),
+            blob_files: blob_files::BlobFiles::for_this_process(),
         }
     }
 
@@ -1351,14 +1355,20 @@ impl View {
                         content: OpenContent::Fetched,
                     });
                 }
-                let path = (self.blob_path)(&f.blob());
-                let file = File::open(&path).map_err(|source| ViewError::OpenBlob {
-                    path: path.clone(),
-                    source,
-                })?;
+                let blob = f.blob();
+                let path = (self.blob_path)(&blob);
+                // The handle owns its clone of the descriptor: its bytes
+                // stay readable after the cache or GC lets them go.
+                let file =
+                    self.blob_files
+                        .open(&blob, &path)
+                        .map_err(|source| ViewError::OpenBlob {
+                            path: path.clone(),
+                            source,
+                        })?;
                 Handle::Blob {
                     ino,
-                    file: Arc::new(file),
+                    file,
                     size: f.size(),
                 }
             }
@@ -1439,6 +1449,21 @@ impl View {
 
     pub fn release(&self, fh: u64) {
         self.handles.remove(fh);
+    }
+
+    /// Closes kept blob descriptors whose blob garbage collection removed
+    /// (from the adapter's maintenance pass), so no removed blob's disk
+    /// space stays held by the cache; open handles keep their own.
+    pub fn prune_blob_files(&self) {
+        let closed = self.blob_files.prune();
+        if closed > 0 {
+            tracing::debug!(closed, "closed kept descriptors of removed blobs");
+        }
+    }
+
+    /// Blob descriptors kept for the next OPEN (tests).
+    pub fn kept_blob_files(&self) -> usize {
+        self.blob_files.len()
     }
 
     /// Reads `ino` without a handle (no-open mode: the kernel sends file
