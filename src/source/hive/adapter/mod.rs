@@ -583,15 +583,7 @@ impl Source for HiveSource {
             | HiveMessage::CommitTxn { .. } => self.txn_log()?,
             _ => true,
         };
-        let mut mapper = Mapper {
-            map: &self.map,
-            event_id: row.event_id,
-            event_time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
-            files: 0,
-            tree: latest,
-            txn_log,
-            premapped: files,
-        };
+        let mut mapper = Mapper::of_row(&self.map, row, latest, txn_log, files);
         let changes = match &message {
             // Hive before 3.2 records the files of transactional writes
             // nowhere: those tables are marked not in the log (at create),
@@ -652,15 +644,7 @@ impl Source for HiveSource {
             self.list_unnamed_partitions(at, table, partitions, files, &mut changes)?;
             if let Some(drops) = self.exchange_rows.remove(&row.event_id) {
                 if let Some((last, sources)) = exchange_drops(table, partitions, &drops) {
-                    let mut mapper = Mapper {
-                        map: &self.map,
-                        event_id: row.event_id,
-                        event_time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
-                        files: 0,
-                        tree: latest,
-                        txn_log,
-                        premapped: None,
-                    };
+                    let mut mapper = Mapper::of_row(&self.map, row, latest, txn_log, None);
                     for (source, values) in &sources {
                         let drop = mapper
                             .each_partition(Op::DropPartition, source, std::slice::from_ref(values))
@@ -751,6 +735,27 @@ struct Mapper<'a> {
     /// ([`super::file_refs::premap_files`]): taken by the first [`Mapper::files`] call when it
     /// maps the same number of files from the event's first.
     premapped: Option<Vec<Result<FileRef, String>>>,
+}
+
+impl<'a> Mapper<'a> {
+    /// A mapper for the changes of `row`, applied to `tree`.
+    fn of_row(
+        map: &'a SourceMap,
+        row: &NotificationRow,
+        tree: &'a Tree,
+        txn_log: bool,
+        premapped: Option<Vec<Result<FileRef, String>>>,
+    ) -> Mapper<'a> {
+        Mapper {
+            map,
+            event_id: row.event_id,
+            event_time_ms: row.event_time.map(|s| s.saturating_mul(1000)),
+            files: 0,
+            tree,
+            txn_log,
+            premapped,
+        }
+    }
 }
 
 /// A partition an exchange moves: its source table and its values.
