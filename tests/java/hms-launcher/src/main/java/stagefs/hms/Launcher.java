@@ -162,13 +162,24 @@ public final class Launcher {
     }
     String driver =
         dbType.equals("postgres") ? "org.postgresql.Driver" : "org.mariadb.jdbc.Driver";
+    String jdbcUrl = opts.get("jdbc-url");
+    if (isHive3() && jdbcUrl.startsWith("jdbc:mariadb:")) {
+      // DataNucleus 4.1 (Hive 3.1.3) picks its datastore adapter from the
+      // driver's product name: Connector/J 3.x says "MariaDB", which it does
+      // not know, and its generic adapter's `ESCAPE '\'` is an unterminated
+      // string under MariaDB's backslash escapes. useMysqlMetadata makes the
+      // driver say "MySQL" (DataNucleus's MySQLAdapter). Setting
+      // datanucleus.rdbms.datastoreAdapterClassName does not work: 3.1.3's
+      // ObjectStore passes DataNucleus only the ConfVars it lists.
+      jdbcUrl += (jdbcUrl.contains("?") ? "&" : "?") + "useMysqlMetadata=true";
+    }
     int port = freePort();
     String warehouse = hdfs + "/warehouse";
     String cmroot = hdfs + "/cmroot";
 
     Configuration conf = MetastoreConf.newMetastoreConf();
     conf.set("fs.defaultFS", hdfs);
-    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.CONNECT_URL_KEY, opts.get("jdbc-url"));
+    MetastoreConf.setVar(conf, MetastoreConf.ConfVars.CONNECT_URL_KEY, jdbcUrl);
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.CONNECTION_DRIVER, driver);
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.CONNECTION_USER_NAME, opts.get("db-user"));
     MetastoreConf.setVar(conf, MetastoreConf.ConfVars.PWD, opts.get("db-password"));
@@ -233,7 +244,7 @@ public final class Launcher {
 
     // 1. Hive's own schematool.
     String[] toolArgs = {
-      "-dbType", dbType, "-initSchema", "-url", opts.get("jdbc-url"), "-driver", driver,
+      "-dbType", dbType, "-initSchema", "-url", jdbcUrl, "-driver", driver,
       "-userName", opts.get("db-user"), "-passWord", opts.get("db-password")
     };
     int rc;
