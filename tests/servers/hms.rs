@@ -110,12 +110,40 @@ fn launcher_dir(hive: Hive) -> PathBuf {
         .join("target")
 }
 
+/// The newest modification time of a file below `dir`.
+fn newest_mtime(dir: &std::path::Path) -> Option<std::time::SystemTime> {
+    let mut newest = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let t = if path.is_dir() {
+            newest_mtime(&path)
+        } else {
+            entry.metadata().and_then(|m| m.modified()).ok()
+        };
+        newest = newest.max(t);
+    }
+    newest
+}
+
 /// The launcher's class path and schematool's script dir, or why it cannot run.
 fn launcher_paths(hive: Hive) -> Result<(String, PathBuf), String> {
     let target = launcher_dir(hive);
     let classes = target.join("classes");
     let scripts = target.join("metastore-home").join(hive.bin_dir());
     let deps = std::fs::read_to_string(target.join("classpath.txt"));
+    let built = std::fs::metadata(classes.join("stagefs/hms/Launcher.class"))
+        .and_then(|m| m.modified())
+        .ok();
+    let sources = repo_root().join("tests/java/hms-launcher/src");
+    if let (Some(built), Some(newest)) = (built, newest_mtime(&sources)) {
+        if newest > built {
+            return Err(format!(
+                "the metastore launcher in {} is older than its sources in {}: run scripts/setup-servers.sh",
+                target.display(),
+                sources.display()
+            ));
+        }
+    }
     match deps {
         Ok(deps)
             if classes.join("stagefs/hms/Launcher.class").exists()
