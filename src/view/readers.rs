@@ -647,9 +647,12 @@ struct ReaderView {
     /// one is in flight the process is waiting for this daemon: whatever
     /// the clock says, it is not pausing between queries.
     in_flight: u32,
-    /// Since when a move waits for the process's working directory to
-    /// leave a live name ([`Readers::tree_for_unless`]).
-    cwd_wait: Option<Instant>,
+    /// While moves wait for the process's working directory to leave a
+    /// live name ([`Readers::tree_for_unless`]): since when, and the last
+    /// move that waited. A wait with no waiting move for
+    /// [`CWD_WAIT_LIMIT`] is over (the directory was moved meanwhile);
+    /// the next starts afresh.
+    cwd_wait: Option<(Instant, Instant)>,
 }
 
 /// How long a move waits at most for the adapter to move a working
@@ -930,11 +933,13 @@ impl Readers {
         } else {
             Arc::clone(&snap.visible)
         };
-        let waited_long = v
-            .cwd_wait
-            .is_some_and(|since| now.duration_since(since) >= CWD_WAIT_LIMIT);
+        let since = match v.cwd_wait {
+            Some((since, last)) if now.duration_since(last) < CWD_WAIT_LIMIT => since,
+            _ => now,
+        };
+        let waited_long = now.duration_since(since) >= CWD_WAIT_LIMIT;
         if v.tree.state_id != tree.state_id && !waited_long && stranded(proc, &tree) {
-            v.cwd_wait.get_or_insert(now);
+            v.cwd_wait = Some((since, now));
             self.cwd_keeps.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(
                 pid = proc.pid,
