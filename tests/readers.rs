@@ -681,6 +681,13 @@ print("same", now == data)
     assert!(rest.contains("same True"), "{rest}");
 }
 
+/// The whole numbers a reader script printed, in order.
+fn numbers(text: &str) -> Vec<u64> {
+    text.split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect()
+}
+
 /// Prints the daemon's log of working-directory moves, invalidations and
 /// view decisions (it runs with `DENTRY_LOG`).
 fn print_dentry_log(d: &Daemon) {
@@ -807,10 +814,7 @@ for f in failed[:5]:
     let text = String::from_utf8_lossy(&out.stdout);
     let readers = &d.status()["readers"];
     eprintln!("getcwd reader: failed, states = {text}readers: {readers}\n{stderr}");
-    let v: Vec<u64> = text
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
+    let v = numbers(&text);
     assert_eq!(v.len(), 2, "reader output {text:?}");
     if v[0] > 0 {
         print_dentry_log(&d);
@@ -1155,10 +1159,7 @@ print(mixed, failed, len(states))
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "duckdb reader: {stderr}");
     let text = String::from_utf8_lossy(&out.stdout);
-    let v: Vec<u64> = text
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
+    let v = numbers(&text);
     assert_eq!(v.len(), 3, "reader output {text:?} {stderr}");
     if v[1] > 0 {
         print_dentry_log(&d);

@@ -1353,6 +1353,11 @@ fn real_rows(name: &str) -> Vec<NotificationRow> {
         .collect()
 }
 
+/// Each change of `e`: its operation and table.
+fn ops_of(e: &Event) -> Vec<(Op, &str)> {
+    e.changes.iter().map(|c| (c.op, c.table.as_str())).collect()
+}
+
 /// The files of the capture's tables in `tree` (`table/path`).
 fn sales(tree: &Tree) -> Vec<String> {
     ["orders", "archive", "flat", "flat2", "gone", "trunc"]
@@ -1436,11 +1441,7 @@ fn an_exchange_partitions_rows_are_one_event() {
         let events = follow(&rows, 0, Arc::new(Tree::empty()), limit);
         let at = |id: u64| &events[id as usize - 1];
         let (add, pos, tree) = at(19);
-        let ops: Vec<(Op, &str)> = add
-            .changes
-            .iter()
-            .map(|c| (c.op, c.table.as_str()))
-            .collect();
+        let ops = ops_of(add);
         assert_eq!(
             ops,
             vec![(Op::AddPartition, "archive"), (Op::DropPartition, "orders")],
@@ -1462,11 +1463,7 @@ fn an_exchange_partitions_rows_are_one_event() {
         assert_eq!(sales(after), sales(tree));
 
         let (add, pos, tree) = at(23);
-        let ops: Vec<(Op, &str)> = add
-            .changes
-            .iter()
-            .map(|c| (c.op, c.table.as_str()))
-            .collect();
+        let ops = ops_of(add);
         assert_eq!(
             ops,
             vec![
