@@ -23,6 +23,7 @@
 //! - Nothing here writes except pins, which go through `Catalog::set_pin`.
 
 mod blob_files;
+mod driver_wait;
 mod handles;
 mod inodes;
 pub mod readers;
