@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::launcher::{java, Launcher};
+use super::launcher::{jvm, Launcher};
 use super::repo_root;
 
 /// How long the cluster may take to come up (JVM start, format, DataNodes).
@@ -100,20 +100,11 @@ impl MiniHdfs {
             .map_err(|e| format!("creating the cluster's temp dir: {e}"))?;
         let base = dir.path().join("cluster");
         let log = dir.path().join("launcher.log");
-        let mut cmd = Command::new(java());
-        cmd.args([
-            "-Xmx768m",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
-            "-Djava.net.preferIPv4Stack=true",
-            "-cp",
-            &classpath,
-            "stagefs.hdfs.Launcher",
-            "--base-dir",
-        ])
-        .arg(&base)
-        .args(["--datanodes", &opts.datanodes.to_string()])
-        .args(["--nn-port", &opts.nn_port.to_string()]);
+        let mut cmd = jvm();
+        cmd.args(["-cp", &classpath, "stagefs.hdfs.Launcher", "--base-dir"])
+            .arg(&base)
+            .args(["--datanodes", &opts.datanodes.to_string()])
+            .args(["--nn-port", &opts.nn_port.to_string()]);
         if let Some(b) = opts.block_size {
             cmd.args(["--block-size", &b.to_string()]);
         }

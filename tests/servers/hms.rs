@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::launcher::{java, Launcher};
+use super::launcher::{jvm, Launcher};
 use super::repo_root;
 
 /// schematool + DataNucleus + Thrift server start.
@@ -190,33 +190,24 @@ impl RealMetastore {
             .tempdir()
             .map_err(|e| format!("creating the metastore's temp dir: {e}"))?;
         let log = dir.path().join("launcher.log");
-        let mut cmd = Command::new(java());
-        cmd.args([
-            "-Xmx768m",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
-            "-Djava.net.preferIPv4Stack=true",
-            "-cp",
-            &classpath,
-            "stagefs.hms.Launcher",
-            "--base-dir",
-        ])
-        .arg(dir.path().join("hms"))
-        .args(["--hdfs", hdfs_uri])
-        .args(["--db-type", db.db_type])
-        .args(["--jdbc-url", &db.jdbc_url])
-        .args(["--db-user", &db.user])
-        .args(["--db-password", &db.password])
-        .arg("--scripts")
-        .arg(&scripts)
-        .args(["--listener", hive.listener()])
-        .args([
-            "--encoder",
-            match encoder {
-                Encoder::Json => "json",
-                Encoder::Gzip => "gzip",
-            },
-        ]);
+        let mut cmd = jvm();
+        cmd.args(["-cp", &classpath, "stagefs.hms.Launcher", "--base-dir"])
+            .arg(dir.path().join("hms"))
+            .args(["--hdfs", hdfs_uri])
+            .args(["--db-type", db.db_type])
+            .args(["--jdbc-url", &db.jdbc_url])
+            .args(["--db-user", &db.user])
+            .args(["--db-password", &db.password])
+            .arg("--scripts")
+            .arg(&scripts)
+            .args(["--listener", hive.listener()])
+            .args([
+                "--encoder",
+                match encoder {
+                    Encoder::Json => "json",
+                    Encoder::Gzip => "gzip",
+                },
+            ]);
         if managed == ManagedTables::Kept {
             cmd.args(["--translate-managed", "false"]);
         }

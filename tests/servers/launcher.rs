@@ -37,8 +37,26 @@ pub fn java() -> PathBuf {
     }
 }
 
+/// A [`java()`] command with the launchers' common options: a small
+/// heap, quick startup, IPv4, no `hsperfdata` file (`/tmp/hsperfdata_<user>/<pid>`
+/// is shared by every JVM of the machine, and one in another pid
+/// namespace with the same pid makes the JVM warn), and the JVM's own log
+/// on stderr, never on stdout, which carries the line protocol.
+pub fn jvm() -> Command {
+    let mut cmd = Command::new(java());
+    cmd.args([
+        "-Xmx768m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-XX:-UsePerfData",
+        "-Xlog:all=warning:stderr",
+        "-Djava.net.preferIPv4Stack=true",
+    ]);
+    cmd
+}
+
 impl Launcher {
-    /// Starts `cmd` (a [`java()`] command line) with its stderr in `log`,
+    /// Starts `cmd` (a [`jvm()`] command line) with its stderr in `log`,
     /// and waits up to `start_timeout` for a ready line holding
     /// `"ready": true`, which it returns.
     pub fn start(
@@ -99,8 +117,29 @@ impl Launcher {
         )
     }
 
+    /// The next protocol line (a JSON object) within `timeout`. Any other
+    /// line on stdout (a library that prints there) is passed to stderr
+    /// and skipped.
     fn next_reply(&mut self, timeout: Duration, what: &str) -> Result<Value, String> {
-        match self.lines.recv_timeout(timeout) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if !line.starts_with('{') => {
+                    eprintln!("{} (stdout, not the protocol): {line}", self.name);
+                }
+                other => return self.reply_of(other, timeout, what),
+            }
+        }
+    }
+
+    fn reply_of(
+        &mut self,
+        got: Result<String, RecvTimeoutError>,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<Value, String> {
+        match got {
             Ok(line) => {
                 serde_json::from_str(&line).map_err(|e| format!("{what}: not JSON ({e}): {line:?}"))
             }
