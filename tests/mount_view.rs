@@ -346,8 +346,13 @@ fn kernel_forget_frees_old_versions() {
     m.seed_example(40);
     let old = m.join("default/blah/p=a/000001_0");
     assert_eq!(read(&old), "5\n");
+    // Held open across the commit, so the kernel surely references the
+    // old version (another process dropping the machine's caches, or
+    // memory pressure, cannot take it first).
+    let open = File::open(&old).unwrap();
     m.commit(r#"{"id": 50, "op": "drop_table", "db": "default", "table": "blah"}"#);
     assert!(m.view().referenced_inodes() > 0);
+    drop(open);
     // Dropping the dentry cache makes the kernel forget every inode it no
     // longer uses; the view must then hold nothing.
     if let Err(e) = fs::write("/proc/sys/vm/drop_caches", "2") {

@@ -656,7 +656,12 @@ impl View {
     ///   there): [`DentryAction::Splice`] to the snapshot path of the
     ///   version it was reached in.
     /// - Otherwise, still at its live name: [`DentryAction::Invalidate`]
-    ///   it, so an unused old version is forgotten (and collected).
+    ///   it, so an unused old version is forgotten (and collected) —
+    ///   unless a reader's view, hold, session or job state (with no pin
+    ///   over them) still answers it there: a process of that reader may
+    ///   have entered it after the working directories were read, and the
+    ///   invalidation would unhash its working directory (`getcwd`:
+    ///   `ENOENT`). It is invalidated once no reader answers it.
     /// - A table already moved to a snapshot path that no working
     ///   directory uses any more: invalidate it there, so it is forgotten
     ///   once nothing holds it; likewise a snapshot root that retention
@@ -694,6 +699,14 @@ impl View {
         }
         let cwds = cwds();
         let under = |path: &Path| cwds.iter().any(|c| c.starts_with(path));
+        let reader_trees = self.readers.answering_trees(&snap);
+        // Pins win over readers' trees: a pinned table answers its pin.
+        let answered_by_a_reader = |db: &str, table: &str, ino: u64| {
+            Arc::ptr_eq(snap.table_tree(db, table), &snap.visible)
+                && reader_trees
+                    .iter()
+                    .any(|t| t.table(db, table).map(|d| d.meta.id.0) == Some(ino))
+        };
         let snapshots = mount.join(STAGEFS_NAME).join("snapshots");
         let mut out = Vec::new();
         let mut released = Vec::new();
@@ -745,7 +758,7 @@ impl View {
                     ino,
                     path: snapshot_path,
                 });
-            } else if hashed {
+            } else if hashed && !answered_by_a_reader(db, table, ino) {
                 let parent = self.synthetic.ino(&SynthKey::LiveDb(Name::clone(db)));
                 out.push(DentryAction::Invalidate {
                     parent,

@@ -1403,6 +1403,21 @@ impl Readers {
         out
     }
 
+    /// Every tree a reader's root- and database-level names resolve in
+    /// now, besides the visible one: views, holds, `stagefs run`
+    /// sessions and the states of `STAGEFS_STATE_ID` jobs (pins aside).
+    pub fn answering_trees(&self, snap: &Snapshot) -> Vec<Arc<Tree>> {
+        let mut out = self.held_trees();
+        let states = snap.pins.sessions.values().map(|h| h.state);
+        let jobs: Vec<StateId> = lock(&self.jobs).values().filter_map(|(s, _)| *s).collect();
+        out.extend(
+            states
+                .chain(jobs)
+                .filter_map(|id| snap.versions.get(&id).cloned()),
+        );
+        out
+    }
+
     /// The adapter invalidated one table entry (for status and benchmarks).
     pub fn count_invalidation(&self) {
         self.invalidations.fetch_add(1, Ordering::Relaxed);

@@ -767,3 +767,44 @@ fn other_users_holds_past_the_limit_are_released_oldest_first_and_owners_are_not
     assert_eq!(holds["old_versions_held"], HOLD_LIMIT);
     assert_eq!(holds["released_handles"], 3);
 }
+
+/// A table directory at its live name that the visible state moved past
+/// is invalidated there only once no reader's view answers it: a process
+/// of that reader may have entered it after the maintenance pass read the
+/// working directories, and the invalidation would unhash its working
+/// directory (`getcwd` fails with `ENOENT`).
+#[test]
+fn a_live_entry_a_readers_view_still_answers_is_kept_until_the_view_moves() {
+    let f = Fixture::new();
+    f.seed();
+    let me = Caller {
+        pid: std::process::id(),
+        uid: 0,
+    };
+    let lookup = |parent: u64, name: &str| {
+        f.view
+            .lookup(parent, OsStr::new(name), me)
+            .unwrap()
+            .attr
+            .ino
+    };
+    let db = lookup(ROOT, "default");
+    let old = lookup(db, "blah");
+    f.insert(50, "c", "000004_0", b"20\n");
+    let mount = Path::new("/mnt/stagefs-test");
+    let invalidates_blah = |plan: &[DentryAction]| {
+        plan.iter()
+            .any(|a| matches!(a, DentryAction::Invalidate { name, .. } if &**name == "blah"))
+    };
+    // This process's view is still at 40, where `blah` is `old`.
+    assert_eq!(lookup(db, "blah"), old, "the view keeps its state");
+    let plan = f.view.dentry_plan(mount, Vec::new);
+    assert!(!invalidates_blah(&plan), "{plan:?}");
+    // Read-your-check moves the view to 50: nobody answers `old` there
+    // any more.
+    f.view
+        .getxattr(ROOT, OsStr::new(xattr::VISIBLE), me)
+        .unwrap();
+    let plan = f.view.dentry_plan(mount, Vec::new);
+    assert!(invalidates_blah(&plan), "{plan:?}");
+}
