@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use ed25519_dalek::VerifyingKey;
 use object_store::ObjectStore;
 use serde_json::json;
@@ -537,7 +538,7 @@ struct PartialFile {
 }
 
 impl FetchedFile for PartialFile {
-    fn read_at(&self, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
+    fn read_at(&self, offset: u64, size: u32) -> std::io::Result<Bytes> {
         Ok(self.part.read_at(&self.cache, offset, size)?)
     }
 }

@@ -41,6 +41,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{Catalog, DirKind, DirNode, Name, Node, PinError, Snapshot, Tree};
 use crate::event::{BlobId, StateId};
+use bytes::Bytes;
 
 pub use handles::{DirEntry, FileKind};
 use handles::{DirHandle, Handle, Handles, Hold, Listing};
@@ -248,7 +249,8 @@ pub enum OpenContent {
 /// file, SPEC §8).
 pub trait FetchedFile: Send + Sync {
     /// Up to `size` bytes at `offset`, short only at the end of the file.
-    fn read_at(&self, offset: u64, size: u32) -> std::io::Result<Vec<u8>>;
+    /// The bytes may be shared with the file's own buffers (no copy).
+    fn read_at(&self, offset: u64, size: u32) -> std::io::Result<Bytes>;
 }
 
 /// A reader host's content fetched on demand (SPEC §8): large files open
@@ -1445,11 +1447,11 @@ impl View {
     }
 
     /// Reads up to `size` bytes at `offset` (short only at end of file).
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
         match &*handle {
-            Handle::Generated(bytes) => Ok(slice_at(bytes, offset, size)),
-            Handle::Blob { ino, file, .. } => read_blob(file, *ino, offset, size),
+            Handle::Generated(bytes) => Ok(slice_at(bytes, offset, size).into()),
+            Handle::Blob { ino, file, .. } => read_blob(file, *ino, offset, size).map(Bytes::from),
             Handle::Fetched(file) => {
                 file.read_at(offset, size)
                     .map_err(|source| ViewError::ReadBlob {
@@ -1485,9 +1487,9 @@ impl View {
     /// kept until the kernel forgets the inode; the blob is still there
     /// because [`View::held_dirs`] keeps every referenced file's directory
     /// from garbage collection.
-    pub fn read_inode(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    pub fn read_inode(&self, ino: u64, offset: u64, size: u32) -> Result<Bytes> {
         match self.resolve(ino)? {
-            Resolved::StatusFile(Some(bytes)) => Ok(slice_at(&bytes, offset, size)),
+            Resolved::StatusFile(Some(bytes)) => Ok(slice_at(&bytes, offset, size).into()),
             Resolved::Node {
                 node: Node::File(f),
                 ..
@@ -1501,7 +1503,7 @@ impl View {
                         self.nodes.keep_blob(ino, Arc::new(file))
                     }
                 };
-                read_blob(&file, ino, offset, size)
+                read_blob(&file, ino, offset, size).map(Bytes::from)
             }
             // Rendered per open: never read without one.
             Resolved::StatusFile(None) => Err(ViewError::BadHandle(0)),

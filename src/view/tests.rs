@@ -146,7 +146,7 @@ impl Fixture {
             .unwrap();
         let data = self.view.read(opened.fh, 0, 1 << 20).unwrap();
         self.view.release(opened.fh);
-        data
+        data.to_vec()
     }
 
     fn xattr(&self, ino: u64, name: &str) -> Result<String> {
@@ -442,7 +442,7 @@ fn open_directory_keeps_its_version() {
     // The handle and the inode reached before the commit still show 40.
     assert_eq!(fx.list_fh(table.fh), vec!["p=a", "p=b"]);
     assert_eq!(fx.list(pa), vec!["000001_0", "000003_0"]);
-    assert_eq!(fx.view.read(file.fh, 0, 10).unwrap(), b"5\n");
+    assert_eq!(fx.view.read(file.fh, 0, 10).unwrap(), &b"5\n"[..]);
     fx.view.releasedir(table.fh);
     fx.view.release(file.fh);
     assert_eq!(fx.view.open_handles(), 0);
