@@ -939,16 +939,19 @@ fn a_query_starved_of_cpu_between_listing_and_opening_sees_one_state() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("reader JSON");
     eprintln!("starved reader: {r}\nreaders: {}", d.status()["readers"]);
     let (gap, waited) = (r["gap"].as_f64().unwrap(), r["waited"].as_f64().unwrap());
-    // The scenario itself: a wall-clock gap past the quiet gap (250 ms)
-    // that is not a pause, because the process waited for a CPU.
-    assert!(
-        gap >= 0.5 && gap - waited < 0.2,
-        "the reader was not starved (gap {gap:.3} s, waited {waited:.3} s)"
-    );
     assert_eq!(r["names"], json!(["f3_0", "f3_1"]));
     assert_eq!(r["errors"], json!([]), "the view moved mid-query");
     assert_eq!(r["read"], json!({"f3_0": "3", "f3_1": "3"}));
     assert!(d.status()["readers"]["starved_keeps"].as_u64() >= Some(1));
+    // The scenario itself: a wall-clock gap past the quiet gap (250 ms)
+    // in which the process waited for a CPU longer than that gap. On a
+    // busy host it also runs (or its vCPU is stolen) for part of the gap
+    // (loaded run: gap 1.363 s, waited 1.076 s), which the rule counts
+    // as computing too.
+    assert!(
+        gap >= 0.5 && waited >= 0.25 && waited >= gap / 2.0,
+        "the reader was not starved (gap {gap:.3} s, waited {waited:.3} s)"
+    );
 }
 
 /// The hand run that found the limit (docs/benchmarks/HISTORY.md "Views
