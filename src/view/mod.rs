@@ -38,10 +38,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
+
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{Catalog, DirKind, DirNode, Name, Node, PinError, Snapshot, Tree};
 use crate::event::{BlobId, StateId};
-use bytes::Bytes;
 
 pub use handles::{DirEntry, FileKind};
 use handles::{DirHandle, Handle, Handles, Hold, Listing};
@@ -1450,8 +1451,8 @@ impl View {
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
         match &*handle {
-            Handle::Generated(bytes) => Ok(slice_at(bytes, offset, size).into()),
-            Handle::Blob { ino, file, .. } => read_blob(file, *ino, offset, size).map(Bytes::from),
+            Handle::Generated(bytes) => Ok(slice_at(bytes, offset, size)),
+            Handle::Blob { ino, file, .. } => read_blob(file, *ino, offset, size),
             Handle::Fetched(file) => {
                 file.read_at(offset, size)
                     .map_err(|source| ViewError::ReadBlob {
@@ -1489,7 +1490,7 @@ impl View {
     /// from garbage collection.
     pub fn read_inode(&self, ino: u64, offset: u64, size: u32) -> Result<Bytes> {
         match self.resolve(ino)? {
-            Resolved::StatusFile(Some(bytes)) => Ok(slice_at(&bytes, offset, size).into()),
+            Resolved::StatusFile(Some(bytes)) => Ok(slice_at(&bytes, offset, size)),
             Resolved::Node {
                 node: Node::File(f),
                 ..
@@ -1503,7 +1504,7 @@ impl View {
                         self.nodes.keep_blob(ino, Arc::new(file))
                     }
                 };
-                read_blob(&file, ino, offset, size).map(Bytes::from)
+                read_blob(&file, ino, offset, size)
             }
             // Rendered per open: never read without one.
             Resolved::StatusFile(None) => Err(ViewError::BadHandle(0)),
@@ -1542,16 +1543,16 @@ fn fixed_ino(r: &Resolved) -> u64 {
 }
 
 /// Up to `size` bytes of `bytes` from `offset`.
-fn slice_at(bytes: &[u8], offset: u64, size: u32) -> Vec<u8> {
+fn slice_at(bytes: &[u8], offset: u64, size: u32) -> Bytes {
     let start = usize::try_from(offset)
         .unwrap_or(usize::MAX)
         .min(bytes.len());
     let end = start.saturating_add(size as usize).min(bytes.len());
-    bytes[start..end].to_vec()
+    Bytes::copy_from_slice(&bytes[start..end])
 }
 
 /// Reads up to `size` bytes of a blob at `offset` (short only at its end).
-fn read_blob(file: &File, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+fn read_blob(file: &File, ino: u64, offset: u64, size: u32) -> Result<Bytes> {
     let mut buf = vec![0u8; size as usize];
     let mut done = 0;
     while done < buf.len() {
@@ -1568,7 +1569,7 @@ fn read_blob(file: &File, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         }
     }
     buf.truncate(done);
-    Ok(buf)
+    Ok(Bytes::from(buf))
 }
 
 /// `st_blksize` of files: the page size (stdio buffers, `cp`).
