@@ -3,7 +3,8 @@
 # real query engines and under load"): runs the real-engine, reader and
 # consistency tests while LOAD_PROCS busy loops (`yes > /dev/null`, default
 # 8) compete for the CPUs, RUNS times in a row, and says how each went and
-# what the load average was.
+# what the load average was. Each run's tests start once the 1-minute load
+# average has reached LOAD_MIN (default 10).
 #
 #   scripts/loaded-views.sh            # 1 run, 8 loops, debug build
 #   RUNS=5 scripts/loaded-views.sh     # five runs in a row
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 
 RUNS=${RUNS:-1}
 LOAD_PROCS=${LOAD_PROCS:-8}
+LOAD_MIN=${LOAD_MIN:-10}
 TESTS=${TESTS:-"engines readers consistency"}
 OUT=${OUT:-$(mktemp -d /tmp/stagefs-loaded.XXXXXX)}
 mkdir -p "$OUT"
@@ -46,6 +48,12 @@ for run in $(seq 1 "$RUNS"); do
   for _ in $(seq 1 "$LOAD_PROCS"); do
     yes >/dev/null &
     loops+=($!)
+  done
+  # The tests start once the 1-minute load average shows the loops
+  # (LOAD_MIN, default 10; at most 3 minutes), so every run is at that load.
+  for _ in $(seq 1 180); do
+    awk -v min="$LOAD_MIN" '{ exit !($1 >= min) }' /proc/loadavg && break
+    sleep 1
   done
   loadlog=$OUT/run$run.load
   : >"$loadlog"
