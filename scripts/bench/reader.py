@@ -7,7 +7,8 @@ Measures, in one run:
 - cold read of the file through a fresh reader host vs reading the same
   published objects (its pieces) straight from the storage folder;
 - first byte of the file on a fresh reader host vs one piece's read;
-- warm read (cached) vs the same bytes on native disk.
+- warm read (cached) vs the same bytes on native disk (each the best of
+  three reads after one untimed read).
 
     STAGEFS=target/release/stagefs scripts/bench/reader.py WORKDIR
     STORAGE=s3 STAGEFS=… scripts/bench/reader.py WORKDIR
@@ -147,10 +148,19 @@ assert m == SIZE, m
 blobs = os.path.join(work, "cold", "cache", "blobs")
 while not os.listdir(blobs):
     time.sleep(0.1)
-read_all(f)
-t = time.monotonic()
-read_all(f)
-warm = time.monotonic() - t
+def best_of_3(path):
+    """The fastest of three timed reads after one untimed read: a 1 GiB
+    page-cache read varies by 10-30 % between single reads here."""
+    read_all(path)
+    times = []
+    for _ in range(3):
+        t = time.monotonic()
+        read_all(path)
+        times.append(time.monotonic() - t)
+    return min(times)
+
+
+warm = best_of_3(f)
 umount(p, mnt)
 
 drop_caches()
@@ -162,10 +172,7 @@ first = time.monotonic() - t
 umount(p, mnt)
 
 # Warm against native disk, both from the page cache after one read.
-read_all(data_path)
-t = time.monotonic()
-read_all(data_path)
-native = time.monotonic() - t
+native = best_of_3(data_path)
 
 if publisher:
     publisher.terminate()
