@@ -1,11 +1,11 @@
 //! Real query engines on a mount that keeps changing (SPEC §3 rule 8,
-//! issue 33): Spark (pyspark from PyPI, local mode, one long-lived driver)
-//! and DuckDB query a partitioned table whose files the source keeps
+//! issue 33): Spark (pyspark from PyPI, local mode, one long-lived driver),
+//! DuckDB and pandas query a partitioned table whose files the source keeps
 //! overwriting under the same names, as Hive's INSERT OVERWRITE does. Every
 //! query's result must be a state the source had (0 mixed) and no query may
 //! fail; the same Spark run with views off shows mixes, so the test can
 //! fail. The helper is `tests/data/engine_queries.py` (it also checks each
-//! result). pyspark, pyarrow, duckdb and Java 17 are required:
+//! result). pyspark, pyarrow, duckdb, pandas and Java 17 are required:
 //! `scripts/setup-readers.sh` installs the Python packages; a missing one
 //! fails the test with that message.
 //!
@@ -373,6 +373,43 @@ fn spark_without_views_gets_mixed_or_failed_queries() {
     require(&["pyspark", "pyarrow"], true);
     let mut s = Setup::start(false, EVERY);
     let r = s.run("spark", spark_queries(), &[], ENGINE_TIMEOUT);
+    assert!(
+        r.mixed + r.failed > 0,
+        "no anomaly without views: the test cannot tell: {r:?}"
+    );
+}
+
+/// pandas, as a notebook reads a partitioned table: `pd.read_parquet` of
+/// the table directory (pyarrow lists the `p=…` directories, then reads
+/// every file), in one long-lived process, plain and with the hold. The
+/// queries must also follow the source (more than one state).
+#[test]
+fn pandas_read_parquet_sees_one_state_per_query() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    require(&["pandas", "pyarrow"], false);
+    let n = if long() { 1000 } else { 200 };
+    for flags in [&[][..], &["--hold"]] {
+        let mut s = Setup::start(true, PANDAS_EVERY);
+        let mut all: Vec<&str> = vec!["--interval", "0.05"];
+        all.extend_from_slice(flags);
+        let r = s.run("pandas", n, &all, ENGINE_TIMEOUT);
+        assert_exact(&r, &format!("pandas {flags:?}"));
+    }
+}
+
+/// The source's write interval of the pandas tests: a pandas query takes
+/// 10-60 ms, so writes every 2 ms fall inside it (views off: ~10 % of the
+/// queries mixed).
+const PANDAS_EVERY: Duration = Duration::from_millis(2);
+
+/// Views off: the same pandas queries get results that match no source
+/// state (or fail), so the test above can fail.
+#[test]
+fn pandas_without_views_gets_mixed_or_failed_queries() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    require(&["pandas", "pyarrow"], false);
+    let mut s = Setup::start(false, PANDAS_EVERY);
+    let r = s.run("pandas", 200, &["--interval", "0.05"], ENGINE_TIMEOUT);
     assert!(
         r.mixed + r.failed > 0,
         "no anomaly without views: the test cannot tell: {r:?}"

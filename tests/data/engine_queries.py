@@ -21,6 +21,9 @@ Usage:
   engine_queries.py duckdb MOUNT QUERIES [--hold] [--cwd] [--interval S]
       one DuckDB connection; read_parquet('.../*/*', hive_partitioning=1)
       by absolute glob, or (--cwd) with the working directory in the table
+  engine_queries.py pandas MOUNT QUERIES [--hold] [--interval S]
+      one Python process; pandas.read_parquet(MOUNT/wh/facts) (pyarrow's
+      dataset discovery of the p=... directories) grouped by p
 
 --hold reads the root's user.stagefs.hold before each query (the query
 boundary a long-lived session marks for exactness).
@@ -159,11 +162,24 @@ def duckdb_queries(mount, n, use_hold, cwd, interval):
     run(query, mount, n, use_hold, interval)
 
 
+def pandas_queries(mount, n, use_hold, interval):
+    import pandas as pd
+
+    path = f"{mount}/wh/facts"
+
+    def query():
+        df = pd.read_parquet(path)
+        g = df.groupby("p", observed=True)["v"].agg(["min", "max", "count"])
+        return {str(p): (int(r["min"]), int(r["max"]), int(r["count"])) for p, r in g.iterrows()}
+
+    run(query, mount, n, use_hold, interval)
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "make":
         make(argv[1])
         return
-    if len(argv) < 3 or argv[0] not in ("spark", "duckdb"):
+    if len(argv) < 3 or argv[0] not in ("spark", "duckdb", "pandas"):
         sys.exit(__doc__)
     engine, mount, n = argv[0], argv[1], int(argv[2])
     flags = argv[3:]
@@ -173,6 +189,8 @@ def main(argv):
     use_hold = "--hold" in flags
     if engine == "spark":
         spark(mount, n, use_hold, interval)
+    elif engine == "pandas":
+        pandas_queries(mount, n, use_hold, interval)
     else:
         duckdb_queries(mount, n, use_hold, "--cwd" in flags, interval)
 
