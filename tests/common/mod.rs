@@ -295,11 +295,19 @@ pub fn getxattr_sized(path: &Path, name: &str, size: usize) -> Result<(Vec<u8>, 
     Ok((buf, len))
 }
 
-/// The value of `name`, probing the size first.
+/// The value of `name`, probing the size first. The value may grow
+/// between the probe and the read (a view moving from state 99 to 100):
+/// `ERANGE` then, and the probe is made again.
 pub fn getxattr(path: &Path, name: &str) -> Result<String, i32> {
-    let (_, len) = getxattr_sized(path, name, 0)?;
-    let (v, _) = getxattr_sized(path, name, len)?;
-    Ok(String::from_utf8(v).expect("utf-8 xattr"))
+    let mut tries = 0;
+    loop {
+        let (_, len) = getxattr_sized(path, name, 0)?;
+        match getxattr_sized(path, name, len) {
+            Ok((v, _)) => return Ok(String::from_utf8(v).expect("utf-8 xattr")),
+            Err(libc::ERANGE) if tries < 10 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 pub fn setxattr(path: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
