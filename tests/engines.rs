@@ -22,7 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::daemon::*;
-use common::require;
+use common::{require, tail, wait_or_kill};
 use serde_json::{json, Value};
 
 /// One engine at a time: a JVM and a DuckDB run side by side on 2 cores
@@ -160,7 +160,7 @@ impl Setup {
             .stderr(Stdio::piped());
         let started = Instant::now();
         let child = cmd.spawn().expect("python3");
-        let out = wait_or_kill(child, timeout);
+        let out = wait_or_kill(child, timeout, String::new);
         let written = self.stop_writer();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -246,52 +246,6 @@ struct Summary {
     states: u64,
     moves: u64,
     first_bad: Option<String>,
-}
-
-fn tail(s: &str, n: usize) -> &str {
-    let mut start = s.len().saturating_sub(n);
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    &s[start..]
-}
-
-/// Waits for `child`; kills it (and fails) after `timeout`. Its stdout
-/// and stderr are read while it runs: a JVM logging exceptions (views
-/// off) would otherwise fill the pipe and block.
-fn wait_or_kill(mut child: std::process::Child, timeout: Duration) -> std::process::Output {
-    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
-        thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = drain(child.stdout.take().map(|s| Box::new(s) as _));
-    let err = drain(child.stderr.take().map(|s| Box::new(s) as _));
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let err = err.join().unwrap_or_default();
-            panic!(
-                "engine run exceeded {timeout:?}:\n{}",
-                tail(&String::from_utf8_lossy(&err), 4000)
-            );
-        }
-        thread::sleep(Duration::from_millis(100));
-    };
-    std::process::Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    }
 }
 
 /// Overwrites every 50 ms: a Spark query (list, plan, read) spans many.

@@ -948,7 +948,7 @@ fn a_query_starved_of_cpu_between_listing_and_opening_sees_one_state() {
     let next = t.step();
     d.wait_visible(next);
     fs::write(&go, b"").unwrap();
-    let out = wait_bounded(reader, Duration::from_secs(180), || d.diag());
+    let out = wait_or_kill(reader, Duration::from_secs(180), || d.diag());
     assert!(
         out.status.success(),
         "{}",
@@ -970,41 +970,6 @@ fn a_query_starved_of_cpu_between_listing_and_opening_sees_one_state() {
         gap >= 0.5 && waited >= 0.25 && waited >= gap / 2.0,
         "the reader was not starved (gap {gap:.3} s, waited {waited:.3} s)"
     );
-}
-
-/// The output of `child`, or, after `timeout`, a panic naming where it
-/// waits (its kernel state and wait channel, its stderr so far) and
-/// `diag()`; the child is killed first, so a failing test leaves no
-/// process behind.
-fn wait_bounded(
-    mut child: std::process::Child,
-    timeout: Duration,
-    diag: impl Fn() -> String,
-) -> std::process::Output {
-    let deadline = Instant::now() + timeout;
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let proc_file = |f: &str| {
-                fs::read_to_string(format!("/proc/{}/{f}", child.id())).unwrap_or_default()
-            };
-            let state = proc_file("status")
-                .lines()
-                .filter(|l| l.starts_with("State") || l.contains("ctxt_switches"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let (wchan, sched) = (proc_file("wchan"), proc_file("schedstat"));
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("reader");
-            panic!(
-                "the reader did not finish in {timeout:?} ({state}; wchan {wchan}; \
-                 schedstat {sched}); its stderr:\n{}\n{}",
-                String::from_utf8_lossy(&out.stderr),
-                diag()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("reader")
 }
 
 /// The hand run that found the limit (docs/benchmarks/HISTORY.md "Views

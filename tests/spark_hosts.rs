@@ -45,7 +45,7 @@ use stagefs::event::StateId;
 
 use common::daemon::{DaemonArgs, EventWriter, StopOnDrop};
 use common::hosts::{Host, NsHost, Source};
-use common::require;
+use common::{require, tail};
 
 const JOB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/spark_hosts_job.py");
 
@@ -387,14 +387,6 @@ fn head(s: &str, n: usize) -> &str {
         end -= 1;
     }
     &s[..end]
-}
-
-fn tail(s: &str, n: usize) -> &str {
-    let mut start = s.len().saturating_sub(n);
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    &s[start..]
 }
 
 /// How a query went against the source at the job's state.

@@ -416,3 +416,67 @@ pub fn os_err<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
 }
 pub mod daemon;
 pub mod hosts;
+
+/// The last `n` bytes of `s` (from a character boundary).
+pub fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// Waits for `child`; after `timeout`, kills it and fails, naming where it
+/// waited (its kernel state, wait channel and schedstat, read before the
+/// kill), the tail of its stderr and `diag()`. Its stdout and stderr are
+/// read while it runs: a child logging much (a JVM's exceptions) would
+/// otherwise fill the pipe and block.
+pub fn wait_or_kill(
+    mut child: std::process::Child,
+    timeout: std::time::Duration,
+    diag: impl Fn() -> String,
+) -> std::process::Output {
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(child.stdout.take().map(|s| Box::new(s) as _));
+    let err = drain(child.stderr.take().map(|s| Box::new(s) as _));
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let proc_file = |f: &str| {
+                std::fs::read_to_string(format!("/proc/{}/{f}", child.id())).unwrap_or_default()
+            };
+            let state = proc_file("status")
+                .lines()
+                .filter(|l| l.starts_with("State") || l.contains("ctxt_switches"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let (wchan, sched) = (proc_file("wchan"), proc_file("schedstat"));
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = err.join().unwrap_or_default();
+            panic!(
+                "the process did not finish in {timeout:?} ({state}; wchan {wchan}; \
+                 schedstat {sched}); its stderr:\n{}\n{}",
+                tail(&String::from_utf8_lossy(&err), 4000),
+                diag()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
