@@ -31,7 +31,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -45,7 +44,7 @@ use stagefs::event::StateId;
 
 use common::daemon::{DaemonArgs, EventWriter, StopOnDrop};
 use common::hosts::{Host, NsHost, Source};
-use common::{require, tail};
+use common::{drain, require, tail};
 
 const JOB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/spark_hosts_job.py");
 
@@ -330,17 +329,8 @@ fn run_job(host: &NsHost, dir: &Path, master: &str, queries: u32, executor_env: 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("stagefs run");
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = drain(child.stdout.take().map(|s| Box::new(s) as _));
-    let err = drain(child.stderr.take().map(|s| Box::new(s) as _));
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let deadline = Instant::now() + JOB_TIMEOUT;
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {

@@ -426,6 +426,18 @@ pub fn tail(s: &str, n: usize) -> &str {
     &s[start..]
 }
 
+/// Reads a child's pipe to its end on a thread of its own (a child
+/// writing more than a pipe holds blocks until someone reads).
+pub fn drain(r: Option<impl std::io::Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
 /// Waits for `child`; after `timeout`, kills it and fails, naming where it
 /// waited (its kernel state, wait channel and schedstat, read before the
 /// kill), the tail of its stderr and `diag()`. Its stdout and stderr are
@@ -436,17 +448,8 @@ pub fn wait_or_kill(
     timeout: std::time::Duration,
     diag: impl Fn() -> String,
 ) -> std::process::Output {
-    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = drain(child.stdout.take().map(|s| Box::new(s) as _));
-    let err = drain(child.stderr.take().map(|s| Box::new(s) as _));
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let deadline = std::time::Instant::now() + timeout;
     let status = loop {
         if let Some(st) = child.try_wait().expect("wait") {
