@@ -132,6 +132,8 @@ struct StagefsFs {
     view: Arc<View>,
     /// The mounting user: with root, the only one who may change pins.
     owner_uid: u32,
+    /// Who may use the mount (sessions' own connections get the same).
+    acl: SessionACL,
     passthrough: bool,
     /// Asked for by the mount options; `no_open` once the kernel agreed.
     want_no_open: bool,
@@ -354,6 +356,86 @@ impl StagefsFs {
         );
     }
 
+    /// `user.stagefs.connection` on the root (`stagefs run
+    /// --private-mount`): `value` is the number of a `/dev/fuse`
+    /// descriptor the caller, a session's leader, has just mounted on the
+    /// mountpoint in its own mount namespace. The daemon takes the
+    /// descriptor out of the caller (`pidfd_getfd`; root callers only, as
+    /// the namespace already requires) and serves the session's state on
+    /// it: every name immutable, no-open mode where the kernel has it
+    /// (no request for an open or a close). Answered once the connection
+    /// is initialised; the connection is served until the kernel ends it
+    /// (the last process of the namespace gone), and its state stays a GC
+    /// root until then ([`View::session_view`]).
+    fn serve_session_connection(&self, req: &Request, ino: u64, value: &[u8]) -> Result<(), Errno> {
+        if req.uid() != 0 {
+            debug!(
+                uid = req.uid(),
+                "refused: only root hands over a connection"
+            );
+            return Err(Errno::EPERM);
+        }
+        if ino != crate::view::ROOT {
+            return Err(Errno::EINVAL);
+        }
+        let number = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .filter(|n| *n >= 0)
+            .ok_or(Errno::EINVAL)?;
+        let view = guarded("session connection", || self.view.session_view(caller(req)))?;
+        let state = view.fixed_state();
+        let fd = take_fuse_fd(req.pid(), number).map_err(|e| {
+            warn!(pid = req.pid(), fd = number, error = %e, "cannot take the session's FUSE descriptor");
+            Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+        })?;
+        let fs = StagefsFs {
+            view,
+            owner_uid: self.owner_uid,
+            acl: self.acl,
+            passthrough: false,
+            want_no_open: true,
+            no_open: false,
+            backing: Mutex::new(Backing::default()),
+            requests: self.requests.clone(),
+        };
+        let mut cfg = Config::default();
+        cfg.acl = self.acl;
+        cfg.n_threads = Some(2);
+        cfg.clone_fd = true;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name("stagefs-session".into())
+            .spawn(move || match Session::from_fd(fs, fd, cfg.acl, cfg) {
+                Ok(session) => {
+                    let _ = tx.send(Ok(()));
+                    info!(?state, "serving a session on its own connection");
+                    if let Err(e) = session.run() {
+                        warn!(?state, error = %e, "a session's connection ended with an error");
+                    }
+                    info!(?state, "a session's own connection ended");
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start a thread for a session's connection");
+            return Err(Errno::EAGAIN);
+        }
+        match rx.recv_timeout(HANDSHAKE_WAIT) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                warn!(error = %e, "a session's connection failed its handshake");
+                Err(Errno::EIO)
+            }
+            Err(_) => {
+                warn!("a session's connection sent no INIT in time");
+                Err(Errno::ETIMEDOUT)
+            }
+        }
+    }
+
     fn release_backing(&self, fh: u64) {
         let mut backing = self.lock_backing();
         if let Some((ino, id)) = backing.by_fh.remove(&fh) {
@@ -382,12 +464,17 @@ impl Filesystem for StagefsFs {
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS) {
             info!(?missing, "kernel lacks readdirplus");
         }
-        self.no_open = self.want_no_open
-            && config
-                .capabilities()
-                .contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        let supported = config
+            .capabilities()
+            .contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        // A reader host's files may be fetched as they are read, which
+        // needs a handle per open.
+        self.no_open = self.want_no_open && supported && !self.view.serves_fetched();
         if self.want_no_open && !self.no_open {
-            info!("kernel lacks no-open support; every open asks the daemon");
+            info!(
+                supported,
+                "no-open mode not used: every open asks the daemon"
+            );
         }
         self.view.set_no_open(self.no_open);
         // STAGEFS_NO_PASSTHROUGH=1 serves reads in userspace (benchmarks,
@@ -640,6 +727,12 @@ impl Filesystem for StagefsFs {
         reply: ReplyEmpty,
     ) {
         let _s = self.request(FuseOp::Setxattr, ino.0, req);
+        if name == crate::view::CONNECTION_XATTR {
+            return match self.serve_session_connection(req, ino.0, value) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
         // Warming only fetches what a read would: anyone who may read.
         let may = match name == crate::view::WARM_XATTR {
             true => Ok(()),
@@ -1007,6 +1100,47 @@ fn maintain_entries(view: &View, mountpoint: &Path, notifier: &fuser::Notifier, 
     }
 }
 
+/// How long a session's connection may take to send its INIT (already
+/// queued when the caller hands it over).
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
+
+/// Duplicates descriptor `number` of process `pid` into this one
+/// (`pidfd_getfd`: this process must be allowed to trace it) and checks it
+/// is the FUSE device.
+fn take_fuse_fd(pid: u32, number: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: plain syscalls; every returned descriptor is owned at once.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a new descriptor.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: as above.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_getfd,
+            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            number,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_getfd returned a new descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let md = std::fs::File::from(fd.try_clone()?).metadata()?;
+    use std::os::unix::fs::FileTypeExt;
+    // /dev/fuse is character device 10:229.
+    if !md.file_type().is_char_device() || md.rdev() != libc::makedev(10, 229) {
+        return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+    }
+    Ok(fd)
+}
+
 /// How often [`maintain_entries`] runs when nothing changed.
 const MAINTAIN_EVERY: Duration = Duration::from_millis(250);
 /// How often the maintenance thread marks quiet readers' run delays: with
@@ -1045,6 +1179,7 @@ pub fn mount(
     let fs = StagefsFs {
         // SAFETY: getuid cannot fail.
         owner_uid: unsafe { libc::getuid() },
+        acl: cfg.acl,
         view,
         passthrough: false,
         want_no_open: opts.no_open,
@@ -1117,7 +1252,7 @@ pub fn mount(
     Ok(mounted)
 }
 
-fn raise_readahead(dev: u64) {
+pub(crate) fn raise_readahead(dev: u64) {
     let path = format!(
         "/sys/class/bdi/{}:{}/read_ahead_kb",
         libc::major(dev),

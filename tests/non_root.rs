@@ -366,6 +366,56 @@ fn with_allow_other_another_user_reads_but_cannot_pin() {
     );
 }
 
+/// `stagefs run --private-mount` by root on a mount whose daemon is an
+/// ordinary user: the daemon may not take the session's FUSE descriptor
+/// out of a root process, so the wrapper says so and shows the state by a
+/// bind mount of its snapshot instead; the job still reads its state.
+#[test]
+fn a_private_session_on_an_ordinary_users_mount_falls_back_to_a_bind_mount() {
+    let owner = user("stagefs-test");
+    let w = Warehouse::new(&owner);
+    let mnt = w.path("mnt");
+    let mut flags = w.flags();
+    // Root is another user of this mount: it gets in with --allow-other.
+    flags.push("--allow-other".into());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut d = Daemon::start(&owner, &mnt, &flags, &w.path("daemon.log"));
+    wait_visible_as(&owner, &mnt, &d);
+    let file = mnt.join("db/t/p=a/f");
+    let out = Command::new(env!("CARGO_BIN_EXE_stagefs"))
+        .args(["run", "--private-mount"])
+        .arg(&mnt)
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "cat '{}' && grep -c ' {} ' /proc/self/mountinfo",
+            file.display(),
+            mnt.display()
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .expect("stagefs run");
+    let err = stderr(&out);
+    assert!(out.status.success(), "stagefs run: {err}\n{}", d.log());
+    assert!(
+        err.contains("bind mount of its snapshot"),
+        "the fallback is named: {err}"
+    );
+    let stdout = out.stdout;
+    assert!(stdout.starts_with(&w.content), "the job read its state");
+    // The live mount and the bind mount of the snapshot over it.
+    assert_eq!(
+        String::from_utf8_lossy(&stdout[w.content.len()..]).trim(),
+        "2"
+    );
+    let s = status_as(&owner, &mnt);
+    assert_eq!(s["session_connections"], serde_json::json!([]));
+    assert!(
+        d.terminate(),
+        "SIGTERM: clean exit 0 and unmounted:\n{}",
+        d.log()
+    );
+}
+
 /// `bash` as `u` reading commands from a pipe: each `exec N<DIR` keeps a
 /// directory handle open until the shell is killed (on drop).
 struct Holder {

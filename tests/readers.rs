@@ -499,6 +499,12 @@ fn session_children_share_one_state(private_mount: bool) {
         s["sessions"].as_array().is_some_and(|a| a.len() == 1)
     });
     let session_state = s["sessions"][0]["state"].as_u64().expect("session state");
+    if private_mount {
+        // Served on a connection of the session's own, not a bind mount.
+        d.wait_status("the session's own connection", |s| {
+            s["session_connections"] == json!([session_state])
+        });
+    }
     // Commits go on: several, so retention (2) would drop the session's
     // state if the session did not hold it.
     let mut last = 0;
@@ -556,6 +562,88 @@ fn session_children_share_one_state(private_mount: bool) {
         s
     };
     assert!(!retained(&s).contains(&session_state));
+    d.wait_status("no session connection left", |s| {
+        s["session_connections"] == json!([])
+    });
+}
+
+/// A `--private-mount` session's own connection keeps its whole state
+/// after the leader exited, for as long as a process of its namespace
+/// lives: garbage collection, which takes an old state's blobs once
+/// nothing holds them, leaves them until the kernel ends the connection.
+#[test]
+fn a_private_session_outlived_by_its_child_keeps_its_state_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = DaemonArgs::under(dir.path()).retain(2);
+    let mut t = TwoTables::new(&args);
+    let d = Daemon::start(args);
+    d.wait_visible(5);
+    let fifo = dir.path().join("go");
+    let fifo_c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo_c.as_ptr(), 0o600) }, 0, "mkfifo");
+    // The leader reads one table and exits at once; its child waits for
+    // the test's commits and GC (and for the kernel to drop its caches),
+    // then reads both: the other table's files only from the store.
+    let script = format!(
+        r#"(for f in "$M"/db/left/*; do printf 'left/%s=%s\n' "${{f##*/}}" "$(head -n1 "$f")"; done) > early.out; (read x < "{fifo}"; ({READ_BOTH}) > late.out 2> late.err; echo done > done.out) < /dev/null > /dev/null 2>&1 & echo "id=$STAGEFS_STATE_ID""#,
+        fifo = fifo.display()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_stagefs"))
+        .args(["run", "--private-mount"])
+        .arg(d.mnt())
+        .arg("--")
+        .args(["sh", "-c", &script])
+        .env("M", d.mnt())
+        .current_dir(dir.path())
+        .output()
+        .expect("stagefs run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .strip_prefix("id=")
+        .and_then(|v| v.parse().ok())
+        .expect("the session's state");
+    let early = fs::read_to_string(dir.path().join("early.out")).expect("early read");
+    assert_eq!(early.lines().count(), 2, "the leader's read: {early}");
+    d.wait_status("the leader's session ended", |s| {
+        s["sessions"].as_array().is_some_and(|a| a.is_empty())
+    });
+    // Retention (2) drops the state; two GC passes run after that.
+    let mut last = 0;
+    for _ in 0..4 {
+        last = t.step();
+    }
+    d.wait_visible_and_gc(last);
+    let s = d.wait_visible_and_gc(t.step());
+    assert!(!retained(&s).contains(&id), "state {id} still retained");
+    assert_eq!(
+        s["session_connections"],
+        json!([id]),
+        "the child's connection holds the state"
+    );
+    // Pages and inodes the kernel kept from the leader's reads go too.
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches (root)");
+    fs::write(&fifo, "go\n").expect("release the child");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("done.out").exists() {
+        assert!(Instant::now() < deadline, "the child did not finish");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let late = fs::read_to_string(dir.path().join("late.out")).unwrap_or_default();
+    let err = fs::read_to_string(dir.path().join("late.err")).unwrap_or_default();
+    consistent(&late).unwrap_or_else(|e| panic!("the child's read: {e} ({err})"));
+    assert!(
+        late.starts_with(&early),
+        "the child read state {id} again: {late} after {early} ({err})"
+    );
+    d.wait_status("the connection ended with the namespace", |s| {
+        s["session_connections"] == json!([])
+    });
 }
 
 #[test]

@@ -49,7 +49,7 @@ use handles::{DirHandle, Handle, Handles, Hold, Listing};
 use inodes::{Held, LiveName, NodeTable, SynthKey, Synthetic, FIRST_RENDERED};
 pub use inodes::{ROOT, SNAPSHOTS_DIR, STAGEFS_DIR, STATUS_FILE};
 use readers::{Reader, Readers};
-pub use xattr::WARM as WARM_XATTR;
+pub use xattr::{CONNECTION as CONNECTION_XATTR, WARM as WARM_XATTR};
 
 /// Who sent a request: the pid FUSE passes (a thread id; 0 when the
 /// kernel could not name the caller in the daemon's pid namespace) and the
@@ -134,6 +134,8 @@ pub enum ViewError {
     NoAttr,
     #[error("the calling process cannot be named (pid 0 or another pid namespace)")]
     Unattributed,
+    #[error("the calling process leads no session of this mount")]
+    NotInSession,
     #[error("attribute `{0}` cannot be changed here")]
     XattrNotSupported(String),
     #[error("pin: {0}")]
@@ -163,6 +165,7 @@ impl ViewError {
             ViewError::ReadOnly => libc::EROFS,
             ViewError::NoAttr => libc::ENODATA,
             ViewError::Unattributed => libc::EPERM,
+            ViewError::NotInSession => libc::EINVAL,
             ViewError::XattrNotSupported(_) => libc::ENOTSUP,
             ViewError::Pin(p) => match p {
                 PinError::BadValue | PinError::NotRetained(_) | PinError::NoTableAtState(..) => {
@@ -329,8 +332,15 @@ pub struct View {
     /// name, or must leave it before a reader's view moves: the adapter
     /// plans its entries at once ([`View::take_dentries_due`]).
     dentries_due: AtomicBool,
-    /// Descriptors of blobs recently opened, reused by the next OPEN.
-    blob_files: blob_files::BlobFiles,
+    /// Descriptors of blobs recently opened, reused by the next OPEN
+    /// (shared with the views of sessions' own connections).
+    blob_files: Arc<blob_files::BlobFiles>,
+    /// A session's own connection (`stagefs run --private-mount`): the
+    /// root shows this state and nothing else ([`View::session_view`]).
+    fixed_root: std::sync::OnceLock<Arc<Tree>>,
+    /// The views of sessions' own connections: each one's state is a GC
+    /// root for as long as its connection lives.
+    private_views: Mutex<Vec<std::sync::Weak<View>>>,
 }
 
 /// Loads a state this mount does not retain (None: not available).
@@ -388,8 +398,79 @@ impl View {
             fetched: std::sync::OnceLock::new(),
             mountpoint: std::sync::OnceLock::new(),
             dentries_due: AtomicBool::new(false),
-            blob_files: blob_files::BlobFiles::for_this_process(),
+            blob_files: Arc::new(blob_files::BlobFiles::for_this_process()),
+            fixed_root: std::sync::OnceLock::new(),
+            private_views: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The view of a connection of `caller`'s own, for its session
+    /// (`stagefs run --private-mount`): its root is the session's state,
+    /// so every name below it is immutable and cached by the kernel, and
+    /// nothing on that connection depends on who asks. The state stays a
+    /// GC root of this view (the one [`View::held_dirs`] is asked) for
+    /// as long as the returned view lives: the adapter keeps it until the
+    /// kernel ends the connection, so files a process of the session
+    /// still reaches keep their bytes after the session's leader exited.
+    pub fn session_view(&self, caller: Caller) -> Result<Arc<View>> {
+        let Reader::Process(proc) = self.reader(caller) else {
+            return Err(ViewError::Unattributed);
+        };
+        if self.fixed_root.get().is_some() {
+            // Already a session's own connection: nothing to fix again.
+            return Err(ViewError::NotInSession);
+        }
+        let snap = self.catalog.snapshot();
+        let tree = self
+            .readers
+            .session_tree_of(proc, &snap)
+            .ok_or(ViewError::NotInSession)?;
+        let view = View {
+            blob_files: Arc::clone(&self.blob_files),
+            ..View::new(
+                Arc::clone(&self.catalog),
+                Arc::clone(&self.blob_path),
+                Arc::clone(&self.status),
+                self.cfg.clone(),
+            )
+        };
+        let _ = view.fixed_root.set(tree);
+        if let Some(fetched) = self.fetched.get() {
+            view.set_fetched(Arc::clone(fetched));
+        }
+        if let Some(mountpoint) = self.mountpoint.get() {
+            view.set_mountpoint(mountpoint);
+        }
+        let view = Arc::new(view);
+        let mut privates = lock(&self.private_views);
+        privates.retain(|v| v.strong_count() > 0);
+        privates.push(Arc::downgrade(&view));
+        Ok(view)
+    }
+
+    /// The states of the sessions' own connections the kernel still
+    /// keeps (each one a GC root), one entry per connection, sorted.
+    pub fn session_connection_states(&self) -> Vec<u64> {
+        let mut states: Vec<u64> = lock(&self.private_views)
+            .iter()
+            .filter_map(|v| v.upgrade()?.fixed_state())
+            .map(|s| s.0)
+            .collect();
+        states.sort_unstable();
+        states
+    }
+
+    /// The state a session's own connection shows (None: a mount's
+    /// ordinary view).
+    pub fn fixed_state(&self) -> Option<StateId> {
+        self.fixed_root.get().map(|t| t.state_id)
+    }
+
+    /// Whether `ino` is the mount's live root (the only node with the
+    /// session, hold and visible attributes and the root pin); a
+    /// session's own connection has none.
+    fn is_live_root(&self, ino: u64) -> bool {
+        ino == ROOT && self.fixed_root.get().is_none()
     }
 
     /// The mount's canonical path, set once by the adapter at mount.
@@ -406,6 +487,12 @@ impl View {
     /// A reader host's content: large files open before they are whole.
     pub fn set_fetched(&self, fetched: Arc<dyn FetchedBlobs>) {
         let _ = self.fetched.set(fetched);
+    }
+
+    /// Whether files may be fetched as they are read (a reader host):
+    /// such reads need an open handle.
+    pub fn serves_fetched(&self) -> bool {
+        self.fetched.get().is_some()
     }
 
     /// `user.stagefs.warm` on a file: fetches it whole into the cache
@@ -555,6 +642,16 @@ impl View {
         let snap = self.catalog.snapshot();
         self.enforce_holds(&snap);
         let mut out = Vec::new();
+        // Sessions' own connections: each one's whole state, for as long
+        // as the kernel keeps the connection (a process of the session
+        // may walk anywhere in it at any time).
+        lock(&self.private_views).retain(|v| match v.upgrade() {
+            Some(private) => {
+                out.extend(private.fixed_root.get().map(|t| Arc::clone(&t.root)));
+                true
+            }
+            None => false,
+        });
         self.handles.for_each_open_dir(|dir, hold| {
             if !hold.is_some_and(Hold::is_released) {
                 out.push(Arc::clone(dir));
@@ -804,7 +901,12 @@ impl View {
 
     fn resolve(&self, ino: u64) -> Result<Resolved> {
         match ino {
-            ROOT => return Ok(Resolved::Root),
+            ROOT => {
+                return Ok(match self.fixed_root.get() {
+                    Some(tree) => Resolved::SnapshotRoot(tree.state_id, Arc::clone(tree)),
+                    None => Resolved::Root,
+                })
+            }
             STAGEFS_DIR => return Ok(Resolved::StagefsDir),
             STATUS_FILE => return Ok(Resolved::StatusFile(None)),
             SNAPSHOTS_DIR => return Ok(Resolved::SnapshotsDir),
@@ -1195,7 +1297,8 @@ impl View {
                 Listing::Tree {
                     dir: Arc::clone(&tree.root),
                     ino,
-                    parent: SNAPSHOTS_DIR,
+                    // A session's own connection: the state is the root.
+                    parent: if ino == ROOT { ROOT } else { SNAPSHOTS_DIR },
                 }
             }
             Resolved::Node {
@@ -1444,6 +1547,10 @@ impl View {
             map.insert("sessions".into(), sessions);
         }
         map.insert("holds".into(), self.holds_report(&snap));
+        map.insert(
+            "session_connections".into(),
+            serde_json::Value::from(self.session_connection_states()),
+        );
         serde_json::to_string_pretty(&map).unwrap_or(json)
     }
 

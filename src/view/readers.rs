@@ -1328,6 +1328,11 @@ impl Readers {
         session
     }
 
+    /// The state of the session `proc` belongs to, if any.
+    pub fn session_tree_of(&self, proc: ProcId, snap: &Snapshot) -> Option<Arc<Tree>> {
+        self.session_tree(proc, snap, Instant::now())
+    }
+
     fn session_tree(&self, proc: ProcId, snap: &Snapshot, now: Instant) -> Option<Arc<Tree>> {
         let id = self.session_of(proc, snap, now)?;
         let hold = snap.pins.sessions.get(&id)?;

@@ -33,6 +33,9 @@ use crate::catalog::{Node, PinError, PinScope, SessionHold};
 
 pub const STATE_ID: &str = "user.stagefs.state_id";
 pub const VISIBLE: &str = "user.stagefs.visible";
+/// Set on the root by `stagefs run --private-mount` to hand the daemon a
+/// FUSE connection for its session (the adapter's, not the view's).
+pub const CONNECTION: &str = "user.stagefs.connection";
 pub const LATEST: &str = "user.stagefs.latest";
 pub const SHA256: &str = "user.stagefs.sha256";
 pub const SOURCE: &str = "user.stagefs.source";
@@ -88,10 +91,10 @@ impl View {
     pub fn getxattr(&self, ino: u64, name: &OsStr, caller: Caller) -> Result<Vec<u8>> {
         let name = name.to_str().ok_or(ViewError::NoAttr)?;
         let reader = self.reader(caller);
-        if ino == super::ROOT && name == SESSION {
+        if self.is_live_root(ino) && name == SESSION {
             return self.session_id(reader).map(String::into_bytes);
         }
-        if ino == super::ROOT && name == HOLD {
+        if self.is_live_root(ino) && name == HOLD {
             if reader == Reader::Unattributed {
                 return Err(ViewError::Unattributed);
             }
@@ -99,7 +102,7 @@ impl View {
             let held = self.readers.hold(reader, &snap).ok_or(ViewError::NoAttr)?;
             return Ok(held.to_string().into_bytes());
         }
-        if ino == super::ROOT && name == VISIBLE {
+        if self.is_live_root(ino) && name == VISIBLE {
             // Read-your-check: answer and move the view from one snapshot.
             let snap = self.catalog.snapshot();
             self.readers.checked(reader, &snap);
@@ -136,7 +139,7 @@ impl View {
             };
         }
         let reader = self.reader(caller);
-        if ino == super::ROOT && name == SESSION {
+        if self.is_live_root(ino) && name == SESSION {
             let value = std::str::from_utf8(value).map_err(|_| PinError::BadValue)?;
             return self.open_session(reader, value);
         }
@@ -152,10 +155,10 @@ impl View {
     /// lacks are a miss (`ENODATA`).
     pub fn removexattr(&self, ino: u64, name: &OsStr, caller: Caller) -> Result<()> {
         let reader = self.reader(caller);
-        if ino == super::ROOT && name == SESSION {
+        if self.is_live_root(ino) && name == SESSION {
             return self.leave_session(reader);
         }
-        if ino == super::ROOT && name == HOLD {
+        if self.is_live_root(ino) && name == HOLD {
             return if self.readers.release(reader) {
                 Ok(())
             } else {
