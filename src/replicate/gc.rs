@@ -11,7 +11,10 @@
 //! pending states reference ([`catalog::PendingRefs`]) and checks blob
 //! presence under it, and GC never deletes a blob the stager referenced
 //! after GC took its view of the trees. While a re-bootstrap's files
-//! belong to no visible state yet ([`GcHold`]), passes are skipped.
+//! belong to no visible state yet ([`GcHold`]), and until the stager has
+//! read every record journaled before the start (their blobs may already
+//! be stored: staged before a stop, or by `stagefs bootstrap`), passes
+//! are skipped.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,11 +64,39 @@ pub(super) struct GateState {
     pub pending: catalog::PendingRefs,
     /// What readers hold, once a mount is serving.
     pub held: Option<HeldDirs>,
+    /// The newest journal record the stager has taken into its pending
+    /// states (the visible state's id before its first).
+    pub read_through: u64,
+    /// The newest journal record at start: the records after the visible
+    /// state may reference blobs already stored (staged before a stop, or
+    /// by `stagefs bootstrap`) that nothing else marks until the stager
+    /// has read them.
+    pub journaled_at_start: u64,
 }
 
 impl GcGate {
+    /// A gate for a replica that starts with `visible` visible and its
+    /// journal ending at `latest`.
+    pub(super) fn starting(visible: u64, latest: u64) -> GcGate {
+        GcGate {
+            inner: Mutex::new(GateState {
+                read_through: visible,
+                journaled_at_start: latest,
+                ..GateState::default()
+            }),
+        }
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, GateState> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl GateState {
+    /// Whether the stager has read every record journaled before the
+    /// start: until then a pass could take blobs those records need.
+    fn read_the_start(&self) -> bool {
+        self.read_through >= self.journaled_at_start
     }
 }
 
@@ -104,6 +135,12 @@ fn run_gc(
         let snapshot = catalog.snapshot();
         // A re-bootstrap's staged files belong to no state yet.
         if hold.holds(snapshot.visible.state_id) {
+            continue;
+        }
+        // Nor do those of records journaled before the start until the
+        // stager has read them: look again shortly.
+        if !gate.lock().read_the_start() {
+            next = Instant::now();
             continue;
         }
         if !held_last && last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
@@ -276,6 +313,50 @@ mod tests {
     use super::*;
     use crate::catalog::Tree;
     use crate::event::Event;
+
+    /// Blobs staged for records after the visible state (before a stop,
+    /// or by `stagefs bootstrap`) are referenced by nothing GC sees until
+    /// the stager has read those records: no pass runs before it has.
+    #[test]
+    fn no_pass_runs_before_the_stager_has_read_what_was_journaled_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open(dir.path()).unwrap();
+        let id = BlobId::from_hex(&format!("{:064x}", 42)).unwrap();
+        let path = blobs.path(&id);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"staged before the start").unwrap();
+        let catalog = Catalog::new(
+            dir.path(),
+            Arc::new(Tree::empty()),
+            Default::default(),
+            Default::default(),
+            2,
+        );
+        let mut cfg = ReplicaConfig::new(dir.path(), dir.path(), dir.path());
+        cfg.gc_interval = Duration::from_millis(10);
+        // Visible 0, the journal ending at 42.
+        let gate = GcGate::starting(0, 42);
+        let (progress, hold, stop) = (
+            Progress::default(),
+            GcHold::open(dir.path()),
+            AtomicBool::new(false),
+        );
+        std::thread::scope(|s| {
+            s.spawn(|| run_gc(&cfg, &catalog, &blobs, &progress, &gate, &hold, &stop));
+            std::thread::sleep(Duration::from_millis(400));
+            assert_eq!(progress.gc_runs.load(Ordering::Relaxed), 0, "a pass ran");
+            assert!(blobs.contains(&id));
+            // The stager read through 42 (and, here, references nothing):
+            // passes run, and the blob nothing references goes.
+            gate.lock().read_through = 42;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while blobs.contains(&id) {
+                assert!(Instant::now() < deadline, "no pass ran after the read");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
 
     /// GC's mark over retained versions, walking each only where it
     /// differs from the one before, marks exactly the union of every

@@ -227,6 +227,10 @@ impl Replica {
         let journal_stats = journal.stats();
         let compactor = journal.compactor();
         let stager_follower = journal.follower(recovered.visible.state_id);
+        let gate = GcGate::starting(
+            recovered.visible.state_id.0,
+            recovered.progress.latest.load(Ordering::Relaxed),
+        );
         let shared = Shared {
             cfg: Arc::new(cfg),
             catalog: recovered.catalog,
@@ -234,7 +238,7 @@ impl Replica {
             resolutions: recovered.resolutions,
             journal: Arc::new(Mutex::new(journal)),
             progress: recovered.progress,
-            gate: Arc::new(GcGate::default()),
+            gate: Arc::new(gate),
             handoff: Arc::new(Handoff::default()),
             gc_hold: recovered.gc_hold,
             stop: Arc::new(AtomicBool::new(false)),
