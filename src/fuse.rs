@@ -138,6 +138,10 @@ struct StagefsFs {
     /// Asked for by the mount options; `no_open` once the kernel agreed.
     want_no_open: bool,
     no_open: bool,
+    /// A session's own connection: directories are opened without a
+    /// request too (every one is immutable), once the kernel agreed.
+    want_no_opendir: bool,
+    no_opendir: bool,
     backing: Mutex<Backing>,
     /// Per-operation timing, when metrics are exported.
     requests: Option<Arc<FuseRequests>>,
@@ -396,6 +400,8 @@ impl StagefsFs {
             passthrough: false,
             want_no_open: true,
             no_open: false,
+            want_no_opendir: true,
+            no_opendir: false,
             backing: Mutex::new(Backing::default()),
             requests: self.requests.clone(),
         };
@@ -477,6 +483,10 @@ impl Filesystem for StagefsFs {
             );
         }
         self.view.set_no_open(self.no_open);
+        self.no_opendir = self.want_no_opendir
+            && config
+                .capabilities()
+                .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         // STAGEFS_NO_PASSTHROUGH=1 serves reads in userspace (benchmarks,
         // and a way out should a kernel's passthrough misbehave). No-open
         // files are never passthrough: the kernel asks for no backing file.
@@ -550,6 +560,11 @@ impl Filesystem for StagefsFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _s = self.request(FuseOp::Opendir, ino.0, req);
+        if self.no_opendir {
+            // ENOSYS: the kernel opens directories itself from now on
+            // (this one too), and reads them with file handle 0.
+            return reply.error(Errno::ENOSYS);
+        }
         let r = guarded("opendir", || self.view.opendir(ino.0, caller(req)));
         answer(reply, r, |reply, d| {
             let flags = if d.immutable {
@@ -570,10 +585,12 @@ impl Filesystem for StagefsFs {
         mut reply: ReplyDirectory,
     ) {
         let _s = self.request(FuseOp::Readdir, ino.0, req);
-        let r = guarded("readdir", || {
-            self.view.readdir(fh.0, offset, |e| {
-                reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), &*e.name)
-            })
+        let add = |e: crate::view::DirEntry| {
+            reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), &*e.name)
+        };
+        let r = guarded("readdir", || match fh.0 {
+            0 => self.view.readdir_unopened(ino.0, offset, caller(req), add),
+            fh => self.view.readdir(fh, offset, add),
         });
         answer(reply, r, |reply, ()| reply.ok());
     }
@@ -1184,6 +1201,8 @@ pub fn mount(
         passthrough: false,
         want_no_open: opts.no_open,
         no_open: false,
+        want_no_opendir: false,
+        no_opendir: false,
         backing: Mutex::new(Backing::default()),
         requests: opts.requests.clone(),
     };

@@ -176,7 +176,7 @@ fn own_connection(mount: &Path) -> io::Result<()> {
         None,
         mount,
         Some("fuse.stagefs"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOATIME,
+        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOATIME,
         Some(&data),
     )?;
     let handed = fxattr_set(

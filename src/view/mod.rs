@@ -341,6 +341,9 @@ pub struct View {
     /// The views of sessions' own connections: each one's state is a GC
     /// root for as long as its connection lives.
     private_views: Mutex<Vec<std::sync::Weak<View>>>,
+    /// Listings of directories read without a handle, by inode
+    /// ([`View::unopened_dir`]).
+    unopened_dirs: Mutex<HashMap<u64, Arc<Handle>>>,
 }
 
 /// Loads a state this mount does not retain (None: not available).
@@ -401,6 +404,7 @@ impl View {
             blob_files: Arc::new(blob_files::BlobFiles::for_this_process()),
             fixed_root: std::sync::OnceLock::new(),
             private_views: Mutex::new(Vec::new()),
+            unopened_dirs: Mutex::new(HashMap::new()),
         }
     }
 
@@ -1244,8 +1248,20 @@ impl View {
     // ---- directories ----------------------------------------------------
 
     pub fn opendir(&self, ino: u64, caller: Caller) -> Result<OpenedDir> {
+        let (listing, version) = self.listing(ino, caller)?;
+        let hold = version
+            .filter(|_| self.is_limited(caller.uid))
+            .map(|state| Hold::new(caller.uid, state));
+        let handle = DirHandle::new(listing, hold);
+        let immutable = handle.is_immutable();
+        let fh = self.handles.insert(Handle::Dir(handle));
+        Ok(OpenedDir { fh, immutable })
+    }
+
+    /// What `ino` lists for `caller`, and the version an immutable listing
+    /// belongs to.
+    fn listing(&self, ino: u64, caller: Caller) -> Result<(Listing, Option<StateId>)> {
         let snap = self.catalog.snapshot();
-        // The version an immutable listing belongs to.
         let mut version = None;
         let listing = match self.resolve(ino)? {
             Resolved::Root => {
@@ -1321,34 +1337,44 @@ impl View {
             }
             | Resolved::StatusFile(_) => return Err(ViewError::NotDir),
         };
-        let hold = version
-            .filter(|_| self.is_limited(caller.uid))
-            .map(|state| Hold::new(caller.uid, state));
-        let handle = DirHandle::new(listing, hold);
-        let immutable = handle.is_immutable();
-        let fh = self.handles.insert(Handle::Dir(handle));
-        Ok(OpenedDir { fh, immutable })
+        Ok((listing, version))
+    }
+
+    /// A directory the kernel opened without a request (a session's own
+    /// connection, where every directory is immutable and the kernel
+    /// caches its listing): read with file handle 0. Its listing is kept
+    /// per inode (at most [`UNOPENED_DIRS`]) so that a sequential read
+    /// resumes where the last request ended.
+    fn unopened_dir(&self, ino: u64, caller: Caller) -> Result<Arc<Handle>> {
+        if let Some(h) = lock(&self.unopened_dirs).get(&ino) {
+            return Ok(Arc::clone(h));
+        }
+        let (listing, _) = self.listing(ino, caller)?;
+        let handle = Arc::new(Handle::Dir(DirHandle::new(listing, None)));
+        let mut dirs = lock(&self.unopened_dirs);
+        if dirs.len() >= UNOPENED_DIRS {
+            dirs.clear();
+        }
+        dirs.insert(ino, Arc::clone(&handle));
+        Ok(handle)
+    }
+
+    /// [`View::readdir`] of a directory opened without a request.
+    pub fn readdir_unopened(
+        &self,
+        ino: u64,
+        offset: u64,
+        caller: Caller,
+        add: impl FnMut(DirEntry) -> bool,
+    ) -> Result<()> {
+        read_dir_handle(&*self.unopened_dir(ino, caller)?, 0, offset, add)
     }
 
     /// Feeds the entries after `offset` to `add`, which returns `true` when
     /// the reply is full (that entry is not consumed).
-    pub fn readdir(
-        &self,
-        fh: u64,
-        offset: u64,
-        mut add: impl FnMut(DirEntry) -> bool,
-    ) -> Result<()> {
+    pub fn readdir(&self, fh: u64, offset: u64, add: impl FnMut(DirEntry) -> bool) -> Result<()> {
         let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
-        match &*handle {
-            Handle::Dir(dir) if dir.is_released() => Err(ViewError::Released(fh)),
-            Handle::Dir(dir) => {
-                dir.read(offset, &mut add);
-                Ok(())
-            }
-            Handle::Blob { .. } | Handle::Generated(_) | Handle::Fetched(_) => {
-                Err(ViewError::NotDir)
-            }
-        }
+        read_dir_handle(&handle, fh, offset, add)
     }
 
     /// `readdirplus`: the entries after `offset`, each with what a lookup
@@ -1372,7 +1398,10 @@ impl View {
         caller: Caller,
         mut add: impl FnMut(&DirEntry, &Entry) -> bool,
     ) -> Result<()> {
-        let handle = self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?;
+        let handle = match fh {
+            0 => self.unopened_dir(dir, caller)?,
+            fh => self.handles.get(fh).ok_or(ViewError::BadHandle(fh))?,
+        };
         let Handle::Dir(listing) = &*handle else {
             return Err(ViewError::NotDir);
         };
@@ -1834,6 +1863,28 @@ fn live_db_tables(snap: &Shown, db: &str) -> Vec<(Name, Arc<DirNode>)> {
     }
     out.into_iter().collect()
 }
+
+/// Feeds the entries of directory handle `handle` (file handle `fh`)
+/// after `offset` to `add`.
+fn read_dir_handle(
+    handle: &Handle,
+    fh: u64,
+    offset: u64,
+    mut add: impl FnMut(DirEntry) -> bool,
+) -> Result<()> {
+    match handle {
+        Handle::Dir(dir) if dir.is_released() => Err(ViewError::Released(fh)),
+        Handle::Dir(dir) => {
+            dir.read(offset, &mut add);
+            Ok(())
+        }
+        Handle::Blob { .. } | Handle::Generated(_) | Handle::Fetched(_) => Err(ViewError::NotDir),
+    }
+}
+
+/// Directories read without a handle whose listings are kept (a session's
+/// own connection); past it the kept ones are dropped.
+const UNOPENED_DIRS: usize = 4096;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Single map operations only: never half-updated.

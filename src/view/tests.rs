@@ -808,3 +808,45 @@ fn a_live_entry_a_readers_view_still_answers_is_kept_until_the_view_moves() {
     let plan = f.view.dentry_plan(mount, Vec::new);
     assert!(invalidates_blah(&plan), "{plan:?}");
 }
+
+/// A directory the kernel opened without a request (file handle 0, a
+/// session's own connection) lists what an opened one lists, also when
+/// read in pieces: each request resumes where the last one ended.
+#[test]
+fn a_directory_read_without_a_handle_lists_what_an_opened_one_lists() {
+    let fx = Fixture::new();
+    fx.seed();
+    let pa = fx.ino("default/blah/p=a");
+    let opened = fx.list_plus(pa);
+    let mut unopened = Vec::new();
+    let mut offset = 0;
+    loop {
+        // One entry per request: the reply is full after it.
+        let mut got = None;
+        fx.view
+            .readdirplus(pa, 0, offset, Caller::UNKNOWN, |e, entry| {
+                if got.is_some() {
+                    return true;
+                }
+                got = Some((e.offset, e.name.to_string(), entry.clone()));
+                false
+            })
+            .unwrap();
+        let Some((next, name, entry)) = got else {
+            break;
+        };
+        offset = next;
+        if name != "." && name != ".." {
+            unopened.push((name, entry.attr.ino, entry.entry_ttl, entry.attr_ttl));
+        }
+    }
+    assert_eq!(unopened, opened);
+    let mut names = Vec::new();
+    fx.view
+        .readdir_unopened(pa, 0, Caller::UNKNOWN, |e| {
+            names.push(e.name.to_string());
+            false
+        })
+        .unwrap();
+    assert_eq!(names, vec![".", "..", "000001_0", "000003_0"]);
+}
