@@ -14,9 +14,9 @@
 #          inodes, so the kernel forgets every FUSE name), seconds
 # Readers: native (the source tree), plain (a process outside any
 # session), session (`stagefs run`), private (`stagefs run
-# --private-mount`); each on the default mount and on a no-open mount
-# (STAGEFS_NO_OPEN=1). "plain" and "session" run the code paths main has
-# (the private mount is the only new path), so they are main's figures.
+# --private-mount`: a FUSE connection of the session's own, the same path
+# whatever the host daemon's mode); each on the default mount and on a
+# no-open mount (STAGEFS_NO_OPEN=1).
 #
 # Environment: BENCH_DIR [/var/tmp/stagefs-bench-session]  REPS [5]
 #              SMALL [2000]
