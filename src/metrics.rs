@@ -534,6 +534,12 @@ impl Scrape {
             "dentry_invalidations",
             "Directory entries the mount asked the kernel to drop.",
             r.dentry_invalidations,
+        )?;
+        gauge(
+            enc,
+            "session_connections",
+            "stagefs run --private-mount connections the kernel still keeps (each holds its state from GC).",
+            view.session_connection_states().len() as u64,
         )
     }
 

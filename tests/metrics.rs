@@ -202,6 +202,23 @@ fn metrics_follow_commits_reads_and_a_rejected_event() {
         fuse_count(&after_read, "read")
     );
 
+    // A `--private-mount` session's own connection counts while it lives.
+    assert_eq!(after_read.value("stagefs_session_connections", &[]), 0.0);
+    let mut session = std::process::Command::new(env!("CARGO_BIN_EXE_stagefs"))
+        .args(["run", "--private-mount"])
+        .arg(d.mnt())
+        .args(["--", "sleep", "60"])
+        .spawn()
+        .expect("stagefs run");
+    scrape_until(&d, &url, "a session connection", |s| {
+        s.get("stagefs_session_connections", &[]) == Some(1.0)
+    });
+    let _ = session.kill();
+    let _ = session.wait();
+    scrape_until(&d, &url, "the connection ended", |s| {
+        s.get("stagefs_session_connections", &[]) == Some(0.0)
+    });
+
     // A new state: visible and commits move on.
     let f2 = w.put_file("default/t/000001_0", b"two\n");
     w.append(json!({"id": 4, "op": "add_files", "db": "default", "table": "t", "files": [f2]}));
