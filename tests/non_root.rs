@@ -409,6 +409,23 @@ fn a_private_session_on_an_ordinary_users_mount_falls_back_to_a_bind_mount() {
     );
     let s = status_as(&owner, &mnt);
     assert_eq!(s["session_connections"], serde_json::json!([]));
+    // Handing over a connection is root's only, even the mounting user's.
+    let handed = run_as(
+        &owner,
+        "setfattr",
+        &[
+            os("-n"),
+            os("user.stagefs.connection"),
+            os("-v"),
+            os("0"),
+            mnt.as_os_str(),
+        ],
+    );
+    assert!(
+        stderr(&handed).contains("Operation not permitted"),
+        "{}",
+        stderr(&handed)
+    );
     assert!(
         d.terminate(),
         "SIGTERM: clean exit 0 and unmounted:\n{}",
