@@ -431,6 +431,8 @@ impl View {
             .ok_or(ViewError::NotInSession)?;
         let view = View {
             blob_files: Arc::clone(&self.blob_files),
+            // One state for every process: no views to keep.
+            readers: Readers::new(readers::ViewRule::default(), false),
             ..View::new(
                 Arc::clone(&self.catalog),
                 Arc::clone(&self.blob_path),
