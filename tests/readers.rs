@@ -477,7 +477,7 @@ fn session_children_share_one_state(private_mount: bool) {
     };
     assert_eq!(rc, 0, "mkfifo");
     let script = format!(
-        r#"echo "id=$STAGEFS_STATE_ID"; ({READ_BOTH}) > a.out & ({READ_BOTH}) > b.out & wait; read x < "{fifo}"; ({READ_BOTH}) > c.out; sh -c 'getfattr --only-values -n user.stagefs.state_id "$M"' > d.out; (cd "$M/db/left" && /bin/pwd) > e.out; exit 7"#,
+        r#"echo "id=$STAGEFS_STATE_ID"; ({READ_BOTH}) > a.out & ({READ_BOTH}) > b.out & wait; read x < "{fifo}"; ({READ_BOTH}) > c.out; sh -c 'getfattr --only-values -n user.stagefs.state_id "$M"' > d.out; (cd "$M/db/left" && /bin/pwd) > e.out; (: >> "$M/db/left/000000_0") 2> w.err; exit 7"#,
         fifo = fifo.display()
     );
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stagefs"));
@@ -532,6 +532,10 @@ fn session_children_share_one_state(private_mount: bool) {
         reads[0], reads[2],
         "the child started after the commits saw the same state"
     );
+    // Writing is refused, to root too (a private session's connection is
+    // mounted read-only).
+    let write = fs::read_to_string(dir.path().join("w.err")).unwrap_or_default();
+    assert!(write.contains("Read-only file system"), "write: {write}");
     let root_id = fs::read_to_string(dir.path().join("d.out")).unwrap_or_default();
     assert_eq!(root_id.trim(), session_state.to_string());
     // `getcwd()` answers a real path of the session's version (rule 9):
