@@ -10,11 +10,11 @@
 //! GC and the stager agree through the gate: the stager publishes what its
 //! pending states reference ([`catalog::PendingRefs`]) and checks blob
 //! presence under it, and GC never deletes a blob the stager referenced
-//! after GC took its view of the trees. While a re-bootstrap's files
-//! belong to no visible state yet ([`GcHold`]), and until the stager has
-//! read every record journaled before the start (their blobs may already
-//! be stored: staged before a stop, or by `stagefs bootstrap`), passes
-//! are skipped.
+//! after GC took its view of the trees. Until the stager has read every
+//! record journaled before the start, the blobs those records name are
+//! marked too (they may already be stored: staged before a stop, or by
+//! `stagefs bootstrap`). While a re-bootstrap's files belong to no
+//! visible state yet ([`GcHold`]), passes are skipped.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,24 +66,28 @@ pub(super) struct GateState {
     pub held: Option<HeldDirs>,
     /// The newest journal record the stager has taken into its pending
     /// states (the visible state's id before its first).
-    pub read_through: u64,
-    /// The newest journal record at start: the records after the visible
-    /// state may reference blobs already stored (staged before a stop, or
-    /// by `stagefs bootstrap`) that nothing else marks until the stager
-    /// has read them.
-    pub journaled_at_start: u64,
+    read_through: u64,
+    /// The newest journal record at start, and the blobs the records
+    /// after the visible state name: some may be stored already (staged
+    /// before a stop, or by `stagefs bootstrap`) and nothing else marks
+    /// them until the stager has read those records. Emptied then.
+    journaled_at_start: u64,
+    after_visible: Arc<HashSet<BlobId>>,
 }
 
 impl GcGate {
     /// A gate for a replica that starts with `visible` visible and its
-    /// journal ending at `latest`.
-    pub(super) fn starting(visible: u64, latest: u64) -> GcGate {
+    /// journal ending at `latest`, whose records after `visible` name
+    /// `after_visible`.
+    pub(super) fn starting(visible: u64, latest: u64, after_visible: HashSet<BlobId>) -> GcGate {
+        let mut state = GateState {
+            journaled_at_start: latest,
+            after_visible: Arc::new(after_visible),
+            ..GateState::default()
+        };
+        state.read(visible);
         GcGate {
-            inner: Mutex::new(GateState {
-                read_through: visible,
-                journaled_at_start: latest,
-                ..GateState::default()
-            }),
+            inner: Mutex::new(state),
         }
     }
 
@@ -93,10 +97,13 @@ impl GcGate {
 }
 
 impl GateState {
-    /// Whether the stager has read every record journaled before the
-    /// start: until then a pass could take blobs those records need.
-    fn read_the_start(&self) -> bool {
-        self.read_through >= self.journaled_at_start
+    /// The stager has read (applied to its pending states) record `id`.
+    pub fn read(&mut self, id: u64) {
+        self.read_through = self.read_through.max(id);
+        if self.read_through >= self.journaled_at_start && !self.after_visible.is_empty() {
+            // Its pending states name them from now on.
+            self.after_visible = Arc::default();
+        }
     }
 }
 
@@ -135,12 +142,6 @@ fn run_gc(
         let snapshot = catalog.snapshot();
         // A re-bootstrap's staged files belong to no state yet.
         if hold.holds(snapshot.visible.state_id) {
-            continue;
-        }
-        // Nor do those of records journaled before the start until the
-        // stager has read them: look again shortly.
-        if !gate.lock().read_the_start() {
-            next = Instant::now();
             continue;
         }
         if !held_last && last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
@@ -187,11 +188,16 @@ fn collect_garbage(
     stop: &AtomicBool,
 ) -> Result<Collected, StageError> {
     let started = Instant::now();
-    let (pending, snapshot, held) = {
+    let (pending, snapshot, held, after_visible) = {
         let mut g = gate.lock();
         g.marking = true;
         g.touched.clear();
-        (g.pending.clone(), catalog.snapshot(), g.held.clone())
+        (
+            g.pending.clone(),
+            catalog.snapshot(),
+            g.held.clone(),
+            Arc::clone(&g.after_visible),
+        )
     };
     let held_dirs = held.map(|h| h()).unwrap_or_default();
     let held_count = held_dirs.len();
@@ -206,6 +212,9 @@ fn collect_garbage(
         // Pending trees are the visible one (a version) plus the files
         // their events added: those entries are what they reference.
         live.extend(pending.blobs());
+        // Records journaled before the start that the stager has not
+        // read yet (see `GateState::after_visible`).
+        live.extend(after_visible.iter().copied());
         for dir in &held_dirs {
             mark(dir, &mut live, &mut seen_dirs);
         }
@@ -315,10 +324,10 @@ mod tests {
     use crate::event::Event;
 
     /// Blobs staged for records after the visible state (before a stop,
-    /// or by `stagefs bootstrap`) are referenced by nothing GC sees until
-    /// the stager has read those records: no pass runs before it has.
+    /// or by `stagefs bootstrap`) are referenced by nothing else GC sees
+    /// until the stager has read those records: they are kept till then.
     #[test]
-    fn no_pass_runs_before_the_stager_has_read_what_was_journaled_at_start() {
+    fn blobs_named_by_records_journaled_at_start_stay_until_the_stager_has_read_them() {
         let dir = tempfile::tempdir().unwrap();
         let blobs = BlobStore::open(dir.path()).unwrap();
         let id = BlobId::from_hex(&format!("{:064x}", 42)).unwrap();
@@ -332,30 +341,20 @@ mod tests {
             Default::default(),
             2,
         );
-        let mut cfg = ReplicaConfig::new(dir.path(), dir.path(), dir.path());
-        cfg.gc_interval = Duration::from_millis(10);
-        // Visible 0, the journal ending at 42.
-        let gate = GcGate::starting(0, 42);
-        let (progress, hold, stop) = (
-            Progress::default(),
-            GcHold::open(dir.path()),
-            AtomicBool::new(false),
-        );
-        std::thread::scope(|s| {
-            s.spawn(|| run_gc(&cfg, &catalog, &blobs, &progress, &gate, &hold, &stop));
-            std::thread::sleep(Duration::from_millis(400));
-            assert_eq!(progress.gc_runs.load(Ordering::Relaxed), 0, "a pass ran");
-            assert!(blobs.contains(&id));
-            // The stager read through 42 (and, here, references nothing):
-            // passes run, and the blob nothing references goes.
-            gate.lock().read_through = 42;
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while blobs.contains(&id) {
-                assert!(Instant::now() < deadline, "no pass ran after the read");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            stop.store(true, Ordering::Relaxed);
-        });
+        // Visible 0, the journal ending at 42, whose records name the blob.
+        let gate = GcGate::starting(0, 42, HashSet::from([id]));
+        let stop = AtomicBool::new(false);
+        let pass = || collect_garbage(&catalog, &blobs, &gate, &stop).unwrap();
+        assert_eq!(pass().removed, 0);
+        assert!(blobs.contains(&id));
+        gate.lock().read(41);
+        assert_eq!(pass().removed, 0);
+        assert!(blobs.contains(&id));
+        // The stager read through 42 (and, here, references nothing): the
+        // blob nothing references goes.
+        gate.lock().read(42);
+        assert_eq!(pass().removed, 1);
+        assert!(!blobs.contains(&id));
     }
 
     /// GC's mark over retained versions, walking each only where it

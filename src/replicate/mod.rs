@@ -230,6 +230,7 @@ impl Replica {
         let gate = GcGate::starting(
             recovered.visible.state_id.0,
             recovered.progress.latest.load(Ordering::Relaxed),
+            recovered.after_visible,
         );
         let shared = Shared {
             cfg: Arc::new(cfg),

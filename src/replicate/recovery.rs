@@ -21,7 +21,7 @@ use crate::bootstrap::after_gap::GcHold;
 use crate::catalog::tree::UNKNOWN_TIME;
 use crate::catalog::{load_durable, Catalog, Resolutions, Tree};
 use crate::checkpoint::{self, CheckpointData};
-use crate::event::StateId;
+use crate::event::{BlobId, StateId};
 use crate::journal::{Journal, JournalConfig, JournalError};
 use crate::source::{DupWindow, Position, Validator};
 use crate::status::Progress;
@@ -44,6 +44,10 @@ pub(super) struct Recovered {
     pub visible: Arc<Tree>,
     /// The state of the checkpoint restored from (0: none).
     pub base: StateId,
+    /// The blobs files of records after the visible one name (staged
+    /// before a stop, or by `stagefs bootstrap`): GC keeps them until the
+    /// stager has read those records (`gc::GcGate::starting`).
+    pub after_visible: HashSet<BlobId>,
 }
 
 /// Recovers the state folder (see the module docs). The caller holds its
@@ -140,6 +144,7 @@ pub(super) fn recover(cfg: &ReplicaConfig) -> Result<Recovered, ReplicaError> {
     let mut follower = journal.follower(base);
     let started = Instant::now();
     let mut replayed = 0u64;
+    let mut after_visible = HashSet::new();
     while let Some(rec) = follower.try_next()? {
         if replayed % 4096 == 4095 && cancelled() {
             return Err(ReplicaError::Cancelled);
@@ -152,6 +157,9 @@ pub(super) fn recover(cfg: &ReplicaConfig) -> Result<Recovered, ReplicaError> {
                 detail: e.to_string(),
             })?;
         resolutions.attach(&added);
+        if rec.id > record.visible {
+            after_visible.extend(added.iter().filter_map(|f| f.content().map(|(b, _)| b)));
+        }
         tree = Arc::new(next);
         validator.replayed(&entry.event, Arc::clone(&tree));
         if rec.id == record.visible {
@@ -230,5 +238,6 @@ pub(super) fn recover(cfg: &ReplicaConfig) -> Result<Recovered, ReplicaError> {
         resume,
         visible,
         base,
+        after_visible,
     })
 }

@@ -313,7 +313,7 @@ impl Stager {
                 }
             };
             g.touched.extend(touched);
-            g.read_through = g.read_through.max(rec.id.0);
+            g.read(rec.id.0);
             for f in to_fetch {
                 self.wants(f.blob);
             }
