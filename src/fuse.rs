@@ -283,6 +283,36 @@ impl Drop for Served<'_> {
 }
 
 impl StagefsFs {
+    /// Serves `view` for `owner_uid` (opens ask the daemon until
+    /// [`StagefsFs::opening_without_requests`]).
+    fn new(
+        view: Arc<View>,
+        owner_uid: u32,
+        acl: SessionACL,
+        requests: Option<Arc<FuseRequests>>,
+    ) -> StagefsFs {
+        StagefsFs {
+            view,
+            owner_uid,
+            acl,
+            passthrough: false,
+            want_no_open: false,
+            no_open: false,
+            want_no_opendir: false,
+            no_opendir: false,
+            backing: Mutex::new(Backing::default()),
+            requests,
+        }
+    }
+
+    /// Asks the kernel, at INIT, to open files (`files`) and directories
+    /// (`dirs`) without a request.
+    fn opening_without_requests(mut self, files: bool, dirs: bool) -> StagefsFs {
+        self.want_no_open = files;
+        self.want_no_opendir = dirs;
+        self
+    }
+
     fn timer(&self, op: FuseOp) -> Option<RequestTimer<'_>> {
         self.requests.as_deref().map(|r| r.start(op))
     }
@@ -393,18 +423,8 @@ impl StagefsFs {
             warn!(pid = req.pid(), fd = number, error = %e, "cannot take the session's FUSE descriptor");
             Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
         })?;
-        let fs = StagefsFs {
-            view,
-            owner_uid: self.owner_uid,
-            acl: self.acl,
-            passthrough: false,
-            want_no_open: true,
-            no_open: false,
-            want_no_opendir: true,
-            no_opendir: false,
-            backing: Mutex::new(Backing::default()),
-            requests: self.requests.clone(),
-        };
+        let fs = StagefsFs::new(view, self.owner_uid, self.acl, self.requests.clone())
+            .opening_without_requests(true, true);
         let mut cfg = Config::default();
         cfg.acl = self.acl;
         cfg.n_threads = Some(2);
@@ -470,9 +490,8 @@ impl Filesystem for StagefsFs {
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS) {
             info!(?missing, "kernel lacks readdirplus");
         }
-        let supported = config
-            .capabilities()
-            .contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        let capabilities = config.capabilities();
+        let supported = capabilities.contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
         // A reader host's files may be fetched as they are read, which
         // needs a handle per open.
         self.no_open = self.want_no_open && supported && !self.view.serves_fetched();
@@ -483,10 +502,8 @@ impl Filesystem for StagefsFs {
             );
         }
         self.view.set_no_open(self.no_open);
-        self.no_opendir = self.want_no_opendir
-            && config
-                .capabilities()
-                .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
+        self.no_opendir =
+            self.want_no_opendir && capabilities.contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         // STAGEFS_NO_PASSTHROUGH=1 serves reads in userspace (benchmarks,
         // and a way out should a kernel's passthrough misbehave). No-open
         // files are never passthrough: the kernel asks for no backing file.
@@ -1193,19 +1210,10 @@ pub fn mount(
     };
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = opts.threads > 1;
-    let fs = StagefsFs {
-        // SAFETY: getuid cannot fail.
-        owner_uid: unsafe { libc::getuid() },
-        acl: cfg.acl,
-        view,
-        passthrough: false,
-        want_no_open: opts.no_open,
-        no_open: false,
-        want_no_opendir: false,
-        no_opendir: false,
-        backing: Mutex::new(Backing::default()),
-        requests: opts.requests.clone(),
-    };
+    // SAFETY: getuid cannot fail.
+    let owner_uid = unsafe { libc::getuid() };
+    let fs = StagefsFs::new(view, owner_uid, cfg.acl, opts.requests.clone())
+        .opening_without_requests(opts.no_open, false);
     let view = Arc::clone(&fs.view);
     view.set_mountpoint(&mountpoint);
     let via_fusermount = fusermount::needed();

@@ -223,6 +223,18 @@ fn os(s: &str) -> &std::ffi::OsStr {
     std::ffi::OsStr::new(s)
 }
 
+/// The daemon of `w` as `owner` with `--allow-other`, once it shows
+/// state 3.
+fn start_allowing_others(owner: &User, w: &Warehouse) -> Daemon {
+    let mut flags = w.flags();
+    flags.push("--allow-other".into());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mnt = w.path("mnt");
+    let d = Daemon::start(owner, &mnt, &flags, &w.path("daemon.log"));
+    wait_visible_as(owner, &mnt, &d);
+    d
+}
+
 /// Waits until `u` reads `user.stagefs.visible` = 3 on the mount root.
 fn wait_visible_as(u: &User, mnt: &Path, d: &Daemon) {
     let start = Instant::now();
@@ -325,11 +337,7 @@ fn with_allow_other_another_user_reads_but_cannot_pin() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let mut flags = w.flags();
-    flags.push("--allow-other".into());
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut d = Daemon::start(&owner, &mnt, &flags, &w.path("daemon.log"));
-    wait_visible_as(&owner, &mnt, &d);
+    let mut d = start_allowing_others(&owner, &w);
     let file = mnt.join("db/t/p=a/f");
     let cat = run_as(&nobody, "cat", &[file.as_os_str()]);
     assert!(cat.status.success(), "another user reads: {}", stderr(&cat));
@@ -375,12 +383,8 @@ fn a_private_session_on_an_ordinary_users_mount_falls_back_to_a_bind_mount() {
     let owner = user("stagefs-test");
     let w = Warehouse::new(&owner);
     let mnt = w.path("mnt");
-    let mut flags = w.flags();
     // Root is another user of this mount: it gets in with --allow-other.
-    flags.push("--allow-other".into());
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut d = Daemon::start(&owner, &mnt, &flags, &w.path("daemon.log"));
-    wait_visible_as(&owner, &mnt, &d);
+    let mut d = start_allowing_others(&owner, &w);
     let file = mnt.join("db/t/p=a/f");
     let out = Command::new(env!("CARGO_BIN_EXE_stagefs"))
         .args(["run", "--private-mount"])

@@ -445,6 +445,14 @@ fn no_walk_takes_a_table_entry_cached_for_another_reader() {
     );
 }
 
+/// Makes a fifo at `path` (a child waits on it for the test); `path`.
+fn mkfifo(path: &Path) -> std::path::PathBuf {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    path.to_owned()
+}
+
 #[test]
 fn stagefs_run_children_share_one_state_and_it_is_released_after() {
     session_children_share_one_state(false);
@@ -466,16 +474,7 @@ fn session_children_share_one_state(private_mount: bool) {
     d.wait_visible(5);
     // Children read both tables; one starts after a commit the test makes
     // (the wrapper waits on a fifo for it); exit code and stdout pass.
-    let fifo = dir.path().join("go");
-    let rc = unsafe {
-        libc::mkfifo(
-            std::ffi::CString::new(fifo.to_str().unwrap())
-                .unwrap()
-                .as_ptr(),
-            0o600,
-        )
-    };
-    assert_eq!(rc, 0, "mkfifo");
+    let fifo = mkfifo(&dir.path().join("go"));
     let script = format!(
         r#"echo "id=$STAGEFS_STATE_ID"; ({READ_BOTH}) > a.out & ({READ_BOTH}) > b.out & wait; read x < "{fifo}"; ({READ_BOTH}) > c.out; sh -c 'getfattr --only-values -n user.stagefs.state_id "$M"' > d.out; (cd "$M/db/left" && /bin/pwd) > e.out; (: >> "$M/db/left/000000_0") 2> w.err; exit 7"#,
         fifo = fifo.display()
@@ -582,10 +581,7 @@ fn a_private_session_outlived_by_its_child_keeps_its_state_readable() {
     let mut t = TwoTables::new(&args);
     let d = Daemon::start(args);
     d.wait_visible(5);
-    let fifo = dir.path().join("go");
-    let fifo_c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo_c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let fifo = mkfifo(&dir.path().join("go"));
     // The leader reads one table and exits at once; its child waits for
     // the test's commits and GC (and for the kernel to drop its caches),
     // then reads both: the other table's files only from the store.

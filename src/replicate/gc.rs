@@ -64,9 +64,6 @@ pub(super) struct GateState {
     pub pending: catalog::PendingRefs,
     /// What readers hold, once a mount is serving.
     pub held: Option<HeldDirs>,
-    /// The newest journal record the stager has taken into its pending
-    /// states (the visible state's id before its first).
-    read_through: u64,
     /// The newest journal record at start, and the blobs the records
     /// after the visible state name: some may be stored already (staged
     /// before a stop, or by `stagefs bootstrap`) and nothing else marks
@@ -97,10 +94,10 @@ impl GcGate {
 }
 
 impl GateState {
-    /// The stager has read (applied to its pending states) record `id`.
+    /// The stager has read (applied to its pending states) record `id`
+    /// (records are read in order).
     pub fn read(&mut self, id: u64) {
-        self.read_through = self.read_through.max(id);
-        if self.read_through >= self.journaled_at_start && !self.after_visible.is_empty() {
+        if id >= self.journaled_at_start && !self.after_visible.is_empty() {
             // Its pending states name them from now on.
             self.after_visible = Arc::default();
         }
