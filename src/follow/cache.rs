@@ -16,7 +16,9 @@
 //!   name, and the list's name comes from the verified catalog, so the
 //!   assembled file needs no second hash.
 //! - Pieces are written `O_DIRECT` where the filesystem allows (not
-//!   through the page cache) and the pieces being read, verified, are
+//!   through the page cache), a shared folder's piece objects are read
+//!   that way too (the cache is the copy that is kept), and the pieces
+//!   being read, verified, are
 //!   kept in memory by their [`Partial`] (the read-ahead window and the
 //!   pieces being read) and served from there; a piece no longer in
 //!   memory is read from the file.

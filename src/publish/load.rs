@@ -102,8 +102,9 @@ pub async fn get_verified(
 /// `buf.len()` bytes long, into `buf`, hashing it as it arrives (each
 /// chunk while it is in the CPU's cache): a reader's pieces, straight
 /// into the buffer they are written and served from. A folder's object
-/// is read in place (no zeroed buffer of object_store's, no copy). On an
-/// error `buf` holds no verified content.
+/// is read in place (no zeroed buffer of object_store's, no copy),
+/// `O_DIRECT` where it can be ([`read_hashing`]). On an error `buf` holds
+/// no verified content.
 pub async fn get_verified_into(
     store: &dyn ObjectStore,
     path: &object_store::path::Path,
@@ -111,8 +112,6 @@ pub async fn get_verified_into(
     buf: &mut [u8],
 ) -> Result<(), LoadError> {
     use sha2::{Digest, Sha256};
-    /// Bytes read and hashed at a time from a folder.
-    const CHUNK: usize = 1 << 20;
     let store_err = |source| LoadError::Store {
         object: path.to_string(),
         source,
@@ -136,17 +135,12 @@ pub async fn get_verified_into(
     let mut hash = Sha256::new();
     match got.payload {
         object_store::GetResultPayload::File(file, _) => {
-            use std::os::unix::fs::FileExt;
-            for (n, chunk) in buf.chunks_mut(CHUNK).enumerate() {
-                file.read_exact_at(chunk, got.range.start + (n * CHUNK) as u64)
-                    .map_err(|e| {
-                        store_err(object_store::Error::Generic {
-                            store: "LocalFileSystem",
-                            source: Box::new(e),
-                        })
-                    })?;
-                hash.update(&*chunk);
-            }
+            read_hashing(&file, got.range.start, buf, &mut hash).map_err(|e| {
+                store_err(object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: Box::new(e),
+                })
+            })?;
         }
         object_store::GetResultPayload::Stream(mut stream) => {
             use futures::StreamExt;
@@ -172,6 +166,81 @@ pub async fn get_verified_into(
         ));
     }
     Ok(())
+}
+
+/// Bytes read and hashed at a time from a folder.
+const CHUNK: usize = 1 << 20;
+
+/// The alignment of `O_DIRECT` reads (memory, offset and length).
+const DIRECT_ALIGN: usize = 4096;
+
+/// Reads `buf.len()` bytes of a folder's object `file` from `start` into
+/// `buf`, hashing each chunk as it lands.
+///
+/// The aligned part is read `O_DIRECT` where the filesystem and `buf`'s
+/// address allow it: a reader host keeps the bytes in its own cache, so a
+/// copy in the page cache would be a second cache, paid with a fresh page
+/// per 4 KiB and a copy of every byte (on a cold 1 GiB read, most of the
+/// reader host's system time: docs/BENCHMARKS.md, "Reader hosts"). The
+/// unaligned tail, and everything on a filesystem that refuses direct
+/// reads, is read through the page cache. `file` is this read's own
+/// descriptor (object_store opens one per get), so its flags are ours.
+fn read_hashing(
+    file: &std::fs::File,
+    start: u64,
+    buf: &mut [u8],
+    hash: &mut sha2::Sha256,
+) -> std::io::Result<()> {
+    use sha2::Digest;
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    if start % DIRECT_ALIGN as u64 == 0
+        && buf.as_ptr().align_offset(DIRECT_ALIGN) == 0
+        && set_direct(file, true)
+    {
+        let aligned = buf.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+        while done < aligned {
+            let chunk = &mut buf[done..aligned.min(done + CHUNK)];
+            match file.read_exact_at(chunk, start + done as u64) {
+                Ok(()) => {}
+                // Accepted at fcntl, refused at the read (some FUSE and
+                // network filesystems): the page cache instead.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && done == 0 => break,
+                Err(e) => return Err(e),
+            }
+            hash.update(&*chunk);
+            done += chunk.len();
+        }
+        set_direct(file, false);
+    }
+    let len = buf.len();
+    while done < len {
+        let chunk = &mut buf[done..(done + CHUNK).min(len)];
+        file.read_exact_at(chunk, start + done as u64)?;
+        hash.update(&*chunk);
+        done += chunk.len();
+    }
+    Ok(())
+}
+
+/// Sets or clears `O_DIRECT` on `file`: whether it is now as asked.
+fn set_direct(file: &std::fs::File, on: bool) -> bool {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: F_GETFL and F_SETFL on a descriptor `file` owns, with no
+    // pointers.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            return false;
+        }
+        let want = if on {
+            flags | libc::O_DIRECT
+        } else {
+            flags & !libc::O_DIRECT
+        };
+        want == flags || libc::fcntl(fd, libc::F_SETFL, want) == 0
+    }
 }
 
 /// Reads a head or state record.
@@ -474,5 +543,72 @@ pub fn read_head(
         Ok(Err(LoadError::Missing { .. })) => Ok(None),
         Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok(decoded)) => Ok(Some(decoded.published)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    /// Every length around the alignment and the chunk, at aligned and
+    /// unaligned offsets and buffer addresses: the bytes and the hash are
+    /// the file's, read directly or through the page cache alike.
+    #[test]
+    fn a_folder_object_reads_and_hashes_exactly_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("object");
+        let content: Vec<u8> = (0..3 * CHUNK + 3 * DIRECT_ALIGN)
+            .map(|i| (i * 7 + i / 4093) as u8)
+            .collect();
+        std::fs::write(&path, &content).unwrap();
+        // Room to place a buffer at an aligned or unaligned address.
+        let mut backing = vec![0u8; content.len() + 2 * DIRECT_ALIGN];
+        let aligned_at = backing.as_ptr().align_offset(DIRECT_ALIGN);
+        for start in [0, DIRECT_ALIGN, 512, 1] {
+            for len in [
+                0,
+                1,
+                DIRECT_ALIGN - 1,
+                DIRECT_ALIGN,
+                DIRECT_ALIGN + 1,
+                CHUNK,
+                CHUNK + 5,
+                2 * CHUNK + DIRECT_ALIGN,
+            ] {
+                for at in [aligned_at, aligned_at + 1] {
+                    let want = &content[start..start + len];
+                    let buf = &mut backing[at..at + len];
+                    let file = std::fs::File::open(&path).unwrap();
+                    let mut hash = Sha256::new();
+                    read_hashing(&file, start as u64, buf, &mut hash).unwrap();
+                    assert!(buf == want, "start {start} len {len} at {at}");
+                    assert_eq!(
+                        <[u8; 32]>::from(hash.finalize()),
+                        <[u8; 32]>::from(Sha256::digest(want)),
+                        "start {start} len {len} at {at}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// An object shorter than it was listed (truncated at storage after
+    /// its size was read) is an error, never a short buffer.
+    #[test]
+    fn a_folder_object_shorter_than_asked_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("object");
+        std::fs::write(&path, vec![5u8; 2 * DIRECT_ALIGN + 10]).unwrap();
+        let mut backing = vec![0u8; 4 * DIRECT_ALIGN];
+        let at = backing.as_ptr().align_offset(DIRECT_ALIGN);
+        let file = std::fs::File::open(&path).unwrap();
+        let r = read_hashing(
+            &file,
+            0,
+            &mut backing[at..at + 3 * DIRECT_ALIGN],
+            &mut Sha256::new(),
+        );
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
     }
 }
