@@ -6,9 +6,13 @@ through `stagefs mount --from`.
 Measures, in one run:
 - cold read of the file through a fresh reader host vs reading the same
   published objects (its pieces) straight from the storage folder;
+- with file://, what the disk gives a cold read that fills a cache on the
+  same disk as the folder: the baseline's reads while the same number of
+  bytes is written O_DIRECT beside the caches, by plain reads and writes
+  (a reader host writes every piece it fetches into its cache);
 - first byte of the file on a fresh reader host vs one piece's read;
 - warm read (cached) vs the same bytes on native disk (each the best of
-  three reads after one untimed read).
+  five reads after one untimed read).
 
     STAGEFS=target/release/stagefs scripts/bench/reader.py WORKDIR
     STORAGE=s3 STAGEFS=… scripts/bench/reader.py WORKDIR
@@ -23,7 +27,7 @@ first GET.
 
 Page caches are dropped before each cold measurement when run as root.
 """
-import hashlib, json, os, subprocess, sys, time
+import hashlib, json, mmap, os, subprocess, sys, threading, time
 
 BIN = os.environ.get("STAGEFS", "target/release/stagefs")
 BENCH_CORE = os.environ.get("BENCH_CORE", "target/release/examples/bench_core")
@@ -136,6 +140,29 @@ else:
     t = time.monotonic()
     read_all(pieces[0])
     one_piece = time.monotonic() - t
+    # What the disk gives a cold read that fills a cache on the same
+    # disk: the same reads while the same number of bytes is written
+    # O_DIRECT (as a reader host writes its pieces) to a new file beside
+    # the reader hosts' caches.
+    drop_caches()
+    floor_file = os.path.join(work, "floor")
+
+    def write_direct():
+        block = mmap.mmap(-1, 8 << 20)  # page-aligned, as O_DIRECT needs
+        fd = os.open(floor_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT)
+        try:
+            for _ in range(SIZE // len(block)):
+                os.write(fd, block)
+        finally:
+            os.close(fd)
+
+    t = time.monotonic()
+    writer = threading.Thread(target=write_direct)
+    writer.start()
+    sum(read_all(x) for x in pieces)
+    writer.join()
+    floor = time.monotonic() - t
+    os.unlink(floor_file)
 
 drop_caches()
 p, mnt, f = mount("cold")
@@ -148,19 +175,19 @@ assert m == SIZE, m
 blobs = os.path.join(work, "cold", "cache", "blobs")
 while not os.listdir(blobs):
     time.sleep(0.1)
-def best_of_3(path):
-    """The fastest of three timed reads after one untimed read: a 1 GiB
+def best_of_5(path):
+    """The fastest of five timed reads after one untimed read: a 1 GiB
     page-cache read varies by 10-30 % between single reads here."""
     read_all(path)
     times = []
-    for _ in range(3):
+    for _ in range(5):
         t = time.monotonic()
         read_all(path)
         times.append(time.monotonic() - t)
     return min(times)
 
 
-warm = best_of_3(f)
+warm = best_of_5(f)
 umount(p, mnt)
 
 drop_caches()
@@ -172,7 +199,7 @@ first = time.monotonic() - t
 umount(p, mnt)
 
 # Warm against native disk, both from the page cache after one read.
-native = best_of_3(data_path)
+native = best_of_5(data_path)
 
 if publisher:
     publisher.terminate()
@@ -185,6 +212,9 @@ mib = SIZE / (1 << 20)
 print(f"load1 {os.getloadavg()[0]:.2f}  cpus {os.cpu_count()}  file {mib:.0f} MiB  storage {url}")
 print(f"cold read via reader host   {cold:7.3f} s  {mib / cold:8.0f} MiB/s")
 print(f"pieces straight from store  {direct:7.3f} s  {mib / direct:8.0f} MiB/s   ratio {direct / cold:.2f}x")
+if not S3:
+    print(f"same reads, {mib:.0f} MiB written {floor:7.3f} s  (vs reader host {floor / cold:.2f}x; "
+          f"baseline vs it {direct / floor:.2f}x)")
 print(f"first byte (fresh host)     {first * 1000:7.1f} ms")
 print(f"one piece {'GET ' if S3 else 'read'}              {one_piece * 1000:7.1f} ms   ratio {first / one_piece:.1f}x")
 print(f"warm read via reader host   {warm:7.3f} s  {mib / warm:8.0f} MiB/s")
