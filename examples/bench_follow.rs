@@ -320,14 +320,20 @@ fn rss_bytes() -> u64 {
     pages * page
 }
 
-/// VmRSS of process `pid`, bytes.
-fn rss_of(pid: u32) -> u64 {
+/// A field of `/proc/<pid>/status` given in kB (`VmRSS`, `RssAnon`,
+/// `RssFile`), bytes.
+fn status_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+/// VmRSS of process `pid`, bytes.
+fn rss_of(pid: u32) -> u64 {
+    status_kb(pid, "VmRSS")
 }
 
 const CONTENT: &[u8] = b"x";
@@ -509,9 +515,11 @@ fn catalog(args: &[String]) -> Res<()> {
     row(
         &format!("reader host: start → state of {n} files visible (--poll-ms 100)"),
         &format!(
-            "{:.2} s; resident {} MiB",
+            "{:.2} s; resident {} MiB ({} MiB anonymous, {} MiB of mapped files)",
             to_visible.as_secs_f64(),
-            host_rss >> 20
+            host_rss >> 20,
+            status_kb(reader.pid(), "RssAnon") >> 20,
+            status_kb(reader.pid(), "RssFile") >> 20
         ),
         "—",
         None,
