@@ -18,10 +18,9 @@
 //! - Pieces are written `O_DIRECT` where the filesystem allows (not
 //!   through the page cache), a shared folder's piece objects are read
 //!   that way too (the cache is the copy that is kept), and the pieces
-//!   being read, verified, are
-//!   kept in memory by their [`Partial`] (the read-ahead window and the
-//!   pieces being read) and served from there; a piece no longer in
-//!   memory is read from the file.
+//!   being read, verified, are kept in memory by their [`Partial`] (the
+//!   read-ahead window and the pieces being read) and served from there;
+//!   a piece no longer in memory is read from the file.
 //!
 //! The cache makes room before it writes: the least recently used files
 //! go first, never a large file some open handle is reading. When no room
@@ -46,7 +45,7 @@ use object_store::ObjectStore;
 
 use crate::event::BlobId;
 use crate::publish::layout::{self, PIECE_SIZE};
-use crate::publish::load::{get_pieces, get_verified, get_verified_into, LoadError};
+use crate::publish::load::{get_pieces, get_verified, get_verified_into, LoadError, DIRECT_ALIGN};
 use crate::publish::pieces::PieceList;
 
 /// Pieces fetched ahead of a read, in the background (8 MiB each).
@@ -61,9 +60,6 @@ const KEPT_PIECES: usize = READ_AHEAD + 2;
 
 /// Spare piece buffers a [`Partial`] keeps for its next fetches.
 const SPARE_BUFFERS: usize = 2;
-
-/// The alignment `O_DIRECT` writes need (of memory, offset and length).
-const DIRECT_ALIGN: usize = 4096;
 
 /// What the cache did (status, metrics).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -437,7 +433,8 @@ pub struct Partial {
     mem: Mutex<Mem>,
 }
 
-/// A piece's bytes at a page-aligned address (as `O_DIRECT` needs).
+/// A piece's bytes at a page-aligned address (as `O_DIRECT` needs: the
+/// pieces are read into it that way from a folder, and written from it).
 struct PieceBuf {
     mem: Vec<u8>,
     start: usize,

@@ -171,8 +171,9 @@ pub async fn get_verified_into(
 /// Bytes read and hashed at a time from a folder.
 const CHUNK: usize = 1 << 20;
 
-/// The alignment of `O_DIRECT` reads (memory, offset and length).
-const DIRECT_ALIGN: usize = 4096;
+/// The alignment `O_DIRECT` reads and writes need (of memory, offset and
+/// length): a reader host's piece buffers are aligned to it.
+pub const DIRECT_ALIGN: usize = 4096;
 
 /// Reads `buf.len()` bytes of a folder's object `file` from `start` into
 /// `buf`, hashing each chunk as it lands.
