@@ -284,7 +284,9 @@ impl Follower {
             }
         }
         cache.add_piece_lists(loader.piece_lists());
-        return_freed_memory();
+        if !versions.is_empty() {
+            return_freed_memory();
+        }
         info!(url = %cfg.url, visible = visible.state_id.0, "following");
         let catalog = Arc::new(Catalog::new(
             &cfg.cache_dir,
